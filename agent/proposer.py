@@ -1,0 +1,49 @@
+"""The built-in proposer: instantiates kernel_library families at several configurations. No LLM needed."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+from pathlib import Path
+
+from kernelbot.kernel_library import FAMILIES
+from kernelbot.kernel_library.base import ROOT
+from kernelbot.records import Candidate, Task
+
+
+def available_backends(device_kind: str) -> list[str]:
+    """C++ kernels run (and are timed) on a CPU; Triton runs on GPUs, and is verified here by its interpreter."""
+    backends = ["cpp"] if device_kind == "cpu" else []
+    if importlib.util.find_spec("triton") is not None:
+        backends.append("triton")
+    return backends
+
+
+def _family_hash(family: str, backend: str, config: dict) -> str:
+    h = hashlib.sha256(repr((backend, sorted(config.items()))).encode())
+    for path in sorted((ROOT / family).glob("*")) + [ROOT / "linear" / "linear.cpp"]:
+        if path.suffix in (".py", ".cpp"):
+            h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def propose(task: Task, backends: list[str]) -> list[tuple[Candidate, str]]:
+    family = FAMILIES[task.family]
+    out = []
+    for backend in backends:
+        if task.dtype not in family.dtypes.get(backend, ()):
+            continue
+        for i, config in enumerate(family.configs[backend]):
+            source = family.candidate_source(backend, config)
+            cand = Candidate(id=f"{backend}-{i}", task_id=task.id, backend=backend, proposer="builtin",
+                             config=config, source_hash=_family_hash(task.family, backend, config))
+            out.append((cand, source))
+    return out
+
+
+def write_candidate(cand: Candidate, source: str, task_dir: Path) -> Path:
+    cdir = task_dir / "candidates" / cand.id
+    cdir.mkdir(parents=True, exist_ok=True)
+    (cdir / "candidate.py").write_text(source)
+    (cdir / "candidate.json").write_text(cand.model_dump_json(indent=2))
+    return cdir / "candidate.py"

@@ -1,0 +1,55 @@
+"""Hotspot → self-contained task in KernelBench format (reference.py with Model, get_inputs, get_init_inputs)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from kernelbot.kernel_library import FAMILIES
+from kernelbot.kernel_library.base import rows
+from kernelbot.records import Hotspot, Task
+
+
+def skip_reason(hotspot: Hotspot, min_share: float) -> str | None:
+    """Why a hotspot gets no task, or None when it does."""
+    if hotspot.family is None:
+        return "no kernel family covers this module yet"
+    family = FAMILIES[hotspot.family]
+    if hotspot.share < min_share:
+        return f"share {hotspot.share:.1%} below the {min_share:.1%} threshold"
+    if family.max_rows is not None and rows(hotspot.input_dims[0]) > family.max_rows:
+        return f"{rows(hotspot.input_dims[0])} rows: the {family.name} kernels are built for at most {family.max_rows}"
+    if not any(hotspot.dtype in d for d in family.dtypes.values()):
+        return f"no {family.name} kernel takes {hotspot.dtype}"
+    return None
+
+
+def make_task(hotspot: Hotspot, model: torch.nn.Module) -> Task:
+    family = FAMILIES[hotspot.family or ""]
+    live = next((m for m in model.modules() if type(m).__name__ == hotspot.module_class
+                 and family.matches(m, hotspot.input_dims)), None)
+    if live is None:
+        raise LookupError(f"no {hotspot.module_class} in the model matches {hotspot.input_dims}")
+    x = hotspot.input_dims[0]
+    return Task(
+        id=f"{hotspot.id}-{family.name}-{'x'.join(map(str, x))}", hotspot_id=hotspot.id, family=family.name,
+        module_class=hotspot.module_class, dtype=hotspot.dtype, input_shapes=[x],
+        free_dims=[list(range(len(x) - 1))],  # leading dims (batch, tokens) vary; the feature dim is the weights'
+        init_args=family.init_args(live), share=hotspot.share, floor_us=hotspot.floor_us / max(hotspot.calls, 1))
+
+
+def reference_source(task: Task) -> str:
+    """The family's reference Model plus the task's observed shapes, KernelBench style."""
+    body = FAMILIES[task.family].reference_path.read_text()
+    return body + (
+        f"\n\nINPUT_SHAPES = {task.input_shapes!r}\nDTYPE = torch.{task.dtype}\nINIT_ARGS = {task.init_args!r}\n\n\n"
+        "def get_inputs():\n    return [torch.randn(s, dtype=DTYPE) for s in INPUT_SHAPES]\n\n\n"
+        "def get_init_inputs():\n    return list(INIT_ARGS)\n"
+    )
+
+
+def write_task(task: Task, task_dir: Path) -> None:
+    task_dir.mkdir(parents=True, exist_ok=True)
+    (task_dir / "reference.py").write_text(reference_source(task))
+    (task_dir / "task.json").write_text(task.model_dump_json(indent=2))

@@ -1,0 +1,12 @@
+"""Parameterised kernels, one folder per op family, each in a C++ (CPU) and a Triton backend."""
+
+from kernelbot.kernel_library.base import Family
+from kernelbot.kernel_library.gated_mlp import FAMILY as GATED_MLP
+from kernelbot.kernel_library.linear import FAMILY as LINEAR
+from kernelbot.kernel_library.rmsnorm import FAMILY as RMSNORM
+
+FAMILIES: dict[str, Family] = {f.name: f for f in (RMSNORM, GATED_MLP, LINEAR)}
+
+
+def family_for(module_class: str) -> Family | None:
+    return next((f for f in FAMILIES.values() if module_class in f.module_classes), None)

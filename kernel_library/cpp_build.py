@@ -1,0 +1,48 @@
+"""Build C++ CPU kernels once per source hash and reuse the build across runs and processes."""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import importlib.util
+import os
+from pathlib import Path
+from types import ModuleType
+
+CFLAGS = ["-O3", "-mavx2", "-mfma", "-fno-math-errno", "-fopenmp"]
+_loaded: dict[str, ModuleType] = {}
+
+
+def cache_root() -> Path:
+    root = os.environ.get("KERNELBOT_CACHE") or Path.home() / ".cache" / "kernelbot"
+    return Path(root) / "cpp"
+
+
+def source_hash(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes() + " ".join(CFLAGS).encode()).hexdigest()[:16]
+
+
+def load_cpp(path: Path) -> ModuleType:
+    """Compile `path` as a torch extension (first call: tens of seconds) or load the cached build."""
+    digest = source_hash(path)
+    name = f"kb_{path.stem}_{digest}"
+    if name in _loaded:
+        return _loaded[name]
+    build_dir = cache_root() / name
+    build_dir.mkdir(parents=True, exist_ok=True)
+    built = build_dir / f"{name}.so"
+    with open(build_dir / ".lock", "w") as lock:  # one builder at a time; the others wait and reuse
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not built.exists():
+            from torch.utils.cpp_extension import load
+
+            load(name, [str(path)], extra_cflags=CFLAGS, extra_ldflags=["-fopenmp"],
+                 build_directory=str(build_dir), verbose=False)
+    import torch  # noqa: F401  (the extension links against libtorch)
+
+    spec = importlib.util.spec_from_file_location(name, built)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    _loaded[name] = module
+    return module

@@ -1,0 +1,51 @@
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+from torch import nn
+
+from kernelbot.kernel_library.linear.triton_kernel import triton_linear
+
+
+@triton.jit
+def gate_up_silu_kernel(x_ptr, wg_ptr, wu_ptr, out_ptr, M, N, K,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """out[M,N] = silu(x @ wg^T) * (x @ wu^T), both products from one pass over x."""
+    pid_m, pid_n = tl.program_id(0), tl.program_id(1)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        rk = k0 + tl.arange(0, BLOCK_K)
+        x = tl.load(x_ptr + rm[:, None] * K + rk[None, :], mask=(rm[:, None] < M) & (rk[None, :] < K), other=0.0)
+        w_mask = (rn[None, :] < N) & (rk[:, None] < K)
+        acc_g += tl.dot(x, tl.load(wg_ptr + rn[None, :] * K + rk[:, None], mask=w_mask, other=0.0))
+        acc_u += tl.dot(x, tl.load(wu_ptr + rn[None, :] * K + rk[:, None], mask=w_mask, other=0.0))
+    h = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
+    tl.store(out_ptr + rm[:, None] * N + rn[None, :], h.to(out_ptr.dtype.element_ty),
+             mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+class GatedMLPTriton(nn.Module):
+    CONFIG: dict[str, Any] = {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 64}
+
+    def __init__(self, hidden_size: int, intermediate_size: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        inter, hidden = self.gate_proj.weight.shape
+        x2 = x.reshape(-1, hidden).contiguous()
+        m = x2.shape[0]
+        h = torch.empty((m, inter), dtype=x2.dtype, device=x2.device)
+        c = self.CONFIG
+        grid = (triton.cdiv(m, c["BLOCK_M"]), triton.cdiv(inter, c["BLOCK_N"]))
+        gate_up_silu_kernel[grid](x2, self.gate_proj.weight, self.up_proj.weight, h, m, inter, hidden,
+                                  BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], BLOCK_K=c["BLOCK_K"])
+        return triton_linear(h, self.down_proj.weight, None, c).view(*x.shape[:-1], hidden)

@@ -1,0 +1,20 @@
+from kernelbot.kernel_library.base import Family, rows
+
+
+def _cost(dims, itemsize):
+    m, (n, k) = rows(dims[0]), dims[1]
+    return 2.0 * m * n * k, (m * (n + k) + n * k) * itemsize
+
+
+FAMILY = Family(
+    name="linear",
+    module_classes=("Linear",),
+    wrappers={"cpp": "cpu:LinearCpp", "triton": "triton_kernel:LinearTriton"},
+    configs={"cpp": [{"grain": 1}, {"grain": 4}, {"grain": 16}],
+             "triton": [{"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 64}]},
+    dtypes={"cpp": ("float32",), "triton": ("float32", "bfloat16", "float16")},
+    init_args=lambda m: [int(m.in_features), int(m.out_features), m.bias is not None],
+    cost=_cost,
+    matches=lambda m, dims: len(dims) > 1 and list(m.weight.shape) == dims[1],
+    max_rows=64,
+)

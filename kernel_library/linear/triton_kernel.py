@@ -1,0 +1,53 @@
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+from torch import nn
+
+
+@triton.jit
+def linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, HAS_BIAS: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """out[M,N] = x[M,K] @ w[N,K]^T (+ b[N]); row-major, contiguous."""
+    pid_m, pid_n = tl.program_id(0), tl.program_id(1)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        rk = k0 + tl.arange(0, BLOCK_K)
+        x = tl.load(x_ptr + rm[:, None] * K + rk[None, :], mask=(rm[:, None] < M) & (rk[None, :] < K), other=0.0)
+        w = tl.load(w_ptr + rn[None, :] * K + rk[:, None], mask=(rn[None, :] < N) & (rk[:, None] < K), other=0.0)
+        acc += tl.dot(x, w)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + rn, mask=rn < N, other=0.0)[None, :].to(tl.float32)
+    tl.store(out_ptr + rm[:, None] * N + rn[None, :], acc.to(out_ptr.dtype.element_ty),
+             mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+def triton_linear(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, config: dict[str, Any]):
+    m, k = x2.shape
+    n = weight.shape[0]
+    out = torch.empty((m, n), dtype=x2.dtype, device=x2.device)
+    bm, bn, bk = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
+    grid = (triton.cdiv(m, bm), triton.cdiv(n, bn))
+    linear_kernel[grid](x2, weight, bias if bias is not None else weight, out, m, n, k, HAS_BIAS=bias is not None,
+                        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk)
+    return out
+
+
+class LinearTriton(nn.Module):
+    CONFIG: dict[str, Any] = {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 64}
+
+    def __init__(self, in_features: int, out_features: int, bias: bool):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(out_features, in_features))
+        self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n, k = self.weight.shape
+        out = triton_linear(x.reshape(-1, k).contiguous(), self.weight.contiguous(),
+                            None if self.bias is None else self.bias.contiguous(), self.CONFIG)
+        return out.view(*x.shape[:-1], n)

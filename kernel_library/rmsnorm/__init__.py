@@ -1,0 +1,13 @@
+from kernelbot.kernel_library.base import Family, rows
+
+FAMILY = Family(
+    name="rmsnorm",
+    module_classes=("LlamaRMSNorm", "Qwen2RMSNorm", "MistralRMSNorm", "RMSNorm"),
+    wrappers={"cpp": "cpu:RMSNormCpp", "triton": "triton_kernel:RMSNormTriton"},
+    configs={"cpp": [{"grain": 1}, {"grain": 8}, {"grain": 64}], "triton": [{"num_warps": 4}]},
+    dtypes={"cpp": ("float32", "bfloat16", "float16"), "triton": ("float32", "bfloat16", "float16")},
+    init_args=lambda m: [int(m.weight.shape[0]), float(getattr(m, "variance_epsilon", getattr(m, "eps", 1e-6)))],
+    # read x, write out, read the weight once
+    cost=lambda dims, itemsize: (4.0 * rows(dims[0]) * dims[0][-1], (2 * rows(dims[0]) + 1) * dims[0][-1] * itemsize),
+    matches=lambda m, dims: list(m.weight.shape) == dims[0][-1:],
+)

@@ -1,0 +1,163 @@
+"""The records that flow between stages, one way: profile → rank → task → candidate → verdict → pack.
+
+Each is a plain pydantic model written as JSON under the run directory, so any stage can be
+rerun from the files of the one before.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+
+class Device(BaseModel):
+    kind: Literal["cpu", "cuda"]
+    name: str
+    threads: int
+    peak_gflops: float
+    peak_gbps: float
+    peaks_source: str  # "measured on this machine" or the table row used
+    notes: list[str] = Field(default_factory=list)
+
+
+class ModelSpec(BaseModel):
+    name: str
+    layers: int
+    hidden: int
+    heads: int
+    intermediate: int
+    vocab: int
+    dtype: str
+    batch: int
+    prompt_len: int
+    decode_steps: int
+    seed: int = 0
+
+
+class Hotspot(BaseModel):
+    id: str
+    module_class: str
+    module_paths: list[str]
+    family: str | None  # kernel_library family that can replace it, None if none can
+    input_dims: list[list[int]]  # dims of the first op the module launched (its input, weights)
+    dtype: str
+    calls: int
+    total_us: float
+    share: float  # of the profiled forward time
+    flops: float = 0.0
+    bytes: float = 0.0
+    floor_us: float = 0.0  # roofline floor for all calls together
+    score_us: float = 0.0  # headroom: time above the floor
+
+
+class Task(BaseModel):
+    id: str
+    hotspot_id: str
+    family: str
+    module_class: str
+    dtype: str
+    input_shapes: list[list[int]]  # observed shapes of forward()'s tensor inputs
+    free_dims: list[list[int]]  # per input, the dims that may change between calls (batch, tokens)
+    init_args: list[Any]
+    share: float
+    floor_us: float
+
+
+class Candidate(BaseModel):
+    id: str
+    task_id: str
+    backend: Literal["cpp", "triton", "cuda"]
+    proposer: str
+    config: dict[str, Any]
+    source_hash: str
+
+
+CheckStatus = Literal["pass", "fail", "not_run"]
+
+
+class Check(BaseModel):
+    id: str
+    status: CheckStatus
+    detail: str = ""
+
+
+class Verdict(BaseModel):
+    candidate_id: str
+    verdict: Literal["pass", "fail"]
+    failed: list[str]
+    checks: list[Check]
+    shapes: list[list[list[int]]]  # every input-shape set that was run
+    seconds: float
+
+
+class Bench(BaseModel):
+    candidate_id: str
+    rounds: int
+    reference_us: float  # median over rounds
+    candidate_us: float
+    reference_spread: float  # (p75 - p25) / median
+    candidate_spread: float
+    speedup: float
+    significant: bool  # faster beyond the measured noise
+    compiled_us: float | None = None
+
+
+class PackEntry(BaseModel):
+    task_id: str
+    candidate_id: str
+    family: str
+    module_class: str
+    input_shapes: list[list[int]]
+    init_args: list[Any]
+    dtype: str
+    backend: str
+    config: dict[str, Any]
+    source_file: str  # relative to pack/
+    source_hash: str
+    verification: str
+    speedup: float
+
+
+class Pack(BaseModel):
+    version: str
+    run_id: str
+    device: str
+    entries: list[PackEntry]
+
+
+class Fidelity(BaseModel):
+    max_abs_logit_diff: float
+    greedy_match: bool
+    token_agreement: float
+
+
+class KernelResult(BaseModel):
+    op: str
+    module: str
+    backend: str
+    shapes: list[list[int]]
+    status: Literal["accepted", "rejected"]
+    reason: str
+    speedup: float | None
+    calls: int = 0
+    fallback_calls: int = 0
+    candidate_id: str = ""
+
+
+class Report(BaseModel):
+    run_id: str
+    model: ModelSpec
+    device: Device
+    baseline_ms: float
+    optimized_ms: float
+    compiled_ms: float | None
+    speedup: float
+    speedup_vs_compiled: float | None
+    timing_rounds: int
+    fidelity: Fidelity
+    kernels: list[KernelResult]
+    hotspots_before: list[Hotspot]
+    hotspots_after: list[Hotspot]
+    notes: list[str] = Field(default_factory=list)
+    seconds: float = 0.0

@@ -1,0 +1,1 @@
+"""Capture traces, load them into pandas, link ops to modules, rank hotspots against the roofline."""

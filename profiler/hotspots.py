@@ -1,0 +1,110 @@
+"""Rank fusion units: whole modules a kernel family can replace, with their share and roofline headroom."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+
+from kernelbot.kernel_library import family_for
+from kernelbot.profiler.trace import Trace
+from kernelbot.records import Device, Hotspot
+
+DTYPES = {"float": "float32", "c10::BFloat16": "bfloat16", "c10::Half": "float16", "double": "float64"}
+ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
+
+
+def _class_of(label: str) -> str:
+    return label.rsplit("_", 1)[0] if label.rsplit("_", 1)[-1].isdigit() else label
+
+
+def _is_unit(path: str, has_children: set[str]) -> bool:
+    """A fusion unit is the outermost module a family can replace, or a leaf no family covers."""
+    labels = path.split("/")
+    if any(family_for(_class_of(a)) for a in labels[:-1]):
+        return False  # an enclosing module is replaced whole
+    return family_for(_class_of(labels[-1])) is not None or path not in has_children
+
+
+def _first_op(ops: pd.DataFrame, ts: np.ndarray, start: float, end: float, tid) -> pd.Series | None:
+    i = int(np.searchsorted(ts, start, "left"))
+    while i < len(ts) and ts[i] <= end:
+        if ops.at[i, "tid"] == tid:
+            return ops.iloc[i]
+        i += 1
+    return None
+
+
+def rank_hotspots(trace: Trace, device: Device) -> list[Hotspot]:
+    mods, ops = trace.modules, trace.ops
+    if mods.empty:
+        return []
+    roots = mods[~mods["path"].str.contains("/")]
+    total_us = float(roots["dur"].sum()) or float(mods["dur"].max())
+    has_children = {p.rsplit("/", 1)[0] for p in mods["path"] if "/" in p}
+    units = mods[[_is_unit(p, has_children) for p in mods["path"]]]
+    ts = ops["ts"].to_numpy()
+    groups: dict[tuple, dict] = {}
+
+    def add(cls: str, dims: list, dtype: str, us: float, path: str) -> None:
+        g = groups.setdefault((cls, json.dumps(dims), dtype), {"calls": 0, "us": 0.0, "paths": []})
+        g["calls"] += 1
+        g["us"] += us
+        if path not in g["paths"]:
+            g["paths"].append(path)
+
+    for row in units.itertuples():
+        op = _first_op(ops, ts, row.ts, row.ts + row.dur, row.tid)
+        dims = [list(d) for d in op.input_dims if d] if op is not None else []
+        types = [t for t in op.input_types if t] if op is not None else []
+        add(row.cls, dims, DTYPES.get(types[0], types[0]) if types else "unknown", row.dur, row.path)
+    # Glue: what enclosing modules (attention, decoder layer) spend outside their child modules.
+    own = self_time(mods)
+    for row in mods[mods["path"].isin(has_children) & ~mods["path"].isin(units["path"])].itertuples():
+        if "/" in row.path and not any(family_for(_class_of(a)) for a in row.path.split("/")):
+            add(f"{row.cls} (own ops)", [], "", float(own[row.Index]), row.path)
+    hotspots = []
+    for (cls, dims_json, dtype), g in groups.items():
+        dims = json.loads(dims_json)
+        family = family_for(cls)
+        flops = nbytes = floor = 0.0
+        if family and dims:
+            flops, nbytes = family.cost(dims, ITEMSIZE.get(dtype, 4))
+            floor = g["calls"] * max(flops / (device.peak_gflops * 1e3), nbytes / (device.peak_gbps * 1e3))
+        hotspots.append(Hotspot(
+            id="", module_class=cls, module_paths=g["paths"], family=family.name if family else None,
+            input_dims=dims, dtype=dtype, calls=g["calls"], total_us=round(g["us"], 1),
+            share=g["us"] / total_us, flops=flops, bytes=nbytes, floor_us=round(floor, 1),
+            score_us=round(max(g["us"] - floor, 0.0), 1)))
+    hotspots.sort(key=lambda h: h.score_us, reverse=True)
+    for i, h in enumerate(hotspots):
+        h.id = f"h{i:02d}"
+    return hotspots
+
+
+def self_time(events: pd.DataFrame) -> np.ndarray:
+    """Each event's duration minus that of the events nested directly inside it (same thread)."""
+    order = np.argsort(events["ts"].to_numpy(), kind="stable")
+    ts, dur, tid = events["ts"].to_numpy()[order], events["dur"].to_numpy()[order], events["tid"].to_numpy()[order]
+    child = np.zeros(len(events))
+    stacks: dict = {}
+    for i in range(len(order)):
+        stack = stacks.setdefault(tid[i], [])
+        while stack and stack[-1][0] <= ts[i]:
+            stack.pop()
+        if stack:
+            child[stack[-1][1]] += dur[i]
+        stack.append((ts[i] + dur[i], i))
+    own = np.empty(len(events))
+    own[order] = dur - child
+    return own
+
+
+def op_breakdown(trace: Trace) -> pd.DataFrame:
+    """Self time per operator name (time not spent in nested ops), largest first."""
+    ops = trace.ops
+    frame = ops.assign(self_us=self_time(ops))
+    out = frame.groupby("name").agg(self_us=("self_us", "sum"), calls=("self_us", "size")).reset_index()
+    out["share"] = out["self_us"] / out["self_us"].sum()
+    return out.sort_values("self_us", ascending=False, ignore_index=True)
