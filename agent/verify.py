@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from kernelbot import KernelbotError
 from kernelbot.records import Check, Task, Verdict
 from kernelbot.sandbox import run_job
 
@@ -36,6 +37,23 @@ def load_reference(path: Path):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def task_from_reference(path: Path) -> Task:
+    """A task for a standalone KernelBench reference: its get_inputs() shapes, leading dims free."""
+    if not path.is_file():
+        raise KernelbotError(f"{path}: no such reference file")
+    try:
+        module = load_reference(path)
+        inputs, init_args = module.get_inputs(), list(module.get_init_inputs())
+    except Exception as exc:
+        raise KernelbotError(f"{path}: cannot load the reference ({type(exc).__name__}: {exc})") from None
+    if not inputs or not all(isinstance(x, torch.Tensor) and x.is_floating_point() for x in inputs):
+        raise KernelbotError(f"{path}: get_inputs() must return floating-point tensors (others not supported yet)")
+    shapes = [list(x.shape) for x in inputs]
+    return Task(id=path.stem, hotspot_id="", family="", module_class="Model",
+                dtype=str(inputs[0].dtype).removeprefix("torch."), input_shapes=shapes,
+                free_dims=[list(range(len(s) - 1)) for s in shapes], init_args=init_args, share=0.0, floor_us=0.0)
 
 
 def shape_sets(task: Task) -> list[list[list[int]]]:
@@ -116,6 +134,15 @@ def verify(task: Task, reference_path: Path, candidate_path: Path, workdir: Path
                    checks=checks, shapes=[shapes for shapes, _ in cases], seconds=round(time.perf_counter() - t0, 2))
 
 
+def same_bits(a, b) -> bool:
+    """Bit-identical tensors (NaN payloads included); plain equality for anything else."""
+    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
+        return a == b
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    return torch.equal(a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8))
+
+
 def _judge(reference, dtype, dtype_name, cases, inputs, runs) -> list[Check]:
     exact_model = copy.deepcopy(reference).double()
     native_model = reference.to(dtype)
@@ -129,14 +156,15 @@ def _judge(reference, dtype, dtype_name, cases, inputs, runs) -> list[Check]:
             problem = _compare(out, native, exact, dtype_name)
             if problem:
                 wrong.append(f"{where}: {problem}")
-                if isinstance(out, torch.Tensor) and out.shape == native.shape:
+                # On ordinary inputs a NaN where the reference is finite is the poison left in place: an output
+                # element the kernel never wrote. (On extreme inputs NaN may be honest arithmetic, e.g. inf/inf.)
+                if kind == "normal" and isinstance(out, torch.Tensor) and out.shape == native.shape:
                     holes = int((torch.isnan(out) & torch.isfinite(native)).sum())
                     if holes:
                         unwritten.append(f"{where}: {holes} elements never written (still NaN)")
-            if not all(torch.equal(a, b) for a, b in zip(run["out"], run["again"], strict=True)
-                       if isinstance(a, torch.Tensor)):
+            if not all(same_bits(a, b) for a, b in zip(run["out"], run["again"], strict=True)):
                 nondet.append(where)
-            if not all(torch.equal(a, b) for a, b in zip(run["inputs_after"], sent, strict=True)):
+            if not all(same_bits(a, b) for a, b in zip(run["inputs_after"], sent, strict=True)):
                 mutated.append(where)
 
     def check(cid: str, problems: list[str], ok: str) -> Check:

@@ -48,17 +48,16 @@ class PackPatcher:
         self.counts: dict[str, CallCounts] = {}  # candidate id -> counts
         self.fallbacks: dict[str, CallCounts] = {}  # module class -> counts
         self._patched: list[torch.nn.Module] = []
+        # Kernels outlive remove(): re-applying a pack must not rebuild them or repack their weights.
+        self._kernels: dict[tuple[str, int], torch.nn.Module] = {}
 
     def apply(self, pack: Pack, pack_dir: Path) -> None:
         self.remove()
         routes: dict[int, _Route] = {}
         for entry in pack.entries:
-            new_cls = load_candidate_module(pack_dir / entry.source_file, f"kb_pack_{entry.candidate_id}").ModelNew
             counts = self.counts.setdefault(entry.candidate_id, CallCounts())
             for module in self._matching(entry):
-                kernel = new_cls(*entry.init_args)
-                kernel.load_state_dict(module.state_dict())
-                kernel.eval()
+                kernel = self._kernel(entry, pack_dir, module)
                 route = routes.setdefault(id(module), _Route(fallback=self.fallbacks.setdefault(
                     entry.module_class, CallCounts())))
                 sig = tuple((tuple(s), entry.dtype) for s in entry.input_shapes)
@@ -66,6 +65,15 @@ class PackPatcher:
         for module in self.model.modules():
             if id(module) in routes:
                 self._wrap(module, routes[id(module)])
+
+    def _kernel(self, entry: PackEntry, pack_dir: Path, module: torch.nn.Module) -> torch.nn.Module:
+        key = (f"{pack_dir.resolve()}/{entry.candidate_id}", id(module))
+        if key not in self._kernels:
+            name = f"kb_pack_{entry.candidate_id}"
+            kernel = load_candidate_module(pack_dir / entry.source_file, name).ModelNew(*entry.init_args)
+            kernel.load_state_dict(module.state_dict())
+            self._kernels[key] = kernel.eval()
+        return self._kernels[key]
 
     def _matching(self, entry: PackEntry) -> list[torch.nn.Module]:
         family = FAMILIES[entry.family]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import torch
@@ -15,6 +16,16 @@ BUILTIN_MODELS = {
     "llama-tiny": dict(layers=4, hidden=512, heads=8, intermediate=1376, vocab=4000),
     "llama-micro": dict(layers=2, hidden=128, heads=4, intermediate=344, vocab=512),
 }
+
+
+@functools.cache
+def cache_kwarg() -> str:
+    """transformers 5 renamed `past_key_values` to `cache` (the old name still works, with a warning)."""
+    import inspect
+
+    from transformers import LlamaForCausalLM
+
+    return "cache" if "cache" in inspect.signature(LlamaForCausalLM.forward).parameters else "past_key_values"
 
 
 def cpu_has_fast_bf16() -> bool:
@@ -80,13 +91,13 @@ class TorchEngine:
     @torch.inference_mode()
     def generate(self, record_logits: bool = False) -> tuple[torch.Tensor, list[torch.Tensor]]:
         out = self.model(input_ids=self.prompts, use_cache=True)
-        cache = out.past_key_values
+        cache = out[cache_kwarg()]
         logits = [out.logits[:, -1].float()] if record_logits else []
         token = out.logits[:, -1].argmax(-1, keepdim=True)
         tokens = [token]
         for _ in range(self.spec.decode_steps):
-            out = self.model(input_ids=token, past_key_values=cache, use_cache=True)
-            cache = out.past_key_values
+            out = self.model(input_ids=token, use_cache=True, **{cache_kwarg(): cache})
+            cache = out[cache_kwarg()]
             if record_logits:
                 logits.append(out.logits[:, -1].float())
             token = out.logits[:, -1].argmax(-1, keepdim=True)

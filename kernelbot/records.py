@@ -140,6 +140,9 @@ class KernelResult(BaseModel):
     status: Literal["accepted", "rejected"]
     reason: str
     speedup: float | None
+    reference_us: float | None = None  # per call, in the candidate's benchmark
+    time_us: float | None = None
+    floor_us: float | None = None  # roofline floor per call on this device
     calls: int = 0
     fallback_calls: int = 0
     candidate_id: str = ""

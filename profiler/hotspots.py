@@ -36,6 +36,15 @@ def _first_op(ops: pd.DataFrame, ts: np.ndarray, start: float, end: float, tid) 
     return None
 
 
+def _fits(family, dims: list[list[int]]) -> bool:
+    """Do these dims look like the family's first op (e.g. not a reshape inside an already-replaced module)?"""
+    try:
+        family.cost(dims, 4)
+        return True
+    except (IndexError, ValueError, TypeError):
+        return False
+
+
 def rank_hotspots(trace: Trace, device: Device) -> list[Hotspot]:
     mods, ops = trace.modules, trace.ops
     if mods.empty:
@@ -69,7 +78,7 @@ def rank_hotspots(trace: Trace, device: Device) -> list[Hotspot]:
         dims = json.loads(dims_json)
         family = family_for(cls)
         flops = nbytes = floor = 0.0
-        if family and dims:
+        if family and _fits(family, dims):
             flops, nbytes = family.cost(dims, ITEMSIZE.get(dtype, 4))
             floor = g["calls"] * max(flops / (device.peak_gflops * 1e3), nbytes / (device.peak_gbps * 1e3))
         hotspots.append(Hotspot(

@@ -1,0 +1,63 @@
+"""Put the pack into the engine and measure what it changed: calls, fidelity, end-to-end time."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from kernelbot.engine import TorchEngine
+from kernelbot.records import Fidelity, Pack
+
+
+def count_calls(engine: TorchEngine, pack: Pack, pack_dir: Path) -> tuple[dict[str, int], dict[str, int]]:
+    """Run the workload once with the pack; return calls into each kernel and fallbacks per module class."""
+    engine.apply_pack(pack, pack_dir)
+    engine.patcher.reset_counts()
+    try:
+        engine.run_workload()
+        return ({k: c.calls for k, c in engine.patcher.counts.items()},
+                {k: c.fallback_calls for k, c in engine.patcher.fallbacks.items()})
+    finally:
+        engine.remove_pack()
+
+
+def fidelity(engine: TorchEngine, pack: Pack, pack_dir: Path) -> Fidelity:
+    tokens_ref, logits_ref = engine.generate(record_logits=True)
+    engine.apply_pack(pack, pack_dir)
+    try:
+        tokens_new, logits_new = engine.generate(record_logits=True)
+    finally:
+        engine.remove_pack()
+    diff = max(float((a - b).abs().max()) for a, b in zip(logits_ref, logits_new, strict=True))
+    return Fidelity(max_abs_logit_diff=diff, greedy_match=bool(torch.equal(tokens_ref, tokens_new)),
+                    token_agreement=float((tokens_ref == tokens_new).float().mean()))
+
+
+def time_end_to_end(engine: TorchEngine, pack: Pack, pack_dir: Path, rounds: int,
+                    compiled: TorchEngine | None) -> dict[str, list[float]]:
+    """Workload wall time for eager, kernelbot-patched and torch.compile, interleaved round by round so
+    that drift on a noisy machine hits all of them alike."""
+
+    def timed(fn) -> float:
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e3
+
+    times: dict[str, list[float]] = {"eager": [], "kernelbot": [], "compiled": []}
+    for _ in range(rounds):
+        times["eager"].append(timed(engine.run_workload))
+        engine.apply_pack(pack, pack_dir)
+        try:
+            times["kernelbot"].append(timed(engine.run_workload))
+        finally:
+            engine.remove_pack()
+        if compiled is not None:
+            times["compiled"].append(timed(compiled.run_workload))
+    return times
+
+
+def median(xs: list[float]) -> float | None:
+    return round(statistics.median(xs), 2) if xs else None

@@ -1,0 +1,93 @@
+"""report.json (for scripts) and report.md (for people), plus the table printed at the end of a run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from kernelbot.records import Hotspot, Report
+from kernelbot.rundir import write_record
+
+
+def _ms(x: float | None) -> str:
+    return "—" if x is None else f"{x:.1f}"
+
+
+def _hotspot_rows(hotspots: list[Hotspot], top: int = 12) -> list[str]:
+    rows = ["| id | module | family | input dims | calls | time ms | share | floor ms | headroom ms |",
+            "|---|---|---|---|---:|---:|---:|---:|---:|"]
+    for h in hotspots[:top]:
+        rows.append(f"| {h.id} | {h.module_class} | {h.family or '—'} | {h.input_dims} | {h.calls} | "
+                    f"{h.total_us / 1e3:.1f} | {h.share:.1%} | {h.floor_us / 1e3:.2f} | {h.score_us / 1e3:.1f} |")
+    return rows
+
+
+def render_markdown(r: Report) -> str:
+    accepted = [k for k in r.kernels if k.status == "accepted"]
+    lines = [
+        f"# kernelbot run {r.run_id}",
+        "",
+        f"Model **{r.model.name}** ({r.model.layers} layers, hidden {r.model.hidden}, {r.model.dtype}); workload: "
+        f"batch {r.model.batch}, {r.model.prompt_len}-token prompts, {r.model.decode_steps} greedy decode steps. "
+        f"Device: {r.device.name}, {r.device.threads} threads ({r.device.peak_gflops} GFLOP/s, "
+        f"{r.device.peak_gbps} GB/s, {r.device.peaks_source}).",
+        "",
+        "## End to end",
+        "",
+        f"Medians of {r.timing_rounds} rounds, eager / kernelbot / torch.compile interleaved in each round.",
+        "",
+        "| variant | workload ms | vs eager |",
+        "|---|---:|---:|",
+        f"| eager | {_ms(r.baseline_ms)} | 1.00x |",
+        f"| kernelbot | {_ms(r.optimized_ms)} | {r.speedup:.2f}x |",
+        f"| torch.compile (dynamic) | {_ms(r.compiled_ms)} | "
+        f"{(r.baseline_ms / r.compiled_ms if r.compiled_ms else 0):.2f}x |",
+        "",
+        f"kernelbot vs torch.compile: {r.speedup_vs_compiled or 0:.2f}x. Fidelity: max |Δlogit| "
+        f"{r.fidelity.max_abs_logit_diff:.2e}, greedy tokens identical: **{r.fidelity.greedy_match}** "
+        f"({r.fidelity.token_agreement:.1%} agreement).",
+        "",
+        f"## Kernels ({len(accepted)} accepted of {len(r.kernels)} candidates)",
+        "",
+        "| candidate | op | module | backend | shapes | status | speedup | calls | reason |",
+        "|---|---|---|---|---|---|---:|---:|---|",
+    ]
+    for k in r.kernels:
+        speed = f"{k.speedup:.2f}x" if k.speedup else "—"
+        lines.append(f"| {k.candidate_id} | {k.op} | {k.module} | {k.backend} | {k.shapes} | {k.status} | {speed} | "
+                     f"{k.calls} | {k.reason.replace('|', '/')} |")
+    lines += ["", "## Accepted kernels against the roofline", "",
+              "Per call, from each candidate's benchmark; the floor is max(FLOPs / peak FLOP/s, bytes / peak GB/s).", "",
+              "| candidate | replaced op µs | kernel µs | floor µs | of roofline |", "|---|---:|---:|---:|---:|"]
+    for k in accepted:
+        if k.time_us and k.floor_us is not None:
+            lines.append(f"| {k.candidate_id} | {k.reference_us:.1f} | {k.time_us:.1f} | {k.floor_us:.1f} | "
+                         f"{k.floor_us / k.time_us:.0%} |")
+    lines += ["", "## Hotspots before (profiled, roofline floor from the device's peaks)", "",
+              *_hotspot_rows(r.hotspots_before), "", "## Hotspots after", "", *_hotspot_rows(r.hotspots_after)]
+    if r.notes:
+        lines += ["", "## Notes", "", *[f"- {n}" for n in r.notes]]
+    lines += ["", f"Run took {r.seconds:.0f} s.", ""]
+    return "\n".join(lines)
+
+
+def write_report(report: Report, run_dir: Path, console: Console | None = None) -> None:
+    write_record(run_dir / "report.json", report)
+    (run_dir / "report.md").write_text(render_markdown(report))
+    if console is not None:
+        console.print(summary_table(report))
+        console.print(f"report: {run_dir / 'report.md'}")
+
+
+def summary_table(r: Report) -> Table:
+    table = Table(title=f"kernelbot {r.run_id}: {r.speedup:.2f}x over eager "
+                        f"({_ms(r.baseline_ms)} → {_ms(r.optimized_ms)} ms; torch.compile {_ms(r.compiled_ms)} ms)")
+    for col in ("candidate", "backend", "status", "speedup", "calls", "reason"):
+        table.add_column(col, overflow="fold")
+    for k in r.kernels:
+        style = "green" if k.status == "accepted" else ""
+        table.add_row(k.candidate_id, k.backend, k.status, f"{k.speedup:.2f}x" if k.speedup else "—", str(k.calls),
+                      k.reason[:90], style=style)
+    return table

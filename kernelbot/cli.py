@@ -1,0 +1,109 @@
+"""The `kernelbot` command: a thin layer over each stage."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+from kernelbot import KernelbotError
+
+
+def _optimize(args: argparse.Namespace) -> int:
+    from kernelbot.agent.optimize import OptimizeOptions, optimize
+
+    opts = OptimizeOptions(model=args.model, dtype=args.dtype, batch=args.batch, prompt_len=args.prompt_len,
+                           decode_steps=args.decode_steps, seed=args.seed, run_dir=args.run_dir,
+                           max_tasks=args.max_tasks, timeout=args.timeout, e2e_rounds=args.rounds,
+                           compile=not args.no_compile)
+    optimize(opts)
+    return 0
+
+
+def _rank(args: argparse.Namespace) -> int:
+    import json
+
+    from kernelbot.profiler.hotspots import rank_hotspots
+    from kernelbot.profiler.trace import load_trace
+    from kernelbot.records import Device
+
+    device = Device(kind="cpu", name="unknown", threads=1, peak_gflops=args.peak_tflops * 1e3,
+                    peak_gbps=args.peak_gbps, peaks_source="--peak-tflops/--peak-gbps")
+    hotspots = rank_hotspots(load_trace(args.trace), device)[: args.top]
+    if args.format == "json":
+        print(json.dumps({"hotspots": [h.model_dump() for h in hotspots]}, indent=2))
+    else:
+        for h in hotspots:
+            print(f"{h.id} {h.module_class:32s} {h.share:7.2%} {h.total_us / 1e3:9.2f} ms  {h.calls:6d} calls  "
+                  f"{h.input_dims}")
+    return 0
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from kernelbot.agent.verify import task_from_reference, verify
+
+    task = task_from_reference(args.reference)
+    verdict = verify(task, args.reference, args.candidate, args.workdir or Path(args.candidate).with_suffix(".verify"),
+                     seed=args.seed, timeout=args.timeout)
+    if args.json:
+        print(verdict.model_dump_json(indent=2))
+    else:
+        for c in verdict.checks:
+            print(f"{c.status:8s} {c.id:18s} {c.detail}")
+        print(verdict.verdict.upper())
+    return 0 if verdict.verdict == "pass" else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kernelbot", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("optimize", help="profile, rank, generate, verify, benchmark and integrate kernels")
+    p.add_argument("--model", default="llama-tiny", help="built-in model (llama-tiny, llama-micro)")
+    p.add_argument("--dtype", default="auto", help="auto (bf16 where the CPU has it, else fp32), float32, bfloat16")
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--prompt-len", type=int, default=32)
+    p.add_argument("--decode-steps", type=int, default=32)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--run-dir", type=Path, default=None, help="where the run is written (default: runs/<id>)")
+    p.add_argument("--max-tasks", type=int, default=8)
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds per candidate job in the sandbox")
+    p.add_argument("--rounds", type=int, default=7, help="interleaved end-to-end timing rounds")
+    p.add_argument("--no-compile", action="store_true", help="skip the torch.compile comparison")
+    p.set_defaults(func=_optimize)
+
+    p = sub.add_parser("rank", help="rank the modules of a torch.profiler trace")
+    p.add_argument("trace", type=Path)
+    p.add_argument("--top", type=int, default=20)
+    p.add_argument("--format", choices=["table", "json"], default="table")
+    p.add_argument("--peak-tflops", type=float, default=100.0)
+    p.add_argument("--peak-gbps", type=float, default=1000.0)
+    p.set_defaults(func=_rank)
+
+    p = sub.add_parser("verify", help="verify a KernelBench candidate (ModelNew) against its reference (Model)")
+    p.add_argument("reference", type=Path)
+    p.add_argument("candidate", type=Path)
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout", type=float, default=300.0)
+    p.add_argument("--workdir", type=Path, default=None)
+    p.set_defaults(func=_verify)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except KernelbotError as exc:
+        Console(stderr=True).print(f"kernelbot: error: {exc}", style="red", highlight=False)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

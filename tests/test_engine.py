@@ -1,0 +1,33 @@
+import pytest
+import torch
+
+from kernelbot import KernelbotError
+from kernelbot.engine import TorchEngine, builtin_spec
+
+
+def test_default_spec_is_the_fixed_benchmark_workload():
+    spec, _ = builtin_spec()
+    assert (spec.layers, spec.hidden, spec.heads, spec.intermediate, spec.vocab) == (4, 512, 8, 1376, 4000)
+    assert (spec.batch, spec.prompt_len, spec.decode_steps) == (8, 32, 32)
+    assert spec.dtype in ("float32", "bfloat16")
+
+
+def test_unknown_model_is_a_one_line_error():
+    with pytest.raises(KernelbotError, match="unknown model 'gpt-17'.*llama-tiny"):
+        builtin_spec("gpt-17")
+
+
+def test_bad_sizes_are_refused():
+    with pytest.raises(KernelbotError):
+        builtin_spec("llama-micro", batch=0)
+    with pytest.raises(KernelbotError, match="unsupported dtype"):
+        builtin_spec("llama-micro", dtype="int8")
+
+
+def test_micro_engine_generates_deterministically():
+    spec, _ = builtin_spec("llama-micro", dtype="float32", batch=2, prompt_len=5, decode_steps=3)
+    a = TorchEngine(spec).run_workload()
+    b = TorchEngine(spec).run_workload()
+    assert a.shape == (2, 4)  # first token from prefill, then 3 decode steps
+    assert torch.equal(a, b)
+    assert int(a.max()) < spec.vocab
