@@ -40,6 +40,7 @@ class OptimizeOptions:
     bench_rounds: int = 15
     e2e_rounds: int = 7
     compile: bool = True
+    families: list[str] | None = None  # only these kernel_library families (default: all)
 
 
 class Stages:
@@ -108,7 +109,7 @@ def _try_candidates(task: Task, task_dir: Path, backends: list[str], device_kind
 
 
 def optimize(opts: OptimizeOptions, console: Console | None = None) -> Report:
-    console = console or Console()
+    console = console or Console(soft_wrap=True)
     t_start = time.perf_counter()
     spec, notes = builtin_spec(opts.model, opts.dtype, opts.batch, opts.prompt_len, opts.decode_steps, opts.seed)
     run_id, run_dir = new_run_dir(opts.run_dir)
@@ -137,6 +138,8 @@ def optimize(opts: OptimizeOptions, console: Console | None = None) -> Report:
     report_notes = list(notes)
     for h in hotspots:
         reason = skip_reason(h, opts.min_share)
+        if reason is None and opts.families is not None and h.family not in opts.families:
+            reason = f"family {h.family} not selected (--families)"
         if reason is None and len(tasks) >= opts.max_tasks:
             reason = f"over the --max-tasks {opts.max_tasks} budget"
         if reason:

@@ -59,7 +59,7 @@ def render_markdown(r: Report) -> str:
         lines.append(f"| {k.candidate_id} | {k.op} | {k.module} | {k.backend} | {k.shapes} | {k.status} | {speed} | "
                      f"{k.calls} | {k.reason.replace('|', '/')} |")
     lines += ["", "## Accepted kernels against the roofline", "",
-              "Per call, from each candidate's benchmark; the floor is max(FLOPs / peak FLOP/s, bytes / peak GB/s).", "",
+              "Per call, from each candidate's benchmark; floor = max(FLOPs / peak FLOP/s, bytes / peak GB/s).", "",
               "| candidate | replaced op µs | kernel µs | floor µs | of roofline |", "|---|---:|---:|---:|---:|"]
     for k in accepted:
         if k.time_us and k.floor_us is not None:
@@ -86,7 +86,9 @@ def summary_table(r: Report) -> Table:
                         f"({_ms(r.baseline_ms)} → {_ms(r.optimized_ms)} ms; torch.compile {_ms(r.compiled_ms)} ms)")
     for col in ("candidate", "backend", "status", "speedup", "calls", "reason"):
         table.add_column(col, overflow="fold")
-    for k in r.kernels:
+    # One line per candidate that decided something: the winners, and the failures worth reading.
+    shown = [k for k in r.kernels if k.status == "accepted" or not k.reason.startswith("verified")]
+    for k in shown:
         style = "green" if k.status == "accepted" else ""
         table.add_row(k.candidate_id, k.backend, k.status, f"{k.speedup:.2f}x" if k.speedup else "—", str(k.calls),
                       k.reason[:90], style=style)

@@ -6,8 +6,6 @@ import argparse
 import sys
 from pathlib import Path
 
-from rich.console import Console
-
 from kernelbot import KernelbotError
 
 
@@ -17,7 +15,7 @@ def _optimize(args: argparse.Namespace) -> int:
     opts = OptimizeOptions(model=args.model, dtype=args.dtype, batch=args.batch, prompt_len=args.prompt_len,
                            decode_steps=args.decode_steps, seed=args.seed, run_dir=args.run_dir,
                            max_tasks=args.max_tasks, timeout=args.timeout, e2e_rounds=args.rounds,
-                           compile=not args.no_compile)
+                           compile=not args.no_compile, families=args.families.split(",") if args.families else None)
     optimize(opts)
     return 0
 
@@ -72,6 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per candidate job in the sandbox")
     p.add_argument("--rounds", type=int, default=7, help="interleaved end-to-end timing rounds")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile comparison")
+    p.add_argument("--families", default=None, help="comma-separated kernel families to try (default: all)")
     p.set_defaults(func=_optimize)
 
     p = sub.add_parser("rank", help="rank the modules of a torch.profiler trace")
@@ -99,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except KernelbotError as exc:
-        Console(stderr=True).print(f"kernelbot: error: {exc}", style="red", highlight=False)
+        print(f"kernelbot: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -31,3 +31,28 @@ def test_micro_engine_generates_deterministically():
     assert a.shape == (2, 4)  # first token from prefill, then 3 decode steps
     assert torch.equal(a, b)
     assert int(a.max()) < spec.vocab
+
+
+def test_pack_routes_only_verified_shapes_and_counts_both_ways(tmp_path):
+    from kernelbot.records import Pack, PackEntry
+
+    spec, _ = builtin_spec("llama-micro", dtype="float32", batch=2, prompt_len=5, decode_steps=3)
+    engine = TorchEngine(spec)
+    expected = engine.run_workload()
+    (tmp_path / "kernels").mkdir()
+    (tmp_path / "kernels" / "norm.py").write_text(
+        "from kernelbot.kernel_library.rmsnorm.cpu import RMSNormCpp as ModelNew\n")
+    decode_entry = PackEntry(task_id="t", candidate_id="norm", family="rmsnorm", module_class="LlamaRMSNorm",
+                             input_shapes=[[2, 1, 128]], init_args=[128, 1e-6], dtype="float32", backend="cpp",
+                             config={}, source_file="kernels/norm.py", source_hash="x", verification="pass",
+                             speedup=2.0)
+    pack = Pack(version="test", run_id="r", device="cpu", entries=[decode_entry])
+    engine.apply_pack(pack, tmp_path)
+    tokens = engine.run_workload()
+    norms_per_step = 2 * spec.layers + 1
+    assert engine.patcher.counts["norm"].calls == 3 * norms_per_step  # decode steps only
+    assert engine.patcher.fallbacks["LlamaRMSNorm"].fallback_calls == norms_per_step  # the prefill
+    assert torch.equal(tokens, expected)
+    engine.remove_pack()
+    assert not any("forward" in vars(m) for m in engine.model.modules())
+    assert torch.equal(engine.run_workload(), expected)

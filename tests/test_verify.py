@@ -3,12 +3,11 @@
 import textwrap
 
 import pytest
+from helpers import write_module
 
 from kernelbot.agent.tasks import reference_source
 from kernelbot.agent.verify import shape_sets, task_from_reference, verify
 from kernelbot.records import Task
-
-from helpers import write_module
 
 RMS_TASK = Task(id="rms", hotspot_id="h", family="rmsnorm", module_class="LlamaRMSNorm", dtype="float32",
                 input_shapes=[[8, 1, 64]], free_dims=[[0, 1]], init_args=[64, 1e-6], share=0.1, floor_us=1.0)

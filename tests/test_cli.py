@@ -1,0 +1,73 @@
+"""Bad input gets one line naming the problem, exit code 2, never a traceback."""
+
+import gzip
+import json
+import subprocess
+import sys
+
+from helpers import write_module
+
+
+def kernelbot(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kernelbot.cli", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def _one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> None:
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stderr
+    for needle in needles:
+        assert needle in lines[0]
+
+
+def test_unknown_model():
+    _one_line_error(kernelbot("optimize", "--model", "gpt-17"), "unknown model", "llama-tiny")
+
+
+def test_unwritable_run_dir(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    _one_line_error(kernelbot("optimize", "--model", "llama-micro", "--run-dir", str(blocker / "run")),
+                    "not writable", "--run-dir")
+
+
+def test_corrupt_trace(tmp_path):
+    bad = tmp_path / "trace.json.gz"
+    bad.write_bytes(gzip.compress(json.dumps({"traceEvents": []}).encode())[:15])
+    _one_line_error(kernelbot("rank", str(bad)), "trace.json.gz")
+
+
+def test_missing_reference(tmp_path):
+    _one_line_error(kernelbot("verify", str(tmp_path / "nope.py"), str(tmp_path / "c.py")), "nope.py")
+
+
+def test_verify_exit_codes_and_json(tmp_path):
+    ref = write_module(tmp_path / "ref.py", """
+import torch
+from torch import nn
+
+class Model(nn.Module):
+    def forward(self, x):
+        return torch.relu(x)
+
+def get_inputs():
+    return [torch.randn(6, 40)]
+
+def get_init_inputs():
+    return []
+""")
+    good = write_module(tmp_path / "good" / "candidate.py",
+                        "import torch\nfrom torch import nn\n\nclass ModelNew(nn.Module):\n"
+                        "    def forward(self, x):\n        return x.clamp_min(0)\n")
+    bad = write_module(tmp_path / "bad" / "candidate.py",
+                       "import torch\nfrom torch import nn\n\nclass ModelNew(nn.Module):\n"
+                       "    def forward(self, x):\n        return x.clamp_min(0.01)\n")
+    ok = kernelbot("verify", str(ref), str(good), "--json")
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert json.loads(ok.stdout)["verdict"] == "pass"
+    fail = kernelbot("verify", str(ref), str(bad), "--json")
+    assert fail.returncode == 1
+    data = json.loads(fail.stdout)
+    assert data["verdict"] == "fail" and "correctness" in data["failed"]
