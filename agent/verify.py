@@ -7,13 +7,13 @@ are computed here, in a process the candidate never runs in.
 from __future__ import annotations
 
 import copy
-import importlib.util
 import time
 from pathlib import Path
 
 import torch
 
 from kernelbot import KernelbotError
+from kernelbot.loading import load_module
 from kernelbot.records import Check, Task, Verdict
 from kernelbot.sandbox import run_job
 
@@ -32,11 +32,7 @@ FUZZ_SIZES = (1, 3, 7, 13, 31)  # 1, primes, non-multiples of every block size
 
 
 def load_reference(path: Path):
-    spec = importlib.util.spec_from_file_location(f"kb_reference_{abs(hash(path))}", path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module(path, f"kb_reference_{abs(hash(str(path)))}")
 
 
 def task_from_reference(path: Path) -> Task:

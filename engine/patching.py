@@ -2,23 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 
 import torch
 
 from kernelbot.kernel_library import FAMILIES
+from kernelbot.loading import load_module
 from kernelbot.records import Pack, PackEntry
-
-
-def load_candidate_module(path: Path, name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @dataclass
@@ -70,7 +61,7 @@ class PackPatcher:
         key = (f"{pack_dir.resolve()}/{entry.candidate_id}", id(module))
         if key not in self._kernels:
             name = f"kb_pack_{entry.candidate_id}"
-            kernel = load_candidate_module(pack_dir / entry.source_file, name).ModelNew(*entry.init_args)
+            kernel = load_module(pack_dir / entry.source_file, name).ModelNew(*entry.init_args)
             kernel.load_state_dict(module.state_dict())
             self._kernels[key] = kernel.eval()
         return self._kernels[key]

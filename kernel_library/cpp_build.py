@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
-import importlib.util
 import os
 from pathlib import Path
 from types import ModuleType
+
+from kernelbot.loading import load_module
 
 CFLAGS = ["-O3", "-mavx2", "-mfma", "-fno-math-errno", "-fopenmp"]
 _loaded: dict[str, ModuleType] = {}
@@ -40,9 +41,6 @@ def load_cpp(path: Path) -> ModuleType:
                  build_directory=str(build_dir), verbose=False)
     import torch  # noqa: F401  (the extension links against libtorch)
 
-    spec = importlib.util.spec_from_file_location(name, built)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_module(built, name)  # the .so suffix selects the extension-module loader
     _loaded[name] = module
     return module

@@ -7,7 +7,6 @@ Jobs (job.json in the working directory):
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 import time
@@ -17,13 +16,7 @@ from typing import Any
 
 import torch
 
-
-def _load(path: str, name: str):
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from kernelbot.loading import load_module
 
 
 class LoadError(Exception):
@@ -32,7 +25,7 @@ class LoadError(Exception):
 
 def _build(path: str, cls: str, job: dict[str, Any]) -> torch.nn.Module:
     try:
-        model = getattr(_load(path, f"kb_{cls.lower()}"), cls)(*job["init_args"])
+        model = getattr(load_module(path, f"kb_{cls.lower()}"), cls)(*job["init_args"])
         model.load_state_dict(torch.load(job["state_dict"]), strict=True)
     except Exception as exc:
         raise LoadError(f"{type(exc).__name__}: {exc}") from exc

@@ -3,22 +3,19 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch import nn
 
 from kernelbot.kernel_library.cpp_build import load_cpp
+from kernelbot.kernel_library.gated_mlp.reference import Model
 from kernelbot.kernel_library.linear.cpu import SOURCE, PackedWeights
 
 
-class GatedMLPCpp(nn.Module):
+class GatedMLPCpp(Model):
     """gate and up share one pass over x (interleaved panels, SiLU-and-mul in registers), then down."""
 
     CONFIG: dict[str, Any] = {"grain": 4}
 
     def __init__(self, hidden_size: int, intermediate_size: int):
-        super().__init__()
-        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
-        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+        super().__init__(hidden_size, intermediate_size)
         self._ext = load_cpp(SOURCE)
         self._gate_up = PackedWeights()
         self._down = PackedWeights()

@@ -5,8 +5,8 @@ from typing import Any
 import torch
 import triton
 import triton.language as tl
-from torch import nn
 
+from kernelbot.kernel_library.gated_mlp.reference import Model
 from kernelbot.kernel_library.linear.triton_kernel import triton_linear
 
 
@@ -30,14 +30,8 @@ def gate_up_silu_kernel(x_ptr, wg_ptr, wu_ptr, out_ptr, M, N, K,
              mask=(rm[:, None] < M) & (rn[None, :] < N))
 
 
-class GatedMLPTriton(nn.Module):
+class GatedMLPTriton(Model):
     CONFIG: dict[str, Any] = {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 64}
-
-    def __init__(self, hidden_size: int, intermediate_size: int):
-        super().__init__()
-        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
-        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         inter, hidden = self.gate_proj.weight.shape

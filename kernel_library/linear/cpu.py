@@ -5,9 +5,9 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from kernelbot.kernel_library.cpp_build import load_cpp
+from kernelbot.kernel_library.linear.reference import Model
 
 SOURCE = Path(__file__).with_name("linear.cpp")
 
@@ -36,13 +36,11 @@ class PackedWeights:
         return self._panels
 
 
-class LinearCpp(nn.Module):
+class LinearCpp(Model):
     CONFIG: dict[str, Any] = {"grain": 4}
 
     def __init__(self, in_features: int, out_features: int, bias: bool):
-        super().__init__()
-        self.weight = nn.Parameter(torch.empty(out_features, in_features))
-        self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
+        super().__init__(in_features, out_features, bias)
         self._ext = load_cpp(SOURCE)
         self._packed = PackedWeights()
 

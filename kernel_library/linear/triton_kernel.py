@@ -5,7 +5,8 @@ from typing import Any
 import torch
 import triton
 import triton.language as tl
-from torch import nn
+
+from kernelbot.kernel_library.linear.reference import Model
 
 
 @triton.jit
@@ -38,13 +39,8 @@ def triton_linear(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     return out
 
 
-class LinearTriton(nn.Module):
+class LinearTriton(Model):
     CONFIG: dict[str, Any] = {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 64}
-
-    def __init__(self, in_features: int, out_features: int, bias: bool):
-        super().__init__()
-        self.weight = nn.Parameter(torch.empty(out_features, in_features))
-        self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         n, k = self.weight.shape

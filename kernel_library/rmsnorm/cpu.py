@@ -4,18 +4,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
 from kernelbot.kernel_library.cpp_build import load_cpp
+from kernelbot.kernel_library.rmsnorm.reference import Model
 
 
-class RMSNormCpp(nn.Module):
+class RMSNormCpp(Model):
     CONFIG: dict[str, Any] = {"grain": 8}
 
     def __init__(self, hidden_size: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(hidden_size))
-        self.variance_epsilon = eps
+        super().__init__(hidden_size, eps)
         self._ext = load_cpp(Path(__file__).with_name("rmsnorm.cpp"))
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:

@@ -5,7 +5,8 @@ from typing import Any
 import torch
 import triton
 import triton.language as tl
-from torch import nn
+
+from kernelbot.kernel_library.rmsnorm.reference import Model
 
 
 @triton.jit
@@ -20,13 +21,8 @@ def _rmsnorm_kernel(x_ptr, w_ptr, out_ptr, n_cols, eps, BLOCK: tl.constexpr):
     tl.store(out_ptr + row * n_cols + cols, (w.to(tl.float32) * normed.to(tl.float32)), mask=mask)
 
 
-class RMSNormTriton(nn.Module):
+class RMSNormTriton(Model):
     CONFIG: dict[str, Any] = {"num_warps": 4}
-
-    def __init__(self, hidden_size: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(hidden_size))
-        self.variance_epsilon = eps
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         x = hidden_states.contiguous()
