@@ -36,7 +36,8 @@ def build_pack(accepted: list[Accepted], run_id: str, device: str, pack_dir: Pat
         entries.append(PackEntry(
             task_id=a.task.id, candidate_id=f"{a.task.id}__{a.candidate.id}", family=a.task.family,
             module_class=a.task.module_class, input_shapes=a.task.input_shapes, init_args=a.task.init_args,
-            dtype=a.task.dtype, backend=a.candidate.backend, config=a.candidate.config, source_file=rel,
+            profiled_dims=a.task.profiled_dims, dtype=a.task.dtype,
+            backend=a.candidate.backend, config=a.candidate.config, source_file=rel,
             source_hash=a.candidate.source_hash, verification=verification_summary(a.verdict),
             speedup=a.bench.speedup))
     digest = hashlib.sha256("".join(e.model_dump_json() for e in entries).encode()).hexdigest()[:12]

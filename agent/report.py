@@ -16,10 +16,12 @@ def _ms(x: float | None) -> str:
 
 
 def _hotspot_rows(hotspots: list[Hotspot], top: int = 12) -> list[str]:
-    rows = ["| id | module | family | input dims | calls | time ms | share | floor ms | headroom ms |",
-            "|---|---|---|---|---:|---:|---:|---:|---:|"]
+    rows = ["| id | module | family | kernelbot kernel | input dims | calls | time ms | share | floor ms "
+            "| headroom ms |",
+            "|---|---|---|---|---|---:|---:|---:|---:|---:|"]
     for h in hotspots[:top]:
-        rows.append(f"| {h.id} | {h.module_class} | {h.family or '—'} | {h.input_dims} | {h.calls} | "
+        rows.append(f"| {h.id} | {h.module_class} | {h.family or '—'} | {h.kernel or '—'} | {h.input_dims} | "
+                    f"{h.calls} | "
                     f"{h.total_us / 1e3:.1f} | {h.share:.1%} | {h.floor_us / 1e3:.2f} | {h.score_us / 1e3:.1f} |")
     return rows
 
@@ -59,7 +61,10 @@ def render_markdown(r: Report) -> str:
         lines.append(f"| {k.candidate_id} | {k.op} | {k.module} | {k.backend} | {k.shapes} | {k.status} | {speed} | "
                      f"{k.calls} | {k.reason.replace('|', '/')} |")
     lines += ["", "## Accepted kernels against the roofline", "",
-              "Per call, from each candidate's benchmark; floor = max(FLOPs / peak FLOP/s, bytes / peak GB/s).", "",
+              "Per call, from each candidate's benchmark; floor = max(FLOPs / peak FLOP/s, bytes / peak GB/s), with "
+              "the bandwidth of a copy too large for the caches. Above 100% means the benchmark's working set "
+              "(one layer's weights, reused every call) stayed in cache; in the end-to-end run all layers' weights "
+              "stream from memory, so the per-hotspot floors after integration are the better guide.", "",
               "| candidate | replaced op µs | kernel µs | floor µs | of roofline |", "|---|---:|---:|---:|---:|"]
     for k in accepted:
         if k.time_us and k.floor_us is not None:

@@ -36,7 +36,8 @@ def make_task(hotspot: Hotspot, model: torch.nn.Module) -> Task:
         id=f"{hotspot.id}-{family.name}-{'x'.join(map(str, x))}", hotspot_id=hotspot.id, family=family.name,
         module_class=hotspot.module_class, dtype=hotspot.dtype, input_shapes=[x],
         free_dims=[list(range(len(x) - 1))],  # leading dims (batch, tokens) vary; the feature dim is the weights'
-        init_args=family.init_args(live), share=hotspot.share, floor_us=hotspot.floor_us / max(hotspot.calls, 1))
+        init_args=family.init_args(live), share=hotspot.share, floor_us=hotspot.floor_us / max(hotspot.calls, 1),
+        profiled_dims=hotspot.input_dims)
 
 
 def reference_source(task: Task) -> str:

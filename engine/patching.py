@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -9,6 +10,7 @@ import torch
 
 from kernelbot.kernel_library import FAMILIES
 from kernelbot.loading import load_module
+from kernelbot.profiler.trace import KERNEL_LABEL
 from kernelbot.records import Pack, PackEntry
 
 
@@ -24,9 +26,14 @@ def _signature(args: tuple, kwargs: dict) -> tuple | None:
     return tuple((tuple(a.shape), str(a.dtype).removeprefix("torch.")) for a in args)
 
 
+def kernel_label(entry: PackEntry) -> str:
+    """The trace annotation for a pack kernel: its id, dtype and the dims the profiler saw it replace."""
+    return f"{KERNEL_LABEL}{entry.candidate_id} {entry.dtype} {json.dumps(entry.profiled_dims)}"
+
+
 @dataclass
 class _Route:
-    kernels: dict[tuple, tuple[torch.nn.Module, CallCounts]] = field(default_factory=dict)
+    kernels: dict[tuple, tuple[torch.nn.Module, CallCounts, str]] = field(default_factory=dict)
     fallback: CallCounts = field(default_factory=CallCounts)
 
 
@@ -52,7 +59,7 @@ class PackPatcher:
                 route = routes.setdefault(id(module), _Route(fallback=self.fallbacks.setdefault(
                     entry.module_class, CallCounts())))
                 sig = tuple((tuple(s), entry.dtype) for s in entry.input_shapes)
-                route.kernels[sig] = (kernel, counts)
+                route.kernels[sig] = (kernel, counts, kernel_label(entry))
         for module in self.model.modules():
             if id(module) in routes:
                 self._wrap(module, routes[id(module)])
@@ -79,8 +86,11 @@ class PackPatcher:
             if hit is None:
                 route.fallback.fallback_calls += 1
                 return original(*args, **kwargs)
-            kernel, counts = hit
+            kernel, counts, label = hit
             counts.calls += 1
+            if torch.autograd._profiler_enabled():  # name the kernel in traces, so re-profiles can rank it
+                with torch.profiler.record_function(label):
+                    return kernel(*args)
             return kernel(*args)
 
         module.forward = forward  # instance attribute shadows the class method; removed by remove()

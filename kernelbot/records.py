@@ -49,6 +49,7 @@ class Hotspot(BaseModel):
     bytes: float = 0.0
     floor_us: float = 0.0  # roofline floor for all calls together
     score_us: float = 0.0  # headroom: time above the floor
+    kernel: str | None = None  # the pack kernel that ran here, when profiled with a pack applied
 
 
 class Task(BaseModel):
@@ -62,6 +63,7 @@ class Task(BaseModel):
     init_args: list[Any]
     share: float
     floor_us: float
+    profiled_dims: list[list[int]] = Field(default_factory=list)  # the hotspot's first-op dims (input, weights)
 
 
 class Candidate(BaseModel):
@@ -114,6 +116,7 @@ class PackEntry(BaseModel):
     backend: str
     config: dict[str, Any]
     source_file: str  # relative to pack/
+    profiled_dims: list[list[int]] = Field(default_factory=list)
     source_hash: str
     verification: str
     speedup: float

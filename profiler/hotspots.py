@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 
 from kernelbot.kernel_library import family_for
-from kernelbot.profiler.trace import Trace
+from kernelbot.profiler.trace import KERNEL_LABEL, Trace
 from kernelbot.records import Device, Hotspot
 
 DTYPES = {"float": "float32", "c10::BFloat16": "bfloat16", "c10::Half": "float16", "double": "float64"}
@@ -56,8 +56,8 @@ def rank_hotspots(trace: Trace, device: Device) -> list[Hotspot]:
     ts = ops["ts"].to_numpy()
     groups: dict[tuple, dict] = {}
 
-    def add(cls: str, dims: list, dtype: str, us: float, path: str) -> None:
-        g = groups.setdefault((cls, json.dumps(dims), dtype), {"calls": 0, "us": 0.0, "paths": []})
+    def add(cls: str, dims: list, dtype: str, us: float, path: str, kernel: str | None = None) -> None:
+        g = groups.setdefault((cls, json.dumps(dims), dtype, kernel), {"calls": 0, "us": 0.0, "paths": []})
         g["calls"] += 1
         g["us"] += us
         if path not in g["paths"]:
@@ -67,14 +67,16 @@ def rank_hotspots(trace: Trace, device: Device) -> list[Hotspot]:
         op = _first_op(ops, ts, row.ts, row.ts + row.dur, row.tid)
         dims = [list(d) for d in op.input_dims if d] if op is not None else []
         types = [t for t in op.input_types if t] if op is not None else []
-        add(row.cls, dims, DTYPES.get(types[0], types[0]) if types else "unknown", row.dur, row.path)
+        name = op["name"] if op is not None else ""
+        kernel = name.removeprefix(KERNEL_LABEL) if name.startswith(KERNEL_LABEL) else None
+        add(row.cls, dims, DTYPES.get(types[0], types[0]) if types else "unknown", row.dur, row.path, kernel)
     # Glue: what enclosing modules (attention, decoder layer) spend outside their child modules.
     own = self_time(mods)
     for row in mods[mods["path"].isin(has_children) & ~mods["path"].isin(units["path"])].itertuples():
         if "/" in row.path and not any(family_for(_class_of(a)) for a in row.path.split("/")):
             add(f"{row.cls} (own ops)", [], "", float(own[row.Index]), row.path)
     hotspots = []
-    for (cls, dims_json, dtype), g in groups.items():
+    for (cls, dims_json, dtype, kernel), g in groups.items():
         dims = json.loads(dims_json)
         family = family_for(cls)
         flops = nbytes = floor = 0.0
@@ -85,7 +87,7 @@ def rank_hotspots(trace: Trace, device: Device) -> list[Hotspot]:
             id="", module_class=cls, module_paths=g["paths"], family=family.name if family else None,
             input_dims=dims, dtype=dtype, calls=g["calls"], total_us=round(g["us"], 1),
             share=g["us"] / total_us, flops=flops, bytes=nbytes, floor_us=round(floor, 1),
-            score_us=round(max(g["us"] - floor, 0.0), 1)))
+            score_us=round(max(g["us"] - floor, 0.0), 1), kernel=kernel))
     hotspots.sort(key=lambda h: h.score_us, reverse=True)
     for i, h in enumerate(hotspots):
         h.id = f"h{i:02d}"

@@ -12,6 +12,7 @@ import pandas as pd
 from kernelbot import KernelbotError
 
 MODULE_PREFIX = "nn.Module: "
+KERNEL_LABEL = "kernelbot::"  # names pack kernels in traces (engine/patching.py)
 
 
 @dataclass
@@ -45,6 +46,10 @@ def load_trace(path: Path) -> Trace:
         if cat == "cpu_op":
             ops.append((e["name"], float(e["ts"]), float(e.get("dur", 0)), e.get("tid"),
                         args.get("Input Dims", []), args.get("Input type", [])))
+        elif cat == "user_annotation" and e["name"].startswith(KERNEL_LABEL):
+            # a kernelbot pack kernel: "kernelbot::<id> <dtype> <dims json>" stands in for the op it replaced
+            name, dtype, dims = e["name"].split(" ", 2)
+            ops.append((name, float(e["ts"]), float(e.get("dur", 0)), e.get("tid"), json.loads(dims), [dtype]))
         elif cat == "python_function":
             pid = args.get("Python id")
             pyfuncs[pid] = (args.get("Python parent id"), e["name"])

@@ -34,7 +34,9 @@ def test_micro_engine_generates_deterministically():
 
 
 def test_pack_routes_only_verified_shapes_and_counts_both_ways(tmp_path):
-    from kernelbot.records import Pack, PackEntry
+    from kernelbot.profiler.hotspots import rank_hotspots
+    from kernelbot.profiler.trace import load_trace
+    from kernelbot.records import Device, Pack, PackEntry
 
     spec, _ = builtin_spec("llama-micro", dtype="float32", batch=2, prompt_len=5, decode_steps=3)
     engine = TorchEngine(spec)
@@ -43,7 +45,8 @@ def test_pack_routes_only_verified_shapes_and_counts_both_ways(tmp_path):
     (tmp_path / "kernels" / "norm.py").write_text(
         "from kernelbot.kernel_library.rmsnorm.cpu import RMSNormCpp as ModelNew\n")
     decode_entry = PackEntry(task_id="t", candidate_id="norm", family="rmsnorm", module_class="LlamaRMSNorm",
-                             input_shapes=[[2, 1, 128]], init_args=[128, 1e-6], dtype="float32", backend="cpp",
+                             input_shapes=[[2, 1, 128]], init_args=[128, 1e-6],
+                             profiled_dims=[[2, 1, 128]], dtype="float32", backend="cpp",
                              config={}, source_file="kernels/norm.py", source_hash="x", verification="pass",
                              speedup=2.0)
     pack = Pack(version="test", run_id="r", device="cpu", entries=[decode_entry])
@@ -53,6 +56,12 @@ def test_pack_routes_only_verified_shapes_and_counts_both_ways(tmp_path):
     assert engine.patcher.counts["norm"].calls == 3 * norms_per_step  # decode steps only
     assert engine.patcher.fallbacks["LlamaRMSNorm"].fallback_calls == norms_per_step  # the prefill
     assert torch.equal(tokens, expected)
+    # A re-profile names the pack kernel where it ran, with the dims of the op it replaced, so it keeps a floor.
+    engine.profile(tmp_path / "after.json.gz")
+    device = Device(kind="cpu", name="t", threads=1, peak_gflops=100.0, peak_gbps=10.0, peaks_source="test")
+    patched = [h for h in rank_hotspots(load_trace(tmp_path / "after.json.gz"), device) if h.kernel]
+    assert [(h.kernel, h.input_dims, h.calls) for h in patched] == [("norm", [[2, 1, 128]], 3 * norms_per_step)]
+    assert patched[0].floor_us > 0
     engine.remove_pack()
     assert not any("forward" in vars(m) for m in engine.model.modules())
     assert torch.equal(engine.run_workload(), expected)
