@@ -21,21 +21,18 @@ def _optimize(args: argparse.Namespace) -> int:
 
 
 def _rank(args: argparse.Namespace) -> int:
-    import json
+    from kernelbot.profiler import render
+    from kernelbot.profiler.rank import rank
 
-    from kernelbot.profiler.hotspots import rank_hotspots
-    from kernelbot.profiler.trace import load_trace
-    from kernelbot.records import Device
-
-    device = Device(kind="cpu", name="unknown", threads=1, peak_gflops=args.peak_tflops * 1e3,
-                    peak_gbps=args.peak_gbps, peaks_source="--peak-tflops/--peak-gbps")
-    hotspots = rank_hotspots(load_trace(args.trace), device)[: args.top]
+    report = rank(args.trace, tflops=args.peak_tflops, gbps=args.peak_gbps, sort=args.sort)
+    if args.plot:
+        render.plot(report, args.plot, args.top)
     if args.format == "json":
-        print(json.dumps({"hotspots": [h.model_dump() for h in hotspots]}, indent=2))
+        print(report.model_dump_json(indent=1))
+    elif args.format == "csv":
+        print(render.to_csv(report), end="")
     else:
-        for h in hotspots:
-            print(f"{h.id} {h.module_class:32s} {h.share:7.2%} {h.total_us / 1e3:9.2f} ms  {h.calls:6d} calls  "
-                  f"{h.input_dims}")
+        print(render.table(report, args.top))
     return 0
 
 
@@ -73,12 +70,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--families", default=None, help="comma-separated kernel families to try (default: all)")
     p.set_defaults(func=_optimize)
 
-    p = sub.add_parser("rank", help="rank the modules of a torch.profiler trace")
-    p.add_argument("trace", type=Path)
-    p.add_argument("--top", type=int, default=20)
-    p.add_argument("--format", choices=["table", "json"], default="table")
-    p.add_argument("--peak-tflops", type=float, default=100.0)
-    p.add_argument("--peak-gbps", type=float, default=1000.0)
+    p = sub.add_parser("rank", help="rank the GPU kernels of a trace (Kineto JSON, nsys CSV/SQLite, or a directory)")
+    p.add_argument("trace", type=Path, help="trace file, or a directory of per-rank traces")
+    p.add_argument("--top", type=int, default=25)
+    p.add_argument("--format", choices=["table", "json", "csv"], default="table")
+    p.add_argument("--sort", choices=["score", "time"], default="score", help="by headroom (default) or by time")
+    p.add_argument("--peak-tflops", type=float, default=None, help="override the device's peak TFLOP/s")
+    p.add_argument("--peak-gbps", type=float, default=None, help="override the device's peak memory GB/s")
+    p.add_argument("--plot", type=Path, default=None, help="also write a PNG of the breakdown")
     p.set_defaults(func=_rank)
 
     p = sub.add_parser("verify", help="verify a KernelBench candidate (ModelNew) against its reference (Model)")

@@ -167,3 +167,53 @@ class Report(BaseModel):
     hotspots_after: list[Hotspot]
     notes: list[str] = Field(default_factory=list)
     seconds: float = 0.0
+
+
+class KernelStat(BaseModel):
+    name: str
+    total_us: float
+    count: int
+    mean_us: float
+    share: float  # of GPU busy time
+    op: str | None  # the CPU op that launched it (most of its time)
+    shapes: list | None  # that op's Input Dims
+    dtype: str | None
+    module: str | None  # nn.Module path, where the trace has python_function events
+    floor_us: float  # roofline floor, all calls together; 0 when the op is not understood
+    floor_known: bool
+    score: float  # headroom: time saved if it ran at its floor
+    communication: bool = False  # NCCL/RCCL: reported, never a rewrite target
+
+
+class OpStat(BaseModel):
+    op: str
+    shapes: list | None
+    dtype: str | None
+    kernels: list[str]
+    total_us: float
+    calls: int
+    share: float
+    floor_us: float
+    score: float
+
+
+class RankStat(BaseModel):
+    rank: str
+    gpu_busy_us: float
+    span_us: float
+    kernels: int
+    straggler: bool
+
+
+class RankReport(BaseModel):
+    source: str
+    device: str
+    peaks: str  # which peaks were used, or why there are none
+    gpu_busy_us: float
+    gpu_idle_share: float
+    launches: int
+    linking: str  # how kernels were tied to ops: "external id" or "time containment"
+    kernels: list[KernelStat]
+    ops: list[OpStat]
+    ranks: list[RankStat] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)
