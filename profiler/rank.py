@@ -112,13 +112,17 @@ def kernel_stats(k: pd.DataFrame, busy: float, sort: str = "score") -> list[Kern
 
 
 def op_stats(k: pd.DataFrame, busy: float) -> list[OpStat]:
-    launched = k[k["op"].notna()].assign(shape_key=lambda f: f["shapes"].map(str))
-    stats = []
-    for (op, _), g in launched.groupby(["op", "shape_key"], sort=False):
-        total, floor = float(g["dur"].sum()), float(g["floor_us"].sum())
-        calls = int(g.groupby(["rank", "op_index"]).ngroups)
-        stats.append(OpStat(op=str(op), shapes=g["shapes"].iloc[0], dtype=g["dtype"].iloc[0],
-                            kernels=sorted(set(g["name"]))[:5], total_us=round(total, 3), calls=calls,
-                            share=total / busy if busy else 0.0, floor_us=round(floor, 3),
-                            score=0.0 if g["communication"].all() else round(max(total - floor, 0.0), 3)))
+    launched = k[k["op"].notna()]
+    if launched.empty:
+        return []
+    launched = launched.assign(shape_key=launched["shapes"].map(json.dumps),
+                               call=launched["rank"].astype(str) + ":" + launched["op_index"].astype(str))
+    groups = launched.groupby(["op", "shape_key"], sort=False)
+    per = groups.agg(total=("dur", "sum"), floor=("floor_us", "sum"), calls=("call", "nunique"),
+                     comm=("communication", "all"), data_type=("dtype", "first"))
+    kernels = groups["name"].agg(lambda names: sorted(set(names))[:5])
+    stats = [OpStat(op=str(op), shapes=json.loads(shape_key), dtype=r.data_type, kernels=kernels[(op, shape_key)],
+                    total_us=round(r.total, 3), calls=int(r.calls), share=r.total / busy if busy else 0.0,
+                    floor_us=round(r.floor, 3), score=0.0 if r.comm else round(max(r.total - r.floor, 0.0), 3))
+             for (op, shape_key), r in per.iterrows()]
     return sorted(stats, key=lambda s: s.score, reverse=True)
