@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from kernelbot.agent.verify import load_reference, make_inputs
+from kernelbot.kernel_library.cpp_build import prebuild_library
 from kernelbot.records import Bench, Task
 from kernelbot.sandbox import run_job
 
@@ -25,8 +26,9 @@ def bench(task: Task, reference_path: Path, candidate_path: Path, workdir: Path,
     torch.save([make_inputs(task.input_shapes, getattr(torch, task.dtype), 1.0, torch.Generator().manual_seed(seed))],
                workdir / "inputs.pt")
     job = {"kind": "bench", "reference": str(reference_path.resolve()), "candidate": str(candidate_path.resolve()),
-           "init_args": task.init_args, "state_dict": "state_dict.pt", "inputs": "inputs.pt", "rounds": rounds}
-    result = run_job(job, workdir, timeout=timeout)
+           "init_args": task.init_args, "state_dict": str((workdir / "state_dict.pt").resolve()),
+           "inputs": str((workdir / "inputs.pt").resolve()), "rounds": rounds}
+    result = run_job(job, workdir, timeout=timeout, env=prebuild_library())
     if result.status != "ok" or not result.payload:
         raise RuntimeError(f"benchmark {result.status}: {result.detail[-300:]}")
     ref, cand = result.payload["reference_us"], result.payload["candidate_us"]

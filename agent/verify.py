@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from kernelbot import KernelbotError
+from kernelbot.kernel_library.cpp_build import prebuild_library
 from kernelbot.loading import load_module
 from kernelbot.records import Check, Task, Verdict
 from kernelbot.sandbox import run_job
@@ -109,10 +110,14 @@ def verify(task: Task, reference_path: Path, candidate_path: Path, workdir: Path
     inputs = [make_inputs(shapes, dtype, INPUT_SCALES[kind], gen) for shapes, kind in cases]
     torch.save(inputs, workdir / "inputs.pt")
     job = {"kind": "outputs", "candidate": str(candidate_path.resolve()), "init_args": task.init_args,
-           "state_dict": "state_dict.pt", "inputs": "inputs.pt"}
-    result = run_job(job, workdir, timeout=timeout, env=env)
+           "state_dict": str((workdir / "state_dict.pt").resolve()),
+           "inputs": str((workdir / "inputs.pt").resolve())}
+    result = run_job(job, workdir, timeout=timeout, env={**prebuild_library(), **(env or {})})
 
     checks: list[Check] = []
+    if result.violations:
+        tried = "; ".join(f"{v.get('kind')}: {v.get('detail')}" for v in result.violations[:5])
+        checks.append(Check(id="sandbox_violation", status="fail", detail=tried[:1000]))
     if result.status == "timeout":
         checks.append(Check(id="timeout", status="fail", detail=result.detail))
     elif result.status == "crash":
@@ -124,10 +129,14 @@ def verify(task: Task, reference_path: Path, candidate_path: Path, workdir: Path
     else:
         checks += [Check(id="compile", status="pass"), Check(id="timeout", status="pass"),
                    Check(id="crash", status="pass")]
-        checks += _judge(reference, dtype, task.dtype, cases, inputs, torch.load(workdir / "outputs.pt"))
+        if not result.violations:
+            checks.append(Check(id="sandbox_violation", status="pass", detail="nothing refused was attempted"))
+        runs = torch.load(workdir / "outputs.pt", weights_only=True)  # written by the candidate: no pickled code
+        checks += _judge(reference, dtype, task.dtype, cases, inputs, runs)
     failed = [c.id for c in checks if c.status == "fail"]
     return Verdict(candidate_id=candidate_path.parent.name, verdict="fail" if failed else "pass", failed=failed,
-                   checks=checks, shapes=[shapes for shapes, _ in cases], seconds=round(time.perf_counter() - t0, 2))
+                   checks=checks, shapes=[shapes for shapes, _ in cases], seconds=round(time.perf_counter() - t0, 2),
+                   protections=result.protections)
 
 
 def same_bits(a, b) -> bool:

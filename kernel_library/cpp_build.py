@@ -23,6 +23,15 @@ def source_hash(path: Path) -> str:
     return hashlib.sha256(path.read_bytes() + " ".join(CFLAGS).encode()).hexdigest()[:16]
 
 
+def prebuild_library() -> dict[str, str]:
+    """Build every kernel_library C++ source now, in the trusted process: candidates that use them run in a
+    sandbox whose filesystem is read-only, so they can load the builds but not make (or tamper with) them.
+    Returns the environment that points a sandboxed child at those builds."""
+    for source in sorted(Path(__file__).parent.glob("*/*.cpp")):
+        load_cpp(source)
+    return {"KERNELBOT_CACHE": str(cache_root().parent.resolve())}
+
+
 def load_cpp(path: Path) -> ModuleType:
     """Compile `path` as a torch extension (first call: tens of seconds) or load the cached build."""
     digest = source_hash(path)
@@ -30,8 +39,18 @@ def load_cpp(path: Path) -> ModuleType:
     if name in _loaded:
         return _loaded[name]
     build_dir = cache_root() / name
-    build_dir.mkdir(parents=True, exist_ok=True)
     built = build_dir / f"{name}.so"
+    if not built.exists():
+        _build(path, name, build_dir, built)
+    import torch  # noqa: F401  (the extension links against libtorch, which must be loaded first)
+
+    module = load_module(built, name)  # the .so suffix selects the extension-module loader
+    _loaded[name] = module
+    return module
+
+
+def _build(path: Path, name: str, build_dir: Path, built: Path) -> None:
+    build_dir.mkdir(parents=True, exist_ok=True)
     with open(build_dir / ".lock", "w") as lock:  # one builder at a time; the others wait and reuse
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not built.exists():
@@ -39,8 +58,3 @@ def load_cpp(path: Path) -> ModuleType:
 
             load(name, [str(path)], extra_cflags=CFLAGS, extra_ldflags=["-fopenmp"],
                  build_directory=str(build_dir), verbose=False)
-    import torch  # noqa: F401  (the extension links against libtorch)
-
-    module = load_module(built, name)  # the .so suffix selects the extension-module loader
-    _loaded[name] = module
-    return module

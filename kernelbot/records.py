@@ -91,6 +91,7 @@ class Verdict(BaseModel):
     checks: list[Check]
     shapes: list[list[list[int]]]  # every input-shape set that was run
     seconds: float
+    protections: list[str] = Field(default_factory=list)  # the sandbox's, as in force for this run
 
 
 class Bench(BaseModel):

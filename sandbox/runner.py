@@ -1,17 +1,28 @@
 from __future__ import annotations
 
+import ctypes
+import functools
 import json
 import os
 import re
+import resource
+import shutil
 import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+PR_SET_PDEATHSIG = 1
+_libc = ctypes.CDLL(None, use_errno=True)
 SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL|AUTH", re.IGNORECASE)
+PIDS_CGROUP = Path("/sys/fs/cgroup/pids")
+MAX_PROCESSES = 256  # per job: a fork bomb hits this instead of the machine
+MAX_FILE_BYTES = 2 << 30
+OUTPUTS = ("result.json", "outputs.pt")  # what the parent takes out of the box before it is removed
 
 
 @dataclass
@@ -21,6 +32,8 @@ class SandboxResult:
     returncode: int | None
     detail: str  # last lines of the child's stderr, or its own error report
     payload: dict[str, Any] | None  # what the worker wrote to result.json
+    violations: list[dict[str, str]] = field(default_factory=list)  # what the candidate tried and was refused
+    protections: list[str] = field(default_factory=list)  # what was in force
 
 
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -29,43 +42,151 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def _kill_group(pgid: int) -> None:
+@functools.cache
+def namespaces_available() -> bool:
+    """Root with util-linux `unshare` that can make pid, net and mount namespaces here."""
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        return False
+    probe = subprocess.run(["unshare", "--pid", "--fork", "--net", "--mount", "true"], capture_output=True)
+    return probe.returncode == 0
+
+
+def memory_limit() -> int:
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return min(16 << 30, int(total * 0.6))
+
+
+def _make_cgroup() -> Path | None:
+    if os.geteuid() != 0 or not os.access(PIDS_CGROUP, os.W_OK):
+        return None
+    for stale in PIDS_CGROUP.glob("kernelbot-*"):  # left by a kernelbot that was killed; removable once empty
+        try:
+            if not (stale / "cgroup.procs").read_text().strip():
+                stale.rmdir()
+        except OSError:
+            pass
+    group = PIDS_CGROUP / f"kernelbot-{uuid.uuid4().hex[:12]}"
     try:
-        os.killpg(pgid, signal.SIGKILL)
+        group.mkdir()
+        (group / "pids.max").write_text(str(MAX_PROCESSES))
+        return group
+    except OSError:
+        return None
+
+
+def _end_everything(proc: subprocess.Popen, group: Path | None) -> None:
+    """Kill the child's process group and every process in its cgroup (that includes daemons that left the
+    group with setsid), until none is left."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+    if group is None:
+        return
+    for _ in range(100):
+        try:
+            pids = [int(p) for p in (group / "cgroup.procs").read_text().split()]
+        except OSError:
+            break
+        if not pids:
+            break
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.02)
+    for _ in range(100):  # the last processes may still be exiting
+        try:
+            group.rmdir()
+            return
+        except OSError:
+            time.sleep(0.02)
 
 
 def run_job(job: dict[str, Any], workdir: Path, timeout: float, env: dict[str, str] | None = None) -> SandboxResult:
-    """Run one worker job in a fresh child process; whatever happens, nothing it started survives."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    (workdir / "job.json").write_text(json.dumps(job))
-    result_path = workdir / "result.json"
-    result_path.unlink(missing_ok=True)
+    """Run one worker job in a fresh child process inside a fresh box (workdir/box, removed afterwards);
+    whatever happens, nothing it started survives."""
+    workdir = workdir.resolve()
+    box = workdir / "box"
+    shutil.rmtree(box, ignore_errors=True)
+    (box / "tmp").mkdir(parents=True)
+    (box / "job.json").write_text(json.dumps(job))
+    for name in OUTPUTS:
+        (workdir / name).unlink(missing_ok=True)
+    group = _make_cgroup()
+    isolated = namespaces_available()
+    protections = [f"timeout {timeout:.0f} s", "own session and process group", "secrets scrubbed from env",
+                   f"address space {memory_limit() >> 30} GiB", f"files ≤ {MAX_FILE_BYTES >> 30} GiB", "no core dumps"]
+    protections.append(f"≤ {MAX_PROCESSES} processes (pids cgroup)" if group else "no process cap (no pids cgroup)")
+    if not isolated:
+        protections.append("no namespaces (needs root and util-linux unshare): network and filesystem open")
+    read_fd, write_fd = os.pipe()
+
+    def limit() -> None:  # runs in the child between fork and exec
+        _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # if kernelbot itself dies, the job dies with it
+        if group is not None:
+            (group / "cgroup.procs").write_text(str(os.getpid()))
+        resource.setrlimit(resource.RLIMIT_AS, (memory_limit(),) * 2)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (MAX_FILE_BYTES,) * 2)
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        resource.setrlimit(resource.RLIMIT_CPU, (int(timeout) + 5,) * 2)
+
+    command = [sys.executable, "-m", "kernelbot.sandbox.worker", "job.json"]
+    if isolated:
+        command = ["unshare", "--pid", "--fork", "--net", "--mount", "--kill-child", *command]
+    # Every place a library writes to by default is pointed into the box (the parent's own values, e.g. the
+    # TORCHINDUCTOR_CACHE_DIR that torch exports once it has used the cache, would lead outside it).
+    extra = {"HOME": str(box), "TMPDIR": str(box / "tmp"), "PYTHONDONTWRITEBYTECODE": "1",
+             "TORCHINDUCTOR_CACHE_DIR": str(box / "tmp" / "inductor"), "TRITON_CACHE_DIR": str(box / "tmp" / "triton"),
+             "XDG_CACHE_HOME": str(box / "tmp" / "cache"),
+             "KERNELBOT_AUDIT_FD": str(write_fd), **(env or {})}
     t0 = time.perf_counter()
     with open(workdir / "stderr.txt", "wb") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "kernelbot.sandbox.worker", "job.json"], cwd=workdir,
-                                stdin=subprocess.DEVNULL, stdout=err, stderr=err, env=child_env(env),
-                                start_new_session=True)
+        proc = subprocess.Popen(command, cwd=box, stdin=subprocess.DEVNULL, stdout=err, stderr=err,
+                                env=child_env(extra), start_new_session=True, preexec_fn=limit, pass_fds=(write_fd,))
+        os.close(write_fd)
         try:
             proc.wait(timeout=timeout)
             timed_out = False
         except subprocess.TimeoutExpired:
             timed_out = True
         finally:
-            _kill_group(proc.pid)  # the child leads its own group: this ends it and anything it spawned
+            _end_everything(proc, group)
             proc.wait()
     seconds = time.perf_counter() - t0
+    with os.fdopen(read_fd, "rb") as pipe:
+        records = pipe.read(1 << 20).decode(errors="replace").splitlines()
+    violations = []
+    for line in records:
+        try:
+            violations.append(json.loads(line))
+        except json.JSONDecodeError:
+            violations.append({"kind": "garbled", "detail": line[:200]})
+    for name in OUTPUTS:
+        if (box / name).is_file() and not (box / name).is_symlink():
+            shutil.move(box / name, workdir / name)
+    shutil.rmtree(box, ignore_errors=True)
     tail = (workdir / "stderr.txt").read_text(errors="replace")[-2000:]
+    result_path = workdir / "result.json"
+    try:
+        payload = json.loads(result_path.read_text()) if result_path.exists() else None
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        payload = None
+    if isinstance(payload, dict):
+        protections += [p for p in payload.get("protections", []) if isinstance(p, str)]
+
+    def result(status, code, detail) -> SandboxResult:
+        return SandboxResult(status, seconds, code, detail, payload, violations, protections)
+
     if timed_out:
-        return SandboxResult("timeout", seconds, None, f"no result after {timeout:.0f} s", None)
-    payload = json.loads(result_path.read_text()) if result_path.exists() else None
-    if proc.returncode < 0:
-        name = signal.Signals(-proc.returncode).name
-        return SandboxResult("crash", seconds, proc.returncode, f"killed by {name}\n{tail}", payload)
-    if payload is None or proc.returncode != 0:
-        return SandboxResult("crash", seconds, proc.returncode, f"exit code {proc.returncode}, no result\n{tail}",
-                             payload)
+        return result("timeout", None, f"no result after {timeout:.0f} s")
+    if proc.returncode < 0 or proc.returncode >= 128:  # unshare reports a signalled child as 128 + signal
+        sig = -proc.returncode if proc.returncode < 0 else proc.returncode - 128
+        name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
+        return result("crash", proc.returncode, f"killed by {name}\n{tail}")
+    if not isinstance(payload, dict) or proc.returncode != 0:
+        return result("crash", proc.returncode, f"exit code {proc.returncode}, no result\n{tail}")
     if payload.get("error"):
-        return SandboxResult("error", seconds, proc.returncode, payload["error"], payload)
-    return SandboxResult("ok", seconds, proc.returncode, tail, payload)
+        return result("error", proc.returncode, str(payload["error"]))
+    return result("ok", proc.returncode, tail)

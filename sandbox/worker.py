@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from kernelbot.loading import load_module
+from kernelbot.sandbox.confine import confine
 
 
 class LoadError(Exception):
@@ -78,12 +79,14 @@ def _bench(job: dict[str, Any]) -> dict[str, Any]:
 
 def main() -> None:
     job = json.loads(Path(sys.argv[1]).read_text())
+    protections = confine(Path.cwd())  # before any candidate code is imported
     try:
         result = {"outputs": _outputs, "bench": _bench}[job["kind"]](job)
     except Exception as exc:  # the candidate's failure is a result, reported to the parent
         message = str(exc) if isinstance(exc, LoadError) else f"{type(exc).__name__}: {exc}"
         result = {"error": message.strip()[:1500], "stage": "compile" if isinstance(exc, LoadError) else "run",
                   "traceback": traceback.format_exc()[-3000:]}
+    result["protections"] = protections
     Path("result.json").write_text(json.dumps(result))
 
 

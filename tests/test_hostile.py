@@ -1,0 +1,152 @@
+"""Hostile candidates through `verify`: each gets a failing verdict, and nothing escapes the sandbox."""
+
+import json
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from helpers import write_module
+from test_sandbox_and_bench import REFERENCE, TASK, processes_running
+
+from kernelbot.agent.verify import verify
+from kernelbot.sandbox.runner import PIDS_CGROUP, namespaces_available
+
+REPO = Path(__file__).resolve().parents[1]
+HEADER = """
+import os, socket, subprocess, sys, time
+import torch
+from torch import nn
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+"""
+
+
+def _run(tmp_path, body: str, timeout: float = 30.0):
+    ref = write_module(tmp_path / "reference.py", REFERENCE.replace("SLEEP", "0"))
+    indented = "\n".join("        " + line for line in body.strip().splitlines())
+    cand = write_module(tmp_path / "c" / "candidate.py", HEADER + indented + "\n        return torch.tanh(x)\n")
+    return verify(TASK, ref, cand, tmp_path / "w", timeout=timeout)
+
+
+def _everything_written(tmp_path) -> str:
+    return "".join(p.read_bytes().decode(errors="replace") for p in tmp_path.rglob("*") if p.is_file())
+
+
+def test_sleep_past_the_timeout(tmp_path):
+    assert "timeout" in _run(tmp_path, "time.sleep(600)", timeout=10).failed
+
+
+def test_memory_balloon_is_capped(tmp_path):
+    verdict = _run(tmp_path, "hog = bytearray(64 << 30)")
+    assert "crash" in verdict.failed and "MemoryError" in json.dumps([c.detail for c in verdict.checks])
+
+
+def test_fork_bomb_is_capped_and_cleaned_up(tmp_path):
+    before = set(PIDS_CGROUP.glob("kernelbot-*")) if PIDS_CGROUP.is_dir() else set()
+    verdict = _run(tmp_path, "while True:\n    os.fork()", timeout=20)
+    assert verdict.verdict == "fail" and {"crash", "timeout", "sandbox_violation"} & set(verdict.failed)
+    if PIDS_CGROUP.is_dir():
+        assert set(PIDS_CGROUP.glob("kernelbot-*")) <= before  # this job's cgroup was emptied and removed
+
+
+@pytest.mark.parametrize("target", [Path.home() / "kb_hostile_home.txt", REPO / "kb_hostile_checkout.txt"])
+def test_writes_outside_the_work_dir(tmp_path, target):
+    verdict = _run(tmp_path, f"""
+try:
+    with open({str(target)!r}, "w") as f:
+        f.write("pwned")
+except OSError:
+    pass
+""")
+    assert "sandbox_violation" in verdict.failed
+    assert not target.exists()
+    target.unlink(missing_ok=True)
+
+
+def test_secrets_are_absent_and_asking_for_them_is_a_violation(tmp_path, monkeypatch):
+    secret = f"sk-hostile-{time.time_ns()}"
+    monkeypatch.setenv("OPENAI_API_KEY", secret)
+    monkeypatch.setenv("HF_TOKEN", secret)
+    verdict = _run(tmp_path, """
+found = [os.environ.get("OPENAI_API_KEY"), os.getenv("HF_TOKEN")] + [v for k, v in os.environ.items()]
+print(found, file=sys.stderr)
+with open("loot.txt", "w") as f:
+    f.write(repr(found))
+""")
+    assert "sandbox_violation" in verdict.failed
+    assert secret not in _everything_written(tmp_path)
+    assert secret not in verdict.model_dump_json()
+
+
+def test_no_network_even_to_loopback(tmp_path):
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    server.settimeout(0.2)
+    port = server.getsockname()[1]
+    received: list[bytes] = []
+    stop = threading.Event()
+
+    def listen():
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except TimeoutError:
+                continue
+            received.append(conn.recv(100) or b"<connected>")
+            conn.close()
+
+    listener = threading.Thread(target=listen)
+    listener.start()
+    try:
+        verdict = _run(tmp_path, f"""
+try:
+    s = socket.create_connection(("127.0.0.1", {port}), timeout=2)
+    s.sendall(b"exfiltrated")
+except OSError:
+    pass
+""")
+    finally:
+        stop.set()
+        listener.join()
+        server.close()
+    assert "sandbox_violation" in verdict.failed
+    if namespaces_available():
+        assert received == []
+
+
+@pytest.mark.skipif(not namespaces_available(), reason="the parent is out of reach only in a pid namespace (root)")
+def test_killing_the_parent_does_not_stop_the_run(tmp_path):
+    verdict = _run(tmp_path, "import signal\nos.kill(os.getppid(), signal.SIGKILL)\nos.kill(1, signal.SIGKILL)")
+    assert verdict.verdict == "fail"  # and this test process is still here to say so
+
+
+def test_detached_daemon_is_ended_and_flagged(tmp_path):
+    marker = f"{700 + os.getpid() % 1000}.{time.time_ns() % 10**6}"
+    verdict = _run(tmp_path, f"""
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        os.execvp("sleep", ["sleep", "{marker}"])
+    os._exit(0)
+""")
+    assert "sandbox_violation" in verdict.failed
+    deadline = time.time() + 5
+    while processes_running(marker) and time.time() < deadline:
+        time.sleep(0.1)
+    assert processes_running(marker) == []
+
+
+def test_protections_are_recorded(tmp_path, monkeypatch):
+    # torch exports TORCHINDUCTOR_CACHE_DIR once it has used its cache; a child must not inherit a path outside
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "outside"))
+    verdict = _run(tmp_path, "from torch._inductor.runtime.cache_dir_utils import cache_dir\ncache_dir()")
+    assert verdict.verdict == "pass", verdict.checks
+    text = " ".join(verdict.protections)
+    assert "timeout" in text and "secrets scrubbed" in text
+    if namespaces_available():
+        assert "no network" in text and "read-only" in text and "no capabilities" in text
