@@ -8,10 +8,10 @@ import numpy as np
 import pandas as pd
 
 from kernelbot.kernel_library import family_for
+from kernelbot.profiler.roofline import DTYPE_NAMES
 from kernelbot.profiler.trace import KERNEL_LABEL, Trace
 from kernelbot.records import Device, Hotspot
 
-DTYPES = {"float": "float32", "c10::BFloat16": "bfloat16", "c10::Half": "float16", "double": "float64"}
 ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
 
 
@@ -69,7 +69,7 @@ def rank_hotspots(trace: Trace, device: Device) -> list[Hotspot]:
         types = [t for t in op.input_types if t] if op is not None else []
         name = op["name"] if op is not None else ""
         kernel = name.removeprefix(KERNEL_LABEL) if name.startswith(KERNEL_LABEL) else None
-        add(row.cls, dims, DTYPES.get(types[0], types[0]) if types else "unknown", row.dur, row.path, kernel)
+        add(row.cls, dims, DTYPE_NAMES.get(types[0], types[0]) if types else "unknown", row.dur, row.path, kernel)
     # Glue: what enclosing modules (attention, decoder layer) spend outside their child modules.
     own = self_time(mods)
     for row in mods[mods["path"].isin(has_children) & ~mods["path"].isin(units["path"])].itertuples():

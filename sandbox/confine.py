@@ -21,12 +21,12 @@ MS_RDONLY, MS_NOSUID, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 32, 4096, 
 PR_CAPBSET_DROP = 24
 SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL|AUTH", re.IGNORECASE)
 BUILD_TOOLS = {"c++", "g++", "gcc", "cc", "nvcc", "ninja", "ld", "x86_64-linux-gnu-g++", "x86_64-linux-gnu-gcc"}
-_libc = ctypes.CDLL(None, use_errno=True)
+libc = ctypes.CDLL(None, use_errno=True)
 
 
 def _mount(source: str | None, target: str, flags: int, fstype: str | None = None) -> None:
     enc = [None if s is None else s.encode() for s in (source, target, fstype)]
-    if _libc.mount(enc[0], enc[1], enc[2], ctypes.c_ulong(flags), None) != 0:
+    if libc.mount(enc[0], enc[1], enc[2], ctypes.c_ulong(flags), None) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"mount {target}: {os.strerror(err)}")
 
@@ -56,7 +56,7 @@ def drop_capabilities() -> None:
     """Empty the bounding set: the exec'd or current root process keeps no capability, so it cannot remount,
     load modules, trace others or change namespaces."""
     for cap in range(64):
-        if _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 and ctypes.get_errno() == 22:  # EINVAL: past the last
+        if libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 and ctypes.get_errno() == 22:  # EINVAL: past the last
             break
 
     class Header(ctypes.Structure):
@@ -66,7 +66,7 @@ def drop_capabilities() -> None:
         _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
 
     header, data = Header(0x20080522, 0), (Data * 2)()
-    if _libc.syscall(126, ctypes.byref(header), ctypes.byref(data)) != 0:  # capset
+    if libc.syscall(126, ctypes.byref(header), ctypes.byref(data)) != 0:  # capset
         raise OSError(ctypes.get_errno(), "capset failed")
 
 

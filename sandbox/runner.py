@@ -1,10 +1,8 @@
 from __future__ import annotations
 
-import ctypes
 import functools
 import json
 import os
-import re
 import resource
 import shutil
 import signal
@@ -16,9 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from kernelbot.sandbox.confine import SECRET_NAME, libc
+
 PR_SET_PDEATHSIG = 1
-_libc = ctypes.CDLL(None, use_errno=True)
-SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL|AUTH", re.IGNORECASE)
 PIDS_CGROUP = Path("/sys/fs/cgroup/pids")
 MAX_PROCESSES = 256  # per job: a fork bomb hits this instead of the machine
 MAX_FILE_BYTES = 2 << 30
@@ -124,7 +122,7 @@ def run_job(job: dict[str, Any], workdir: Path, timeout: float, env: dict[str, s
     read_fd, write_fd = os.pipe()
 
     def limit() -> None:  # runs in the child between fork and exec
-        _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # if kernelbot itself dies, the job dies with it
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # if kernelbot itself dies, the job dies with it
         if group is not None:
             (group / "cgroup.procs").write_text(str(os.getpid()))
         resource.setrlimit(resource.RLIMIT_AS, (memory_limit(),) * 2)
