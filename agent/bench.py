@@ -7,10 +7,14 @@ from pathlib import Path
 
 import torch
 
-from kernelbot.agent.verify import load_reference, make_inputs
+from kernelbot.agent.verify import load_reference
 from kernelbot.kernel_library.cpp_build import prebuild_library
 from kernelbot.records import Bench, Task
 from kernelbot.sandbox import run_job
+
+
+def make_inputs(shapes: list[list[int]], dtype: torch.dtype, gen: torch.Generator) -> list[torch.Tensor]:
+    return [torch.randn(s, generator=gen, dtype=torch.float64).to(dtype) for s in shapes]
 
 
 def _quantile(xs: list[float], q: float) -> float:
@@ -23,7 +27,7 @@ def bench(task: Task, reference_path: Path, candidate_path: Path, workdir: Path,
     workdir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
     torch.save(load_reference(reference_path).Model(*task.init_args).state_dict(), workdir / "state_dict.pt")
-    torch.save([make_inputs(task.input_shapes, getattr(torch, task.dtype), 1.0, torch.Generator().manual_seed(seed))],
+    torch.save([make_inputs(task.input_shapes, getattr(torch, task.dtype), torch.Generator().manual_seed(seed))],
                workdir / "inputs.pt")
     job = {"kind": "bench", "reference": str(reference_path.resolve()), "candidate": str(candidate_path.resolve()),
            "init_args": task.init_args, "state_dict": str((workdir / "state_dict.pt").resolve()),
@@ -31,6 +35,8 @@ def bench(task: Task, reference_path: Path, candidate_path: Path, workdir: Path,
     result = run_job(job, workdir, timeout=timeout, env=prebuild_library())
     if result.status != "ok" or not result.payload:
         raise RuntimeError(f"benchmark {result.status}: {result.detail[-300:]}")
+    if result.payload.get("timing_tamper"):
+        raise RuntimeError(f"benchmark refused: {'; '.join(result.payload['timing_tamper'])}")
     ref, cand = result.payload["reference_us"], result.payload["candidate_us"]
     ratios = [r / c for r, c in zip(ref, cand, strict=True)]
     ref_med, cand_med = statistics.median(ref), statistics.median(cand)

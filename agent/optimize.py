@@ -2,26 +2,27 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import time
-import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
 
-from kernelbot.agent.bench import bench
+from kernelbot.agent.evaluate import evaluate, pick_best
 from kernelbot.agent.integrate import count_calls, fidelity, median, time_end_to_end
+from kernelbot.agent.llm.loop import LLMOptions, LLMSession, run_task
+from kernelbot.agent.llm.prompt import PromptContext
 from kernelbot.agent.pack import Accepted, build_pack
 from kernelbot.agent.proposer import available_backends, propose, write_candidate
-from kernelbot.agent.report import write_report
+from kernelbot.agent.report import llm_line, write_report
 from kernelbot.agent.tasks import make_task, skip_reason, write_task
-from kernelbot.agent.verify import verify
 from kernelbot.engine import TorchEngine, builtin_spec
 from kernelbot.profiler.device import measure_cpu
 from kernelbot.profiler.hotspots import op_breakdown, rank_hotspots
 from kernelbot.profiler.trace import load_trace
-from kernelbot.records import Hotspot, KernelResult, Report, Task
+from kernelbot.records import Device, Hotspot, KernelResult, LLMUsage, Report, Task
 from kernelbot.rundir import new_run_dir, write_record
 
 
@@ -41,6 +42,7 @@ class OptimizeOptions:
     e2e_rounds: int = 7
     compile: bool = True
     families: list[str] | None = None  # only these kernel_library families (default: all)
+    llm: LLMOptions | None = None  # generate with this LLM instead of the built-in proposer
 
 
 class Stages:
@@ -69,43 +71,52 @@ def _try_candidates(task: Task, task_dir: Path, backends: list[str], device_kind
     winners: list[Accepted] = []
     for cand, source in propose(task, backends):
         path = write_candidate(cand, source, task_dir)
-        row = KernelResult(op=task.family, module=task.module_class, backend=cand.backend, shapes=task.input_shapes,
-                           status="rejected", reason="", speedup=None, candidate_id=f"{task.id}/{cand.id}")
-        try:
-            env = {"TRITON_INTERPRET": "1"} if cand.backend == "triton" and device_kind == "cpu" else None
-            verdict = verify(task, task_dir / "reference.py", path, path.parent / "verify", seed=opts.seed,
-                             timeout=opts.timeout, env=env)
-            write_record(path.parent / "verdict.json", verdict)
-            if verdict.verdict == "fail":
-                failed = next(c for c in verdict.checks if c.status == "fail")
-                row.reason = f"failed {failed.id}: {failed.detail[:300]}"
-            elif cand.backend != "cpp" or device_kind != "cpu":
-                row.reason = (f"verified ({'Triton interpreter' if cand.backend == 'triton' else 'compiled'}); "
-                              f"not timed: no GPU here, so it cannot join this {device_kind} pack")
-            else:
-                result = bench(task, task_dir / "reference.py", path, path.parent / "bench",
-                               rounds=opts.bench_rounds, seed=opts.seed, timeout=opts.timeout)
-                write_record(path.parent / "bench.json", result)
-                row.speedup, row.reference_us, row.time_us = result.speedup, result.reference_us, result.candidate_us
-                row.floor_us = round(task.floor_us, 2)
-                if result.significant:
-                    winners.append(Accepted(task, cand, path, verdict, result))
-                    row.reason = f"verified; {result.speedup:.2f}x beyond noise"
-                else:
-                    row.reason = (f"verified but not faster beyond noise: {result.speedup:.2f}x "
-                                  f"(spread {result.reference_spread:.0%}/{result.candidate_spread:.0%})")
-        except Exception as exc:  # a broken candidate or harness error is this candidate's verdict, not the run's
-            row.reason = f"harness error: {type(exc).__name__}: {exc}"[:400]
-            (path.parent / "error.txt").write_text(traceback.format_exc())
-        stages.say(f"  {task.id} {cand.id}: {row.reason}")
-        results.append(row)
-    best = max(winners, key=lambda a: a.bench.speedup, default=None)
-    for row in results:
-        if best and row.candidate_id == f"{task.id}/{best.candidate.id}":
-            row.status = "accepted"
-        elif best and row.speedup and row.reason.startswith("verified;"):
-            row.reason = f"verified and faster ({row.speedup:.2f}x), but {best.candidate.id} was faster still"
-    return results, best
+        outcome = evaluate(task, task_dir, cand, path, device_kind, seed=opts.seed, timeout=opts.timeout,
+                           bench_rounds=opts.bench_rounds)
+        stages.say(f"  {task.id} {cand.id}: {outcome.row.reason}")
+        results.append(outcome.row)
+        if outcome.accepted:
+            winners.append(outcome.accepted)
+    return results, pick_best(task, results, winners)
+
+
+def _generate(tasks: list[Task], hotspots: list[Hotspot], device: Device, run_dir: Path, opts: OptimizeOptions,
+              stages: Stages, notes: list[str]) -> tuple[list[KernelResult], list[Accepted], LLMUsage | None]:
+    """Candidates for every task, from the LLM when one is given (the built-in proposer once it is down or its
+    budget is spent), verified and benchmarked."""
+    backends = available_backends(device.kind)
+    session = LLMSession(opts.llm, run_dir, stages.say) if opts.llm else None
+    source = f"LLM {opts.llm.model}" if opts.llm else "built-in proposer"
+    stages.say(f"[4/7] generate + verify + benchmark ({source}; candidates run in the sandbox)")
+    by_id = {h.id: h for h in hotspots}
+    kernels: list[KernelResult] = []
+    accepted: list[Accepted] = []
+    for task in tasks:
+        task_dir = run_dir / "tasks" / task.id
+        rows: list[KernelResult] = []
+        best = None
+        if session is not None and session.active:
+            ctx = PromptContext(device, "cpp" if device.kind == "cpu" else "triton", by_id.get(task.hotspot_id))
+            run = run_task(session, task, task_dir, ctx, functools.partial(
+                evaluate, task, task_dir, device_kind=device.kind, seed=opts.seed, timeout=opts.timeout,
+                bench_rounds=opts.bench_rounds))
+            rows, best = run.rows, run.best
+            if not session.active:
+                why = (f"LLM endpoint {opts.llm.model} is down ({session.down})" if session.down
+                       else f"LLM budget spent ({session.stopped})")
+                stages.say(f"{why}: the built-in proposer takes over from {task.id} on", style="yellow")
+                notes.append(f"{why}: built-in proposer from {task.id} on")
+        if best is None and (session is None or not session.active):
+            more, best = _try_candidates(task, task_dir, backends, device.kind, opts, stages)
+            rows += more
+        kernels += rows
+        if best:
+            accepted.append(best)
+    if session is None:
+        return kernels, accepted, None
+    usage = session.finish()
+    stages.say(f"      {llm_line(usage)}")
+    return kernels, accepted, usage
 
 
 def optimize(opts: OptimizeOptions, console: Console | None = None) -> Report:
@@ -151,15 +162,7 @@ def optimize(opts: OptimizeOptions, console: Console | None = None) -> Report:
         tasks.append(task)
     stages.say(f"      {len(tasks)} tasks: {', '.join(t.id for t in tasks)}")
 
-    stages.say("[4/7] generate + verify + benchmark (built-in proposer; candidates run in the sandbox)")
-    backends = available_backends(device.kind)
-    kernels: list[KernelResult] = []
-    accepted: list[Accepted] = []
-    for task in tasks:
-        rows, best = _try_candidates(task, run_dir / "tasks" / task.id, backends, device.kind, opts, stages)
-        kernels += rows
-        if best:
-            accepted.append(best)
+    kernels, accepted, usage = _generate(tasks, hotspots, device, run_dir, opts, stages, report_notes)
 
     stages.say(f"[5/7] integrate: {len(accepted)} kernels into pack/")
     pack = build_pack(accepted, run_id, device.name, run_dir / "pack")
@@ -204,6 +207,6 @@ def optimize(opts: OptimizeOptions, console: Console | None = None) -> Report:
         run_id=run_id, model=spec, device=device, baseline_ms=baseline, optimized_ms=optimized, compiled_ms=comp,
         speedup=round(baseline / optimized, 3), speedup_vs_compiled=round(comp / optimized, 3) if comp else None,
         timing_rounds=opts.e2e_rounds, fidelity=fid, kernels=kernels, hotspots_before=hotspots,
-        hotspots_after=hotspots_after, notes=report_notes, seconds=round(time.perf_counter() - t_start, 1))
+        hotspots_after=hotspots_after, notes=report_notes, seconds=round(time.perf_counter() - t_start, 1), llm=usage)
     write_report(report, run_dir, console)
     return report

@@ -7,7 +7,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from kernelbot.records import Hotspot, Report
+from kernelbot.records import Hotspot, LLMUsage, Report
 from kernelbot.rundir import write_record
 
 
@@ -24,6 +24,25 @@ def _hotspot_rows(hotspots: list[Hotspot], top: int = 12) -> list[str]:
                     f"{h.calls} | "
                     f"{h.total_us / 1e3:.1f} | {h.share:.1%} | {h.floor_us / 1e3:.2f} | {h.score_us / 1e3:.1f} |")
     return rows
+
+
+def llm_line(u: LLMUsage) -> str:
+    cost = f"${u.cost_usd:.4f}" + ("" if u.cost_known else " (no price known for the model)")
+    line = (f"LLM {u.model}: {u.calls} calls ({u.failed_calls} failed), {u.prompt_tokens} prompt + "
+            f"{u.completion_tokens} completion tokens, {cost}, {u.candidates} candidates, {u.verified} verified, "
+            f"{u.accepted} accepted, {u.seconds:.0f} s")
+    if u.stop_reason:
+        line += f"; stopped by the {u.stop_reason}"
+    if u.fallback:
+        line += f"; built-in proposer took over ({u.fallback})"
+    return line
+
+
+def _llm_section(u: LLMUsage) -> list[str]:
+    budgets = ", ".join(f"{k} {v}" for k, v in u.budgets.items() if v is not None)
+    return ["", "## LLM", "", llm_line(u) + ".", "", f"Budgets: {budgets}.", "",
+            "Every call (prompt, answer, tokens, cost, latency, the candidate it became) is under "
+            "`tasks/<task>/llm/`, one line each in `llm/calls.jsonl`; totals in `llm/usage.json`."]
 
 
 def render_markdown(r: Report) -> str:
@@ -72,6 +91,8 @@ def render_markdown(r: Report) -> str:
                          f"{k.floor_us / k.time_us:.0%} |")
     lines += ["", "## Hotspots before (profiled, roofline floor from the device's peaks)", "",
               *_hotspot_rows(r.hotspots_before), "", "## Hotspots after", "", *_hotspot_rows(r.hotspots_after)]
+    if r.llm is not None:
+        lines += _llm_section(r.llm)
     if r.notes:
         lines += ["", "## Notes", "", *[f"- {n}" for n in r.notes]]
     lines += ["", f"Run took {r.seconds:.0f} s.", ""]
@@ -83,6 +104,8 @@ def write_report(report: Report, run_dir: Path, console: Console | None = None) 
     (run_dir / "report.md").write_text(render_markdown(report))
     if console is not None:
         console.print(summary_table(report))
+        if report.llm is not None:
+            console.print(llm_line(report.llm), highlight=False)
         console.print(f"report: {run_dir / 'report.md'}")
 
 

@@ -2,9 +2,11 @@
 
 Each measurement runs in a fresh interpreter (so imports and peak RSS are counted alike) and times
 import + load + kernel breakdown from inside the child. HTA's dependencies are heavy (jupyterlab, plotly),
-so it may live in another environment: pass its interpreter with --hta-python.
+so it may live in another environment: pass its interpreter with --hta-python. kernelbot's compiled trace
+scanner is built (once per machine, into ~/.cache/kernelbot) before timing starts; --pure-python times
+the fallback scan instead. With --rounds N the two sides alternate N times and medians are printed.
 
-  python benchmarks/rank_vs_hta.py [TRACE] [--hta-python PATH] [--scale 10]
+  python benchmarks/rank_vs_hta.py [TRACE] [--hta-python PATH] [--scale 10] [--rounds N] [--pure-python]
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -39,10 +43,10 @@ print(time.perf_counter() - t0, hwm)
 """
 
 
-def measure(python: str, code: str, arg: str) -> tuple[float, float]:
+def measure(python: str, code: str, arg: str, env: dict | None = None) -> tuple[float, float]:
     """(seconds, peak RSS in MiB) as the child reports them: VmHWM of its own address space, which unlike
     ru_maxrss does not count the parent's memory inherited at fork."""
-    proc = subprocess.run([python, "-c", code, arg], capture_output=True, text=True)
+    proc = subprocess.run([python, "-c", code, arg], capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         raise SystemExit(f"benchmark child failed ({python}):\n{proc.stderr[-2000:]}")
     seconds, hwm_kib = proc.stdout.split()[-2:]
@@ -81,7 +85,15 @@ def main() -> None:
     parser.add_argument("trace", type=Path, nargs="?", default=DEFAULT_TRACE)
     parser.add_argument("--hta-python", default=sys.executable, help="a Python with holistictraceanalysis")
     parser.add_argument("--scale", type=int, default=10, help="also measure a trace this many times longer")
+    parser.add_argument("--rounds", type=int, default=1, help="alternate the two sides this many times")
+    parser.add_argument("--pure-python", action="store_true", help="time kernelbot's pure-Python scan")
     args = parser.parse_args()
+    env = dict(os.environ)
+    if args.pure_python:
+        env["KERNELBOT_PURE_PYTHON"] = "1"
+    built = subprocess.run([sys.executable, "-c", "from kernelbot.profiler import cscan; print(cscan.library())"],
+                           capture_output=True, text=True, env=env, check=True).stdout.strip()
+    print(f"kernelbot scan: {'pure Python' if built == 'None' else 'compiled'}")
     with tempfile.TemporaryDirectory() as tmp:
         cases = [("1x", args.trace)]
         if args.scale > 1:
@@ -94,8 +106,12 @@ def main() -> None:
             hta_dir = Path(tmp) / f"hta-{label}"  # HTA reads a directory of rank traces
             hta_dir.mkdir()
             (hta_dir / path.name).symlink_to(path.resolve())
-            kb_s, kb_mb = measure(sys.executable, KERNELBOT, str(path))
-            hta_s, hta_mb = measure(args.hta_python, HTA, str(hta_dir))
+            kb, hta = [], []
+            for _ in range(args.rounds):
+                kb.append(measure(sys.executable, KERNELBOT, str(path), env))
+                hta.append(measure(args.hta_python, HTA, str(hta_dir)))
+            (kb_s, kb_mb), (hta_s, hta_mb) = ([statistics.median(v[i] for v in side) for i in (0, 1)]
+                                              for side in (kb, hta))
             print(f"{label:6} {kb_s:12.2f} {hta_s:8.2f} {hta_s / kb_s:7.2f}x {kb_mb:14.0f} {hta_mb:8.0f}")
 
 

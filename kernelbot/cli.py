@@ -7,15 +7,18 @@ import sys
 from pathlib import Path
 
 from kernelbot import KernelbotError
+from kernelbot.agent.llm.options import add_llm_arguments
 
 
 def _optimize(args: argparse.Namespace) -> int:
+    from kernelbot.agent.llm.options import llm_options
     from kernelbot.agent.optimize import OptimizeOptions, optimize
 
     opts = OptimizeOptions(model=args.model, dtype=args.dtype, batch=args.batch, prompt_len=args.prompt_len,
                            decode_steps=args.decode_steps, seed=args.seed, run_dir=args.run_dir,
                            max_tasks=args.max_tasks, timeout=args.timeout, e2e_rounds=args.rounds,
                            compile=not args.no_compile, families=args.families.split(",") if args.families else None)
+    opts.llm = llm_options(args)
     optimize(opts)
     return 0
 
@@ -39,15 +42,21 @@ def _rank(args: argparse.Namespace) -> int:
 def _verify(args: argparse.Namespace) -> int:
     from kernelbot.agent.verify import task_from_reference, verify
 
+    if args.trials < 1 or args.timeout <= 0:
+        raise KernelbotError("--trials must be at least 1 and --timeout positive")
     task = task_from_reference(args.reference)
-    verdict = verify(task, args.reference, args.candidate, args.workdir or Path(args.candidate).with_suffix(".verify"),
-                     seed=args.seed, timeout=args.timeout)
+    if not args.candidate.is_file():
+        raise KernelbotError(f"{args.candidate}: no such candidate file")
+    verdict = verify(task, args.reference, args.candidate, args.workdir or args.candidate.with_suffix(".verify"),
+                     seed=args.seed, timeout=args.timeout, device=args.device, trials=args.trials)
     if args.json:
         print(verdict.model_dump_json(indent=2))
     else:
         for c in verdict.checks:
             print(f"{c.status:8s} {c.id:18s} {c.detail}")
-        print(verdict.verdict.upper())
+        for note in verdict.notes:
+            print(f"note     {note}")
+        print(f"{verdict.verdict.upper()} in {verdict.seconds:.1f} s (seed {verdict.seed})")
     return 0 if verdict.verdict == "pass" else 1
 
 
@@ -68,6 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=int, default=7, help="interleaved end-to-end timing rounds")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile comparison")
     p.add_argument("--families", default=None, help="comma-separated kernel families to try (default: all)")
+    add_llm_arguments(p)
     p.set_defaults(func=_optimize)
 
     p = sub.add_parser("rank", help="rank the GPU kernels of a trace (Kineto JSON, nsys CSV/SQLite, or a directory)")
@@ -84,8 +94,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("reference", type=Path)
     p.add_argument("candidate", type=Path)
     p.add_argument("--json", action="store_true")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--timeout", type=float, default=300.0)
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--trials", type=int, default=1, help="independent random input draws at the main sizes")
+    p.add_argument("--seed", type=int, default=None, help="input seed (default: a fresh secret one; the verdict "
+                                                          "records it for replay)")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds for the sandboxed candidate job")
     p.add_argument("--workdir", type=Path, default=None)
     p.set_defaults(func=_verify)
     return parser

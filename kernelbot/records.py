@@ -92,6 +92,10 @@ class Verdict(BaseModel):
     shapes: list[list[list[int]]]  # every input-shape set that was run
     seconds: float
     protections: list[str] = Field(default_factory=list)  # the sandbox's, as in force for this run
+    not_run: list[str] = Field(default_factory=list)  # checks that could not run here (never counted as passed)
+    cases: list[str] = Field(default_factory=list)  # what each input set was: sizes, fuzzing, value ranges
+    seed: int | None = None  # replays this verification with `kernelbot verify --seed`
+    notes: list[str] = Field(default_factory=list)
 
 
 class Bench(BaseModel):
@@ -152,6 +156,48 @@ class KernelResult(BaseModel):
     candidate_id: str = ""
 
 
+class LLMCall(BaseModel):
+    """One request to the LLM, as recorded under the run directory (secrets redacted before writing)."""
+
+    id: str
+    task_id: str
+    round: int  # 0: first generation; 1..R: repair rounds
+    sample: int
+    model: str
+    api_base: str | None = None
+    messages: list[dict[str, str]] = Field(default_factory=list)
+    answer: str = ""
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float = 0.0
+    cost_known: bool = False  # False when litellm has no price for the model: cost_usd is then 0
+    latency_s: float = 0.0
+    attempts: int = 1  # HTTP attempts, retries included
+    error: str = ""  # why the call failed, when it did
+    candidate_id: str | None = None  # the candidate its code became, if any
+    outcome: str = ""  # what became of it: no code, failed <check>, verified, accepted, ...
+
+
+class LLMUsage(BaseModel):
+    """The LLM stage of a run, summed."""
+
+    model: str
+    api_base: str | None = None
+    calls: int = 0
+    failed_calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float = 0.0
+    cost_known: bool = True
+    seconds: float = 0.0
+    candidates: int = 0
+    verified: int = 0
+    accepted: int = 0
+    stop_reason: str = ""  # the budget that ended the stage, or "" when every task ran its rounds
+    fallback: str = ""  # why the built-in proposer took over, when it did
+    budgets: dict[str, Any] = Field(default_factory=dict)
+
+
 class Report(BaseModel):
     run_id: str
     model: ModelSpec
@@ -168,6 +214,7 @@ class Report(BaseModel):
     hotspots_after: list[Hotspot]
     notes: list[str] = Field(default_factory=list)
     seconds: float = 0.0
+    llm: LLMUsage | None = None  # present when candidates came from an LLM (--llm)
 
 
 class KernelStat(BaseModel):

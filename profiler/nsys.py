@@ -11,16 +11,18 @@ import numpy as np
 import pandas as pd
 
 from kernelbot import KernelbotError
-from kernelbot.profiler.kernels import COMMUNICATION, busy_and_span, innermost_active, thread_keys
+from kernelbot.profiler.kernels import KernelRows, busy_and_span, innermost_active, thread_keys
 
 UNIT_US = {"ns": 1e-3, "us": 1.0, "μs": 1.0, "ms": 1e3, "s": 1e6}
 
 
-def _frame(rows: list[dict]) -> pd.DataFrame:
-    frame = pd.DataFrame(rows, columns=["cat", "name", "ts", "dur", "calls", "device", "op", "op_index", "shapes",
-                                        "dtype", "module", "floor_us", "floor_known"])
-    frame["communication"] = frame["name"].str.lower().str.contains("|".join(COMMUNICATION))
-    return frame
+def _rows(names: list[str], dur: list[float] | np.ndarray, calls: list[int], ops: list[str | None]) -> KernelRows:
+    """Kernel rows without shapes, dtypes, modules or floors (nsys records none of them)."""
+    n = len(names)
+    return KernelRows(cat=["kernel"] * n, name=names, dur=np.asarray(dur, dtype=float),
+                      calls=np.asarray(calls, dtype=np.int64), op=ops, op_index=np.full(n, -1, dtype=np.int64),
+                      shapes=[None] * n, shape_key=[None] * n, dtype=[None] * n, module=[None] * n,
+                      floor_us=np.zeros(n), floor_known=np.zeros(n, dtype=bool))
 
 
 def load_nsys_csv(path: Path):
@@ -45,7 +47,7 @@ def load_nsys_csv(path: Path):
         raise KernelbotError(f"{path}: cannot find Name, Total Time and Instances columns in {header}")
     unit = re.search(r"\((\w+)\)", header[total_col])
     scale = UNIT_US.get(unit.group(1) if unit else "ns", 1e-3)
-    rows = []
+    names, totals, counts = [], [], []
     for rec in reader:
         if len(rec) <= max(name_col, total_col, count_col) or not rec[name_col].strip():
             continue
@@ -53,12 +55,11 @@ def load_nsys_csv(path: Path):
             total, calls = float(rec[total_col].replace(",", "")) * scale, int(float(rec[count_col].replace(",", "")))
         except ValueError:
             raise KernelbotError(f"{path}: unreadable number in row {rec[:3]}") from None
-        rows.append(dict(cat="kernel", name=rec[name_col].strip(), ts=np.nan, dur=total, calls=calls, device=0,
-                         op=None, op_index=-1, shapes=None, dtype=None, module=None, floor_us=0.0,
-                         floor_known=False))
-    frame = _frame(rows)
-    busy = float(frame["dur"].sum())
-    return frame, "none: a summary has no launches", busy, busy, int(frame["calls"].sum())
+        names.append(rec[name_col].strip())
+        totals.append(total)
+        counts.append(calls)
+    busy = float(sum(totals))
+    return _rows(names, totals, counts, [None] * len(names)), "none: a summary has no launches", busy, busy, sum(counts)
 
 
 def load_nsys_sqlite(path: Path):
@@ -99,9 +100,8 @@ def load_nsys_sqlite(path: Path):
         row = db.execute("select name from TARGET_INFO_GPU limit 1").fetchone()
         device = row[0] if row else device
     db.close()
-    rows = [dict(cat="kernel", name=n, ts=s / 1e3, dur=(e - s) / 1e3, calls=1, device=d, op=o, op_index=-1,
-                 shapes=None, dtype=None, module=None, floor_us=0.0, floor_known=False)
-            for n, s, e, d, o in zip(k["name"], k["start"], k["end"], k["device"], k["op"], strict=True)]
-    frame = _frame(rows)
-    busy, span = busy_and_span(frame) if len(frame) else (0.0, 0.0)
-    return frame, linking, busy, span, int(launches["api"].str.contains("Launch").sum()), device
+    start, dur = k["start"].to_numpy(float) / 1e3, (k["end"] - k["start"]).to_numpy(float) / 1e3
+    ops = [o if isinstance(o, str) else None for o in k["op"]]  # NaN where the kernel had no launch
+    rows = _rows(k["name"].tolist(), dur, [1] * len(k), ops)
+    busy, span = busy_and_span(k["device"].tolist(), start, dur) if len(k) else (0.0, 0.0)
+    return rows, linking, busy, span, int(launches["api"].str.contains("Launch").sum()), device

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import json
+import statistics
+from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
-import pandas as pd
+import numpy as np
 
 from kernelbot import KernelbotError
-from kernelbot.profiler.kernels import kernel_table, most_time
+from kernelbot.profiler.kernels import KernelRows, is_communication, kernel_table, most_time
 from kernelbot.profiler.peaks import Peaks, lookup
-from kernelbot.profiler.trace import load_trace
+from kernelbot.profiler.trace import scan_trace
 from kernelbot.records import KernelStat, OpStat, RankReport, RankStat
 
 TRACE_SUFFIXES = (".json", ".json.gz")
@@ -51,78 +54,107 @@ def _load_kernels(path: Path, tflops: float | None, gbps: float | None):
     if path.suffix == ".sqlite":
         from kernelbot.profiler.nsys import load_nsys_sqlite
 
-        frame, linking, busy, span, launches, device = load_nsys_sqlite(path)
-        return frame, linking, busy, span, launches, device, "none: nsys exports carry no shapes"
-    trace = load_trace(path)
-    if trace.kernels.empty:
+        rows, linking, busy, span, launches, device = load_nsys_sqlite(path)
+        return rows, linking, busy, span, launches, device, "none: nsys exports carry no shapes"
+    scan = scan_trace(path)
+    if not scan.kernels["name"]:
         raise KernelbotError(f"{path}: no GPU kernel events (a CPU-only trace?); record with ProfilerActivity.CUDA")
-    peaks, device = choose_peaks(trace.device_properties, tflops, gbps)
-    frame, linking, busy, span = kernel_table(trace, peaks)
-    launches = int(trace.launches["name"].str.contains("Launch").sum())
+    peaks, device = choose_peaks(scan.device_properties, tflops, gbps)
+    launch_names = Counter(scan.launches["name"])
+    rows, linking, busy, span = kernel_table(scan, peaks)
+    launches = sum(n for name, n in launch_names.items() if "Launch" in name)
     described = f"{peaks.name}: {peaks.tflops_half:g} TFLOP/s (16-bit), {peaks.tflops_fp32:g} (fp32), " \
                 f"{peaks.gbps:g} GB/s ({peaks.source})" if peaks else \
         f"device {device!r} not in the peaks table: no floors; pass --peak-tflops and --peak-gbps"
-    return frame, linking, busy, span, launches, device, described
+    return rows, linking, busy, span, launches, device, described
 
 
 def rank(path: Path, *, tflops: float | None = None, gbps: float | None = None, sort: str = "score") -> RankReport:
     files = _trace_files(path)
-    frames, ranks, notes = [], [], []
+    per_file, ranks, notes = [], [], []
     total_busy = total_span = 0.0
     launches = 0
     linking, device, peaks_text = "", "", ""
     for f in files:
-        frame, linking, busy, span, n_launch, device, peaks_text = _load_kernels(f, tflops, gbps)
-        frames.append(frame.assign(rank=f.name))
+        rows, linking, busy, span, n_launch, device, peaks_text = _load_kernels(f, tflops, gbps)
+        per_file.append((f.name, rows))
         ranks.append(RankStat(rank=f.name, gpu_busy_us=round(busy, 1), span_us=round(span, 1),
-                              kernels=int((frame["cat"] == "kernel").sum()), straggler=False))
+                              kernels=sum(c == "kernel" for c in rows.cat), straggler=False))
         total_busy, total_span, launches = total_busy + busy, total_span + span, launches + n_launch
     if len(ranks) > 1:
-        median = float(pd.Series([r.gpu_busy_us for r in ranks]).median())
+        median = statistics.median(r.gpu_busy_us for r in ranks)
         for r in ranks:
             r.straggler = r.gpu_busy_us > STRAGGLER * median
         slow = [r.rank for r in ranks if r.straggler]
         if slow:
             notes.append(f"stragglers (GPU busy > {STRAGGLER:.2f}x the median rank): {', '.join(slow)}")
-    allk = pd.concat(frames, ignore_index=True)
     return RankReport(source=str(path), device=device, peaks=peaks_text, gpu_busy_us=round(total_busy, 1),
                       gpu_idle_share=round(1 - total_busy / total_span, 4) if total_span else 0.0,
-                      launches=launches, linking=linking, kernels=kernel_stats(allk, total_busy, sort),
-                      ops=op_stats(allk, total_busy), ranks=ranks if len(ranks) > 1 else [], notes=notes)
+                      launches=launches, linking=linking, kernels=kernel_stats(per_file, total_busy, sort),
+                      ops=op_stats(per_file, total_busy), ranks=ranks if len(ranks) > 1 else [], notes=notes)
 
 
-def kernel_stats(k: pd.DataFrame, busy: float, sort: str = "score") -> list[KernelStat]:
-    k = k.assign(shape_key=k["shapes"].map(lambda v: None if v is None else json.dumps(v)),
-                 is_kernel=k["cat"] == "kernel")
-    per = k.groupby("name", sort=False).agg(total=("dur", "sum"), count=("calls", "sum"), floor=("floor_us", "sum"),
-                                            known=("floor_known", "any"), comm=("communication", "any"),
-                                            kernel=("is_kernel", "all"))
-    op, shapes, dtype, module = (most_time(k, c) for c in ("op", "shape_key", "dtype", "module"))
+@dataclass
+class _Totals:
+    total: float = 0.0
+    count: int = 0
+    floor: float = 0.0
+    known: bool = False
+    comm: bool = False
+    kernel: bool = True
+
+
+def kernel_stats(per_file: list[tuple[str, KernelRows]], busy: float, sort: str = "score") -> list[KernelStat]:
+    per: dict[str, _Totals] = {}  # in order of first appearance
+    for _, k in per_file:
+        for name, cat, d, n, fl, kn in zip(k.name, k.cat, k.dur.tolist(), k.calls.tolist(), k.floor_us.tolist(),
+                                           k.floor_known.tolist(), strict=True):
+            t = per.get(name)
+            if t is None:
+                t = per[name] = _Totals(comm=is_communication(name))
+            t.total += d
+            t.count += n
+            t.floor += fl
+            t.known |= kn
+            t.kernel &= cat == "kernel"
+    names = [n for _, k in per_file for n in k.name]
+    dur = np.concatenate([k.dur for _, k in per_file])
+    op, shapes, dtype, module = (most_time(names, [v for _, k in per_file for v in getattr(k, c)], dur)
+                                 for c in ("op", "shape_key", "dtype", "module"))
     stats = []
-    for name, r in per.iterrows():
+    for name, r in per.items():
         target = r.kernel and not r.comm  # copies, memsets and collectives are reported, not rewrite targets
         stats.append(KernelStat(
-            name=str(name), total_us=round(r.total, 3), count=int(r["count"]), mean_us=round(r.total / r["count"], 3),
+            name=str(name), total_us=round(r.total, 3), count=r.count, mean_us=round(r.total / r.count, 3),
             share=r.total / busy if busy else 0.0, op=op.get(name),
             shapes=json.loads(shapes[name]) if name in shapes else None, dtype=dtype.get(name),
-            module=module.get(name), floor_us=round(r.floor, 3), floor_known=bool(r.known),
-            score=round(max(r.total - r.floor, 0.0), 3) if target else 0.0, communication=bool(r.comm)))
+            module=module.get(name), floor_us=round(r.floor, 3), floor_known=r.known,
+            score=round(max(r.total - r.floor, 0.0), 3) if target else 0.0, communication=r.comm))
     key = (lambda s: s.score) if sort == "score" else (lambda s: s.total_us)
     return sorted(stats, key=key, reverse=True)
 
 
-def op_stats(k: pd.DataFrame, busy: float) -> list[OpStat]:
-    launched = k[k["op"].notna()]
-    if launched.empty:
-        return []
-    launched = launched.assign(shape_key=launched["shapes"].map(json.dumps),
-                               call=launched["rank"].astype(str) + ":" + launched["op_index"].astype(str))
-    groups = launched.groupby(["op", "shape_key"], sort=False)
-    per = groups.agg(total=("dur", "sum"), floor=("floor_us", "sum"), calls=("call", "nunique"),
-                     comm=("communication", "all"), data_type=("dtype", "first"))
-    kernels = groups["name"].agg(lambda names: sorted(set(names))[:5])
-    stats = [OpStat(op=str(op), shapes=json.loads(shape_key), dtype=r.data_type, kernels=kernels[(op, shape_key)],
-                    total_us=round(r.total, 3), calls=int(r.calls), share=r.total / busy if busy else 0.0,
-                    floor_us=round(r.floor, 3), score=0.0 if r.comm else round(max(r.total - r.floor, 0.0), 3))
-             for (op, shape_key), r in per.iterrows()]
+def op_stats(per_file: list[tuple[str, KernelRows]], busy: float) -> list[OpStat]:
+    groups: dict[tuple, dict] = {}  # (op, shapes) -> totals, in order of first appearance
+    for rank_name, k in per_file:
+        for name, op, key, shapes, dtype, d, fl, i in zip(
+                k.name, k.op, k.shape_key, k.shapes, k.dtype, k.dur.tolist(), k.floor_us.tolist(),
+                k.op_index.tolist(), strict=True):
+            if op is None:
+                continue
+            g = groups.get((op, key))
+            if g is None:
+                g = groups[(op, key)] = dict(total=0.0, floor=0.0, calls=set(), comm=True, dtype=None, names=set(),
+                                             shapes=shapes)
+            g["total"] += d
+            g["floor"] += fl
+            g["calls"].add((rank_name, i))
+            g["comm"] = g["comm"] and is_communication(name)
+            g["dtype"] = g["dtype"] or dtype
+            g["names"].add(name)
+    stats = [OpStat(op=str(op), shapes=g["shapes"], dtype=g["dtype"], kernels=sorted(g["names"])[:5],
+                    total_us=round(g["total"], 3), calls=len(g["calls"]), share=g["total"] / busy if busy else 0.0,
+                    floor_us=round(g["floor"], 3),
+                    score=0.0 if g["comm"] else round(max(g["total"] - g["floor"], 0.0), 3))
+             for (op, _), g in groups.items()]
     return sorted(stats, key=lambda s: s.score, reverse=True)

@@ -106,6 +106,8 @@ def install_audit(record: Recorder) -> None:
             exe = os.path.basename(os.fsdecode(args[0])) if args and args[0] else ""
             if exe not in BUILD_TOOLS:
                 record("process", f"subprocess {str(args[1])[:200]}")
+        elif event in ("gc.get_objects", "gc.get_referrers", "gc.get_referents", "sys._current_frames"):
+            record("introspection", f"{event}: looking through the harness's objects")
         elif event in ("os.remove", "os.rename", "os.rmdir", "os.mkdir", "shutil.rmtree", "os.truncate") and args:
             if record.outside_box(args[0]):
                 record("write_outside_workdir", f"{event} {os.fsdecode(args[0])!r}")

@@ -58,12 +58,15 @@ def _make_cgroup() -> Path | None:
     if os.geteuid() != 0 or not os.access(PIDS_CGROUP, os.W_OK):
         return None
     for stale in PIDS_CGROUP.glob("kernelbot-*"):  # left by a kernelbot that was killed; removable once empty
+        owner = stale.name.split("-")[1]
+        if owner.isdigit() and Path(f"/proc/{owner}").exists():
+            continue  # another kernelbot's, maybe about to get its child: not ours to remove
         try:
             if not (stale / "cgroup.procs").read_text().strip():
                 stale.rmdir()
         except OSError:
             pass
-    group = PIDS_CGROUP / f"kernelbot-{uuid.uuid4().hex[:12]}"
+    group = PIDS_CGROUP / f"kernelbot-{os.getpid()}-{uuid.uuid4().hex[:12]}"
     try:
         group.mkdir()
         (group / "pids.max").write_text(str(MAX_PROCESSES))
@@ -102,9 +105,10 @@ def _end_everything(proc: subprocess.Popen, group: Path | None) -> None:
             time.sleep(0.02)
 
 
-def run_job(job: dict[str, Any], workdir: Path, timeout: float, env: dict[str, str] | None = None) -> SandboxResult:
+def run_job(job: dict[str, Any], workdir: Path, timeout: float, env: dict[str, str] | None = None,
+            wrapper: list[str] | None = None) -> SandboxResult:
     """Run one worker job in a fresh child process inside a fresh box (workdir/box, removed afterwards);
-    whatever happens, nothing it started survives."""
+    whatever happens, nothing it started survives. `wrapper` prefixes the worker's command (a sanitizer)."""
     workdir = workdir.resolve()
     box = workdir / "box"
     shutil.rmtree(box, ignore_errors=True)
@@ -130,7 +134,7 @@ def run_job(job: dict[str, Any], workdir: Path, timeout: float, env: dict[str, s
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         resource.setrlimit(resource.RLIMIT_CPU, (int(timeout) + 5,) * 2)
 
-    command = [sys.executable, "-m", "kernelbot.sandbox.worker", "job.json"]
+    command = [*(wrapper or []), sys.executable, "-m", "kernelbot.sandbox.worker", "job.json"]
     if isolated:
         command = ["unshare", "--pid", "--fork", "--net", "--mount", "--kill-child", *command]
     # Every place a library writes to by default is pointed into the box (the parent's own values, e.g. the

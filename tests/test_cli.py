@@ -58,15 +58,33 @@ def get_inputs():
 def get_init_inputs():
     return []
 """)
-    good = write_module(tmp_path / "good" / "candidate.py",
-                        "import torch\nfrom torch import nn\n\nclass ModelNew(nn.Module):\n"
-                        "    def forward(self, x):\n        return x.clamp_min(0)\n")
+    good = write_module(tmp_path / "good" / "candidate.py", """
+import torch
+import triton
+import triton.language as tl
+from torch import nn
+
+@triton.jit
+def relu(x, y, n, B: tl.constexpr):
+    o = tl.program_id(0) * B + tl.arange(0, B)
+    m = o < n
+    tl.store(y + o, tl.maximum(tl.load(x + o, mask=m), 0.0), mask=m)
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        y = torch.empty_like(x)
+        relu[(triton.cdiv(x.numel(), 64),)](x, y, x.numel(), B=64)
+        return y
+""")
     bad = write_module(tmp_path / "bad" / "candidate.py",
                        "import torch\nfrom torch import nn\n\nclass ModelNew(nn.Module):\n"
                        "    def forward(self, x):\n        return x.clamp_min(0.01)\n")
     ok = kernelbot("verify", str(ref), str(good), "--json")
     assert ok.returncode == 0, ok.stdout + ok.stderr
-    assert json.loads(ok.stdout)["verdict"] == "pass"
+    data = json.loads(ok.stdout)
+    assert data["verdict"] == "pass" and data["failed"] == [] and data["seed"] is not None
+    assert {c["id"] for c in data["checks"]} >= {"race", "out_of_bounds", "reference_fallback", "result_caching"}
+    assert all(set(c) >= {"id", "status", "detail"} for c in data["checks"])
     fail = kernelbot("verify", str(ref), str(bad), "--json")
     assert fail.returncode == 1
     data = json.loads(fail.stdout)

@@ -232,3 +232,96 @@ def test_real_trace_linking_falls_back_where_external_ids_do_not_match(shared_da
     assert report.device == "NVIDIA A100-PG509-200" and report.peaks.startswith("A100 40GB")
     mi250 = rank(shared_data / "traces" / "mi250_minitoy_train.json.gz")
     assert mi250.peaks.startswith("MI250")
+
+
+def _both_scans(path, monkeypatch):
+    """rank() with the compiled scanner and with the pure-Python one (KERNELBOT_PURE_PYTHON)."""
+    from kernelbot.profiler import cscan
+
+    if cscan.library() is None:
+        pytest.skip("no C compiler: only the pure-Python scan exists here")
+    compiled = rank(path).model_dump()
+    monkeypatch.setenv("KERNELBOT_PURE_PYTHON", "1")
+    return compiled, rank(path).model_dump()
+
+
+@pytest.mark.parametrize("name", ["a100x8_train_control.json.gz", "encdec_train_sampled_rank0.json.gz",
+                                  "a100_alexnet.json.gz", "mi250_minitoy_train.json.gz"])
+def test_compiled_and_pure_python_scans_agree_on_real_traces(shared_data, monkeypatch, name):
+    compiled, pure = _both_scans(shared_data / "traces" / name, monkeypatch)
+    assert compiled == pure
+
+
+def _odd_traces():
+    """Traces the compiled scanner hands to the pure-Python scan, and ones it reads itself."""
+    base = small_trace()
+    string_tid = json.loads(json.dumps(base))
+    string_tid["traceEvents"][0]["tid"] = "main"
+    escaped = json.dumps(base).replace('"aten::add"', '"aten::\\u0061dd"').replace('"dur"', '"d\\u0075r"', 1)
+    repeated = json.dumps(base).replace('"ph": "X",', '"ph": "X", "ph": "i",', 1)
+    null_ids = json.loads(json.dumps(base))
+    null_ids["traceEvents"][2]["args"]["External id"] = None
+    null_ids["traceEvents"][7]["args"]["device"] = None
+    top_array = json.dumps(base["traceEvents"])
+    pack = json.loads(json.dumps(base))
+    pack["traceEvents"].insert(0, {"ph": "X", "cat": "user_annotation", "name": "kernelbot::mm1 float [[64, 128]]",
+                                   "pid": 1, "tid": 1, "ts": 4, "dur": 102})
+    unicode_name = json.dumps(base, ensure_ascii=False).replace("ampere_sgemm", "ampère_sgemm")
+    return [json.dumps(string_tid), escaped, repeated, json.dumps(null_ids), top_array, json.dumps(pack),
+            unicode_name, '{"traceEvents": [1, "x", [], {}], "deviceProperties": []}', '{"traceEvents": [}']
+
+
+@pytest.mark.parametrize("case", range(9))
+def test_compiled_scan_falls_back_or_agrees_on_odd_traces(tmp_path, monkeypatch, case):
+    path = tmp_path / "odd.json"
+    path.write_text(_odd_traces()[case])
+    try:
+        compiled, pure = _both_scans(path, monkeypatch)
+    except KernelbotError as exc:  # then the pure-Python scan must report the same
+        monkeypatch.setenv("KERNELBOT_PURE_PYTHON", "1")
+        with pytest.raises(KernelbotError, match="no GPU kernel events|not valid JSON"):
+            rank(path)
+        assert "no GPU kernel events" in str(exc) or "not valid JSON" in str(exc)
+        return
+    assert compiled == pure
+
+
+def _stack_sweep(starts, ends, tids, at, at_tids):
+    """innermost_active's definition, one event at a time."""
+    import numpy as np
+
+    result = [-1] * len(at)
+    keys = list(starts) + list(at)
+    order = sorted(range(len(keys)), key=lambda i: (keys[i], i >= len(starts),
+                                                    -(ends[i] - starts[i]) if i < len(starts) else 0, i))
+    all_tids, stacks = list(tids) + list(at_tids), {}
+    for i in order:
+        stack = stacks.setdefault(all_tids[i], [])
+        while stack and ends[stack[-1]] < keys[i]:
+            stack.pop()
+        if i < len(starts):
+            stack.append(i)
+        elif stack:
+            result[i - len(starts)] = stack[-1]
+    return np.array(result)
+
+
+def test_innermost_active_matches_a_stack_sweep_even_on_overlaps():
+    import numpy as np
+
+    from kernelbot.profiler.kernels import innermost_active
+
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        n, m = rng.integers(0, 40), rng.integers(0, 30)
+        starts = rng.integers(0, 50, n).astype(float)
+        ends = starts + rng.integers(0, 20, n)
+        tids, at, at_tids = rng.integers(0, 3, n), rng.integers(0, 70, m).astype(float), rng.integers(0, 4, m)
+        got = innermost_active(starts, ends, tids, at, at_tids)
+        assert (got == _stack_sweep(starts, ends, tids, at, at_tids)).all()
+
+
+def test_rank_imports_neither_pandas_nor_torch():
+    code = "import sys; from kernelbot.profiler.rank import rank; print(sorted({'pandas', 'torch'} & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

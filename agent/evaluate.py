@@ -1,0 +1,100 @@
+"""One candidate through the sandbox: verify, then (where it can be timed here) benchmark; the verdict,
+benchmark and a plain-text report (what an LLM is shown in its repair round) come back, never an exception."""
+
+from __future__ import annotations
+
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+from kernelbot.agent.bench import bench
+from kernelbot.agent.pack import Accepted
+from kernelbot.agent.verify import verify
+from kernelbot.records import Bench, Candidate, KernelResult, Task, Verdict
+from kernelbot.rundir import write_record
+
+DETAIL_CHARS = 1500  # per failed check, in the report
+
+
+@dataclass
+class Outcome:
+    row: KernelResult
+    verdict: Verdict | None = None
+    bench: Bench | None = None
+    accepted: Accepted | None = None
+    report: str = ""
+
+
+def new_row(task: Task, cand: Candidate) -> KernelResult:
+    return KernelResult(op=task.family, module=task.module_class, backend=cand.backend, shapes=task.input_shapes,
+                        status="rejected", reason="", speedup=None, candidate_id=f"{task.id}/{cand.id}")
+
+
+def _failure_report(verdict: Verdict) -> str:
+    lines = [f"verdict: fail ({', '.join(verdict.failed)})"]
+    for c in verdict.checks:
+        if c.status == "fail":
+            lines.append(f"- {c.id}: {c.detail[:DETAIL_CHARS]}")
+    passed = [c.id for c in verdict.checks if c.status == "pass"]
+    if passed:
+        lines.append(f"passed: {', '.join(passed)}")
+    return "\n".join(lines)
+
+
+def evaluate(task: Task, task_dir: Path, cand: Candidate, path: Path, device_kind: str, *, seed: int,
+             timeout: float, bench_rounds: int) -> Outcome:
+    out = Outcome(new_row(task, cand))
+    row = out.row
+    try:
+        env = {"TRITON_INTERPRET": "1"} if cand.backend == "triton" and device_kind == "cpu" else None
+        # no seed: each verification draws a fresh secret one (recorded in the verdict), so no candidate can
+        # predict its inputs
+        verdict = verify(task, task_dir / "reference.py", path, path.parent / "verify", timeout=timeout, env=env)
+        out.verdict = verdict
+        write_record(path.parent / "verdict.json", verdict)
+        if verdict.verdict == "fail":
+            failed = next((c for c in verdict.checks if c.status == "fail"), None)
+            row.reason = (f"failed {failed.id}: {failed.detail[:300]}" if failed else
+                          "not verified: correctness could not run here (" +
+                          next(c.detail for c in verdict.checks if c.id == "correctness")[:200] + ")")
+            # the sandbox's long paths say nothing to a model and cost tokens
+            out.report = _failure_report(verdict).replace(str(path.parent.resolve()), "<candidate>")
+        elif cand.backend != "cpp" or device_kind != "cpu":
+            row.reason = (f"verified ({'Triton interpreter' if cand.backend == 'triton' else 'compiled'}); "
+                          f"not timed: no GPU here, so it cannot join this {device_kind} pack")
+            out.report = f"verdict: pass on {len(verdict.shapes)} input sets; not timed on this {device_kind}"
+        else:
+            result = bench(task, task_dir / "reference.py", path, path.parent / "bench", rounds=bench_rounds,
+                           seed=seed, timeout=timeout)
+            out.bench = result
+            write_record(path.parent / "bench.json", result)
+            row.speedup, row.reference_us, row.time_us = result.speedup, result.reference_us, result.candidate_us
+            row.floor_us = round(task.floor_us, 2)
+            if result.significant:
+                out.accepted = Accepted(task, cand, path, verdict, result)
+                row.reason = f"verified; {result.speedup:.2f}x beyond noise"
+            else:
+                row.reason = (f"verified but not faster beyond noise: {result.speedup:.2f}x "
+                              f"(spread {result.reference_spread:.0%}/{result.candidate_spread:.0%})")
+            speed = "faster beyond noise" if result.significant else "not faster beyond noise"
+            out.report = (f"verdict: pass on {len(verdict.shapes)} input sets\n"
+                          f"benchmark ({result.rounds} interleaved rounds, medians): reference "
+                          f"{result.reference_us:.2f} µs, yours {result.candidate_us:.2f} µs per call, "
+                          f"{result.speedup:.2f}x; {speed}"
+                          f"; roofline floor {task.floor_us:.2f} µs")
+    except Exception as exc:  # a broken candidate or harness error is this candidate's verdict, not the run's
+        row.reason = f"harness error: {type(exc).__name__}: {exc}"[:400]
+        (path.parent / "error.txt").write_text(traceback.format_exc())
+        out.report = row.reason
+    return out
+
+
+def pick_best(task: Task, rows: list[KernelResult], winners: list[Accepted]) -> Accepted | None:
+    """The fastest accepted candidate; the rows say which won and why the other fast ones did not."""
+    best = max(winners, key=lambda a: a.bench.speedup, default=None)
+    for row in rows:
+        if best and row.candidate_id == f"{task.id}/{best.candidate.id}":
+            row.status = "accepted"
+        elif best and row.speedup and row.reason.startswith("verified;"):
+            row.reason = f"verified and faster ({row.speedup:.2f}x), but {best.candidate.id} was faster still"
+    return best

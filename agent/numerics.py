@@ -1,0 +1,97 @@
+"""How close is close enough: candidate outputs against a float64 reference, with tolerances by dtype.
+
+Tolerances (relative L2 error, absolute error as a fraction of max|ref|, relative error per element):
+  float32   1e-5  1e-5  1e-4
+  float16   1e-3  1e-3  5e-3
+  bfloat16  8e-3  8e-3  2e-2
+Errors are measured against the reference computed in float64 on the same (upcast) inputs. A candidate
+is also allowed 4x the error the reference itself makes in the task's dtype, since no kernel in that dtype
+can do much better. NaN and Inf must sit exactly where the reference has them. Integer and boolean
+outputs must match exactly.
+"""
+
+from __future__ import annotations
+
+import torch
+
+TOLERANCES = {
+    "float32": (1e-5, 1e-5, 1e-4),
+    "float16": (1e-3, 1e-3, 5e-3),
+    "bfloat16": (8e-3, 8e-3, 2e-2),
+}
+LOWER_PRECISIONS = {"float32": (torch.bfloat16, torch.float16), "float64": (torch.float32,)}
+WEAK_TASK_SPREAD = 1e-2  # outputs of two independent input draws closer than this (relative): a weak task
+
+
+def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
+    """‖a − b‖ / ‖b‖ over finite elements, in float64."""
+    a, b = a.double(), b.double()
+    finite = torch.isfinite(a) & torch.isfinite(b)
+    a, b = a[finite], b[finite]
+    if b.numel() == 0:
+        return 0.0
+    return float((a - b).norm() / b.norm().clamp_min(1e-300))
+
+
+def compare(out: object, native: torch.Tensor, exact: torch.Tensor) -> str | None:
+    """None when `out` is within tolerance of the float64 reference `exact`, else what is wrong.
+    `native` is the reference computed in the task's own dtype: its error sets the floor."""
+    if not isinstance(out, torch.Tensor):
+        return f"returned {type(out).__name__}, expected a tensor"
+    if tuple(out.shape) != tuple(native.shape) or out.dtype != native.dtype:
+        return f"output {tuple(out.shape)} {out.dtype}, expected {tuple(native.shape)} {native.dtype}"
+    if not native.is_floating_point():
+        wrong = int((out != native).sum())
+        return f"{wrong} of {out.numel()} elements differ (exact match required for {out.dtype})" if wrong else None
+    o, n, e = out.double(), native.double(), exact.double()
+    inf = torch.isinf(n)
+    if not torch.equal(torch.isnan(o), torch.isnan(n)) or not torch.equal(torch.isinf(o), inf) \
+            or not torch.equal(o[inf], n[inf]):
+        return (f"NaN/Inf in {int((~torch.isfinite(o)).sum())} places, reference in "
+                f"{int((~torch.isfinite(n)).sum())} (positions must match)")
+    finite = torch.isfinite(e) & torch.isfinite(o)
+    o, n, e = o[finite], n[finite], e[finite]
+    if e.numel() == 0:
+        return None
+    rel_tol, atol, rtol = TOLERANCES.get(str(native.dtype).removeprefix("torch."), TOLERANCES["float32"])
+    ref_err, err = (n - e).abs(), (o - e).abs()
+    norm = e.norm().clamp_min(1e-300)
+    rel = float(err.norm() / norm)
+    allowed = max(rel_tol, 4 * float(ref_err.norm() / norm))
+    bound = atol * float(e.abs().max()) + rtol * e.abs() + 4 * float(ref_err.max())
+    bad = int((err > bound).sum())
+    if rel > allowed or bad:
+        worst = int(torch.argmax(err - bound))
+        return (f"rel L2 error {rel:.2e} (allowed {allowed:.1e}); {bad} of {err.numel()} elements out of tolerance, "
+                f"worst {float(o[worst]):.6g} vs {float(e[worst]):.6g}")
+    return None
+
+
+def downcast_finding(cand_err: float, native_err: float, lower_errs: dict[str, float]) -> str | None:
+    """A candidate whose error matches computing in a lower precision (bf16, fp16: also TF32-like matmuls)
+    rather than the task's dtype. None when it does not."""
+    if not lower_errs:
+        return None
+    name, lower = min(lower_errs.items(), key=lambda kv: kv[1])
+    if cand_err > 10 * max(native_err, 1e-9) and cand_err >= 0.3 * lower and lower > 30 * max(native_err, 1e-12):
+        return (f"rel L2 error {cand_err:.1e} is at {name} level ({lower:.1e}); the reference in the task's dtype "
+                f"errs {native_err:.1e}")
+    return None
+
+
+def spread(a: torch.Tensor, b: torch.Tensor) -> float:
+    """How much a reference's output moves between two independent input draws (0: not at all)."""
+    if a.is_floating_point():
+        if not torch.isfinite(a).any() or not a.double().nan_to_num(0, 0, 0).norm():
+            return 0.0  # all NaN/Inf, or all zero: nothing a constant could not match
+        return rel_l2(a, b)
+    return float((a != b).double().mean()) if a.numel() else 0.0
+
+
+def same_bits(a: object, b: object) -> bool:
+    """Bit-identical tensors (NaN payloads included); plain equality for anything else."""
+    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
+        return a == b
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    return torch.equal(a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8))

@@ -1,0 +1,161 @@
+"""Every known way of fooling a kernel harness, each as a candidate that must fail with the right check.
+
+The cheats wrap a real kernel (the library's C++ RMSNorm), so what fails is the cheat, not a missing kernel.
+"""
+
+import textwrap
+
+import pytest
+from helpers import write_module
+from test_verify import RMS_TASK
+
+from kernelbot.agent.tasks import reference_source
+from kernelbot.agent.verify import verify
+
+HEADER = """
+import gc, threading, time
+import torch
+from kernelbot.kernel_library.rmsnorm.cpu import RMSNormCpp
+
+class Lazy(torch.Tensor):
+    pass
+
+class ModelNew(RMSNormCpp):
+    cache = {}
+    kept = None
+
+    def kernel(self, x):
+        return RMSNormCpp.forward(self, x)
+
+"""
+
+CHEATS = {
+    # reusing memory the reference's output was freed into: there is none in the sandbox, only NaN poison
+    "freed_reference_output": ("unwritten_output", """
+        def forward(self, x):
+            self.kernel(x[:1])
+            return torch.empty_like(x)
+    """),
+    "mutates_its_input": ("input_mutation", """
+        def forward(self, x):
+            y = self.kernel(x)
+            x.mul_(0.5)
+            return y
+    """),
+    "caches_on_pointer": ("result_caching", """
+        def forward(self, x):
+            key = (x.data_ptr(), tuple(x.shape))
+            if key not in self.cache:
+                self.cache[key] = self.kernel(x)
+            return self.cache[key].clone()
+    """),
+    "caches_on_id_and_version": ("result_caching", """
+        def forward(self, x):
+            key = (id(x), x._version, tuple(x.shape))
+            if key not in self.cache:
+                self.cache[key] = self.kernel(x)
+            return self.cache[key].clone()
+    """),
+    "replays_the_warm_up": ("correctness", """
+        def forward(self, x):
+            if ModelNew.kept is None:
+                ModelNew.kept = self.kernel(x)
+            return ModelNew.kept.clone()
+    """),
+    "finishes_on_a_side_thread": ("side_stream", """
+        def forward(self, x):
+            out = torch.zeros_like(x)
+            def work():
+                time.sleep(0.002)
+                with torch.inference_mode():
+                    out.copy_(self.kernel(x))
+            threading.Thread(target=work, daemon=True).start()
+            return out
+    """),
+    "lazy_tensor_subclass": ("timing_tamper", """
+        def forward(self, x):
+            return self.kernel(x).as_subclass(Lazy)
+    """),
+    "patches_the_timer": ("timing_tamper", """
+        def forward(self, x):
+            time.perf_counter = lambda: 0.0
+            return self.kernel(x)
+    """),
+    "looks_through_gc": ("sandbox_violation", """
+        def forward(self, x):
+            for o in gc.get_objects():
+                if isinstance(o, torch.Tensor) and o.shape == x.shape and o is not x:
+                    return o.clone()
+            return self.kernel(x)
+    """),
+    "predicts_the_seed": ("correctness", """
+        def forward(self, x):
+            torch.manual_seed(0)
+            return self.kernel(torch.randn(x.shape, dtype=x.dtype))
+    """),
+    "computes_in_bfloat16": ("precision_downcast", """
+        def forward(self, x):
+            return self.kernel(x.bfloat16()).float()
+    """),
+    "partial_computation": ("correctness", """
+        def forward(self, x):
+            y = self.kernel(x)
+            y[x.shape[0] // 2:] = 0
+            return y
+    """),
+    "returns_its_input": ("output_aliasing", """
+        def forward(self, x):
+            self.kernel(x)
+            return x
+    """),
+    "returns_a_constant": ("correctness", """
+        def forward(self, x):
+            self.kernel(x)
+            return torch.zeros_like(x)
+    """),
+    "hard_codes_the_benchmark_shape": ("correctness", """
+        def forward(self, x):
+            if tuple(x.shape) != (8, 1, 64):
+                return torch.zeros_like(x)
+            return self.kernel(x)
+    """),
+    "decorative_kernel": ("reference_fallback", """
+        def forward(self, x):
+            self.kernel(x[:1])
+            v = x.pow(2).mean(-1, keepdim=True)
+            return self.weight * (x * torch.rsqrt(v + self.variance_epsilon))
+    """),
+    "reuses_its_output_buffer": ("output_aliasing", """
+        def forward(self, x):
+            y = self.kernel(x)
+            if ModelNew.kept is None or ModelNew.kept.shape != y.shape:
+                ModelNew.kept = torch.empty_like(y)
+            return ModelNew.kept.copy_(y)
+    """),
+    "nondeterministic": ("nondeterminism", """
+        def forward(self, x):
+            return self.kernel(x) + torch.rand(()) * 1e-7
+    """),
+}
+# The quick ones run in every CI; the rest are marked slow (each is one sandboxed verification).
+QUICK = {"freed_reference_output", "caches_on_pointer", "finishes_on_a_side_thread", "patches_the_timer",
+         "looks_through_gc", "computes_in_bfloat16", "returns_its_input", "decorative_kernel"}
+
+
+@pytest.mark.parametrize("name", [n if n in QUICK else pytest.param(n, marks=pytest.mark.slow) for n in CHEATS])
+def test_cheat_is_caught(tmp_path, name):
+    check, body = CHEATS[name]
+    ref = write_module(tmp_path / "reference.py", reference_source(RMS_TASK))
+    cand = write_module(tmp_path / name / "candidate.py", HEADER + textwrap.indent(textwrap.dedent(body), "    "))
+    verdict = verify(RMS_TASK, ref, cand, tmp_path / "work", timeout=120)
+    assert verdict.verdict == "fail"
+    assert check in verdict.failed, verdict.checks
+
+
+def test_the_honest_wrapper_passes(tmp_path):
+    """The same scaffolding without a cheat passes: the failures above are the cheats'."""
+    ref = write_module(tmp_path / "reference.py", reference_source(RMS_TASK))
+    cand = write_module(tmp_path / "honest" / "candidate.py",
+                        HEADER + "    def forward(self, x):\n        return self.kernel(x)\n")
+    verdict = verify(RMS_TASK, ref, cand, tmp_path / "work", timeout=120)
+    assert verdict.verdict == "pass", verdict.checks

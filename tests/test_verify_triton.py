@@ -1,0 +1,196 @@
+"""Race and bounds checking of Triton kernels in the CPU interpreter, and CUDA's compile-time checks."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from helpers import write_module
+from test_verify import RMS_TASK
+
+from kernelbot.agent.sanitizer import parse_summary
+from kernelbot.agent.tasks import reference_source
+from kernelbot.agent.verify import verify
+from kernelbot.sandbox.cuda_check import compile_report, parse_ptxas
+
+KERNELS = '''
+import os
+os.environ["TRITON_INTERPRET"] = "1"
+from kernelbot.sandbox import triton_check as tc
+tc.install()
+import torch, triton, triton.language as tl
+
+@triton.jit
+def double(x, y, n, B: tl.constexpr):
+    o = tl.program_id(0) * B + tl.arange(0, B)
+    m = o < n
+    tl.store(y + o, tl.load(x + o, mask=m) * 2, mask=m)
+
+@triton.jit
+def double_unmasked(x, y, n, B: tl.constexpr):
+    o = tl.program_id(0) * B + tl.arange(0, B)
+    tl.store(y + o, tl.load(x + o) * 2)
+
+@triton.jit
+def sum_racy(x, y, n, B: tl.constexpr):
+    o = tl.program_id(0) * B + tl.arange(0, B)
+    s = tl.sum(tl.load(x + o, mask=o < n, other=0.0))
+    tl.store(y, tl.load(y) + s)
+
+@triton.jit
+def sum_atomic(x, y, n, B: tl.constexpr):
+    o = tl.program_id(0) * B + tl.arange(0, B)
+    tl.atomic_add(y, tl.sum(tl.load(x + o, mask=o < n, other=0.0)))
+
+@triton.jit
+def shift_left(x, n, B: tl.constexpr):  # in place: program p reads the block program p+1 writes
+    o = tl.program_id(0) * B + tl.arange(0, B)
+    m = o + 1 < n
+    tl.store(x + o, tl.load(x + o + 1, mask=m), mask=m)
+
+x = torch.randn(100)
+'''
+
+
+def _run(body: str) -> str:
+    code = KERNELS + textwrap.dedent(body)
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout
+
+
+def test_clean_kernel_has_no_findings_and_the_right_result():
+    out = _run("""
+        y = torch.empty(100)
+        double[(4,)](x, y, 100, B=32)
+        print(torch.equal(y, x * 2), tc.REPORT.as_dict())
+    """)
+    assert out.startswith("True") and "'out_of_bounds': [], 'races': []" in out and "'launches': 1" in out
+
+
+def test_unmasked_tail_is_out_of_bounds_and_is_not_performed():
+    out = _run("""
+        y = torch.empty(100)
+        double_unmasked[(4,)](x, y, 100, B=32)
+        print(torch.equal(y, x * 2), tc.REPORT.out_of_bounds)
+    """)
+    assert out.startswith("True")  # the 28 lanes past the end were switched off, not read from wild memory
+    assert "double_unmasked: program (3,0,0) reads 28 element(s)" in out and "x+400" in out
+    assert "writes 28 element(s)" in out and "y+400" in out
+
+
+def test_plain_read_modify_write_across_programs_is_a_race_atomics_are_not():
+    out = _run("""
+        y = torch.zeros(1)
+        sum_racy[(4,)](x, y, 100, B=32)
+        print(tc.REPORT.races)
+        tc.REPORT.races.clear()
+        z = torch.zeros(1)
+        sum_atomic[(4,)](x, z, 100, B=32)
+        print(tc.REPORT.races, bool(torch.allclose(z, x.sum())))
+    """)
+    racy, atomic = out.strip().splitlines()
+    assert "write-write" in racy and "read-write" in racy and "y+0" in racy
+    assert atomic == "[] True"
+
+
+def test_program_order_changes_the_result_of_an_in_place_shift():
+    out = _run("""
+        a, b = x.clone(), x.clone()
+        shift_left[(4,)](a, 100, B=32)
+        tc.set_order("reversed")
+        shift_left[(4,)](b, 100, B=32)
+        print(torch.equal(a, b), len(tc.REPORT.races) > 0)
+    """)
+    assert out.strip() == "False True"
+
+
+RMS_BODY = '''
+import torch
+import triton
+import triton.language as tl
+from kernelbot.kernel_library.rmsnorm.reference import Model
+
+
+@triton.jit
+def _rms(x_ptr, w_ptr, out_ptr, scratch, n_cols, eps, BLOCK: tl.constexpr, MASKED: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    if MASKED:
+        x = tl.load(x_ptr + row * n_cols + cols, mask=mask, other=0.0)
+    else:
+        x = tl.load(x_ptr + row * n_cols + cols)
+    tl.store(scratch, tl.sum(x * x, axis=0))  # SCRATCH: every program shares one slot
+    ss = tl.load(scratch)
+    inv = 1.0 / tl.sqrt(ss / n_cols + eps)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0)
+    tl.store(out_ptr + row * n_cols + cols, w * x * inv, mask=mask)
+
+
+class ModelNew(Model):
+    def forward(self, x):
+        x = x.contiguous()
+        n = x.shape[-1]
+        out = torch.empty_like(x)
+        scratch = torch.empty(1, dtype=torch.float32)
+        _rms[(x.numel() // n,)](x, self.weight, out, scratch, n, self.variance_epsilon,
+                                BLOCK=BLOCK_SIZE, MASKED=MASK)
+        return out
+'''
+
+
+@pytest.mark.parametrize("block,mask,failed", [(64, True, "race"), (128, False, "out_of_bounds")])
+def test_racy_and_out_of_bounds_triton_candidates_are_caught(tmp_path, block, mask, failed):
+    """The shared scratch slot gives right answers in the sequential interpreter: only the race check sees it.
+    The unmasked 128-wide load reads past every row of 64 (and past the input buffer on the last row)."""
+    ref = write_module(tmp_path / "reference.py", reference_source(RMS_TASK))
+    source = RMS_BODY.replace("BLOCK_SIZE", str(block)).replace("MASK)", f"{mask})")
+    cand = write_module(tmp_path / "c" / "candidate.py", source)
+    verdict = verify(RMS_TASK, ref, cand, tmp_path / "w", timeout=300)
+    assert failed in verdict.failed, verdict.checks
+    if failed == "race":
+        assert "correctness" not in verdict.failed  # the interpreter runs programs one at a time
+        detail = next(c.detail for c in verdict.checks if c.id == "race")
+        assert "scratch+0" in detail
+
+
+PTXAS = """ptxas info    : 0 bytes gmem
+ptxas info    : Compiling entry function '_Z4tilePKfPfi' for 'sm_90'
+ptxas info    : Function properties for _Z4tilePKfPfi
+    8 bytes stack frame, 4 bytes spill stores, 4 bytes spill loads
+ptxas info    : Used 255 registers, used 1 barriers, 4096 bytes smem, 380 bytes cmem[0]
+ptxas info    : Compiling entry function '_Z3addPKfPfi' for 'sm_90'
+ptxas info    : Function properties for _Z3addPKfPfi
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 8 registers, used 0 barriers, 372 bytes cmem[0]
+"""
+
+
+def test_ptxas_report_is_parsed_per_kernel():
+    tile, add = parse_ptxas(PTXAS)
+    assert tile == {"kernel": "_Z4tilePKfPfi", "arch": "sm_90", "registers": 255, "smem_bytes": 4096,
+                    "stack_bytes": 8, "spill_store_bytes": 4, "spill_load_bytes": 4}
+    assert add["registers"] == 8 and add["smem_bytes"] == 0 and add["spill_store_bytes"] == 0
+
+
+@pytest.mark.skipif(not any(os.access(os.path.join(p, "nvcc"), os.X_OK) for p in os.environ["PATH"].split(":")),
+                    reason="nvcc is not installed")
+def test_nvcc_compiles_for_sm90_and_reports_registers_and_shared_memory(tmp_path):
+    good = """__global__ void tile(const float* x, float* y, int n) {
+        __shared__ float t[256]; int i = blockIdx.x * 256 + threadIdx.x;
+        t[threadIdx.x] = i < n ? x[i] : 0.f; __syncthreads(); if (i < n) y[i] = t[255 - threadIdx.x]; }"""
+    report = compile_report([good], tmp_path, ["-I/nonexistent"])
+    assert report["ok"] and report["kernels"][0]["smem_bytes"] == 1024 and report["kernels"][0]["registers"] > 0
+    broken = compile_report(["__global__ void k(float* y) { y[0] = undefined_name; }"], tmp_path)
+    assert not broken["ok"] and "undefined_name" in broken["log"]
+
+
+def test_compute_sanitizer_summary_is_read():
+    text = ("========= COMPUTE-SANITIZER\n========= Invalid __global__ read of size 4 bytes\n"
+            "=========     at k(float *)+0x70\n========= ERROR SUMMARY: 3 errors\n")
+    assert parse_summary(text) == (3, "Invalid __global__ read of size 4 bytes")
+    assert parse_summary("========= ERROR SUMMARY: 0 errors\n") == (0, "")
+    assert parse_summary("Segmentation fault") == (None, "")
