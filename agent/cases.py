@@ -227,8 +227,19 @@ def _rescaled(inputs: list[Any], kind: str, gen: torch.Generator) -> list[Any]:
     return out
 
 
+def _complete(module: ModuleType, task: Task) -> None:
+    """A reference with only a Model takes its shapes and init args from the task."""
+    if not hasattr(module, "get_inputs"):
+        dtype = getattr(torch, task.dtype)
+        module.INPUT_SHAPES = task.input_shapes
+        module.get_inputs = lambda: [torch.randn(s, dtype=dtype) for s in module.INPUT_SHAPES]
+    if not hasattr(module, "get_init_inputs"):
+        module.get_init_inputs = lambda: list(task.init_args)
+
+
 def plan(module: ModuleType, task: Task, seed: int, trials: int = 1) -> Plan:
     """Models and input sets; raises WeakTask for references a constant or an input could pass."""
+    _complete(module, task)
     result = Plan()
     gen = torch.Generator().manual_seed(seed)
     seeds = iter(torch.randint(0, 2**62, (64 + trials,), generator=gen).tolist())

@@ -96,10 +96,13 @@ def install_audit(record: Recorder) -> None:
             writing = any(c in str(mode) for c in "wax+") or flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT)
             if writing and isinstance(path, (str, bytes, os.PathLike)) and record.outside_box(path):
                 record("write_outside_workdir", f"open({os.fsdecode(path)!r}, {mode!r})")
-        elif event in ("socket.connect", "socket.bind", "socket.sendto"):
+        elif event in ("socket.connect", "socket.bind", "socket.sendto", "socket.sendmsg"):
             record("network", f"{event} {args[1:]!r}")
+            raise PermissionError(f"kernelbot sandbox: {event} refused")
         elif event in ("os.kill", "os.killpg"):
             record("signal", f"{event}{args!r}")
+            if args and args[0] not in (0, os.getpid()):
+                raise PermissionError(f"kernelbot sandbox: {event} refused")
         elif event in ("os.fork", "os.forkpty", "os.system", "os.posix_spawn", "os.spawn", "os.exec"):
             record("process", f"{event} {str(args)[:200]}")
         elif event == "subprocess.Popen":
@@ -144,7 +147,10 @@ def confine(box: Path) -> list[str]:
             protections.append("no capabilities")
         except OSError as exc:
             protections.append(f"capabilities NOT dropped ({exc})")
+    from kernelbot.sandbox.landlock import restrict
+
+    protections += restrict(box) or ["no Landlock on this kernel"]
     install_audit(record)
     trap_environment(record)
-    protections.append("audit hook and environment trap")
+    protections.append("audit hook (blocks sockets and signals from Python) and environment trap")
     return protections

@@ -1,6 +1,7 @@
 """Every known way of fooling a kernel harness, each as a candidate that must fail with the right check.
 
-The cheats wrap a real kernel (the library's C++ RMSNorm), so what fails is the cheat, not a missing kernel.
+The cheats wrap a real kernel — the library's C++ RMSNorm, or its Triton one run in the interpreter — so what
+fails is the cheat, not a missing kernel.
 """
 
 import textwrap
@@ -16,18 +17,20 @@ HEADER = """
 import gc, threading, time
 import torch
 from kernelbot.kernel_library.rmsnorm.cpu import RMSNormCpp
+from kernelbot.kernel_library.rmsnorm.triton_kernel import RMSNormTriton
 
 class Lazy(torch.Tensor):
     pass
 
-class ModelNew(RMSNormCpp):
+class ModelNew(BASE):
     cache = {}
     kept = None
 
     def kernel(self, x):
-        return RMSNormCpp.forward(self, x)
+        return BASE.forward(self, x)
 
 """
+BASES = {"cpp": "RMSNormCpp", "triton": "RMSNormTriton"}
 
 CHEATS = {
     # reusing memory the reference's output was freed into: there is none in the sandbox, only NaN poison
@@ -138,24 +141,34 @@ CHEATS = {
     """),
 }
 # The quick ones run in every CI; the rest are marked slow (each is one sandboxed verification).
-QUICK = {"freed_reference_output", "caches_on_pointer", "finishes_on_a_side_thread", "patches_the_timer",
-         "looks_through_gc", "computes_in_bfloat16", "returns_its_input", "decorative_kernel"}
+QUICK = {("cpp", n) for n in ("freed_reference_output", "caches_on_pointer", "finishes_on_a_side_thread",
+                              "patches_the_timer", "looks_through_gc", "computes_in_bfloat16", "returns_its_input",
+                              "decorative_kernel")} | {("triton", "caches_on_id_and_version"),
+                                                       ("triton", "decorative_kernel")}
 
 
-@pytest.mark.parametrize("name", [n if n in QUICK else pytest.param(n, marks=pytest.mark.slow) for n in CHEATS])
-def test_cheat_is_caught(tmp_path, name):
+def _candidate(tmp_path, backend: str, name: str, body: str):
+    source = HEADER.replace("BASE", BASES[backend]) + textwrap.indent(textwrap.dedent(body), "    ")
+    return write_module(tmp_path / name / "candidate.py", source)
+
+
+@pytest.mark.parametrize("backend,name", [
+    (b, n) if (b, n) in QUICK else pytest.param(b, n, marks=pytest.mark.slow) for b in BASES for n in CHEATS])
+def test_cheat_is_caught(tmp_path, backend, name):
     check, body = CHEATS[name]
     ref = write_module(tmp_path / "reference.py", reference_source(RMS_TASK))
-    cand = write_module(tmp_path / name / "candidate.py", HEADER + textwrap.indent(textwrap.dedent(body), "    "))
-    verdict = verify(RMS_TASK, ref, cand, tmp_path / "work", timeout=120)
+    verdict = verify(RMS_TASK, ref, _candidate(tmp_path, backend, name, body), tmp_path / "work", timeout=300)
     assert verdict.verdict == "fail"
-    assert check in verdict.failed, verdict.checks
+    expected = {check}
+    if backend == "triton" and name == "finishes_on_a_side_thread":
+        expected.add("crash")  # Triton's interpreter is not thread-safe: two threads in it can bring the process down
+    assert expected & set(verdict.failed), verdict.checks
 
 
-def test_the_honest_wrapper_passes(tmp_path):
+@pytest.mark.parametrize("backend", list(BASES))
+def test_the_honest_wrapper_passes(tmp_path, backend):
     """The same scaffolding without a cheat passes: the failures above are the cheats'."""
     ref = write_module(tmp_path / "reference.py", reference_source(RMS_TASK))
-    cand = write_module(tmp_path / "honest" / "candidate.py",
-                        HEADER + "    def forward(self, x):\n        return self.kernel(x)\n")
-    verdict = verify(RMS_TASK, ref, cand, tmp_path / "work", timeout=120)
+    cand = _candidate(tmp_path, backend, "honest", "def forward(self, x):\n    return self.kernel(x)\n")
+    verdict = verify(RMS_TASK, ref, cand, tmp_path / "work", timeout=300)
     assert verdict.verdict == "pass", verdict.checks

@@ -12,7 +12,23 @@ from helpers import write_module
 from test_sandbox_and_bench import REFERENCE, TASK, processes_running
 
 from kernelbot.agent.verify import verify
+from kernelbot.sandbox.landlock import abi_version
 from kernelbot.sandbox.runner import PIDS_CGROUP, namespaces_available
+
+# Each escape is tried with the full sandbox (namespaces, as root) and as an unprivileged user would get it
+# (no namespaces: Landlock and the audit hook alone).
+MODES = ["namespaces", "landlock"]
+
+
+@pytest.fixture
+def mode(request, monkeypatch):
+    if request.param == "landlock":
+        if abi_version() < 4:
+            pytest.skip("this kernel has no Landlock with network rules (ABI >= 4)")
+        monkeypatch.setenv("KERNELBOT_NO_NAMESPACES", "1")
+    elif not namespaces_available():
+        pytest.skip("namespaces need root and util-linux unshare")
+    return request.param
 
 REPO = Path(__file__).resolve().parents[1]
 HEADER = """
@@ -46,28 +62,30 @@ def test_memory_balloon_is_capped(tmp_path):
 
 
 def test_fork_bomb_is_capped_and_cleaned_up(tmp_path):
-    before = set(PIDS_CGROUP.glob("kernelbot-*")) if PIDS_CGROUP.is_dir() else set()
     verdict = _run(tmp_path, "while True:\n    os.fork()", timeout=20)
     assert verdict.verdict == "fail" and {"crash", "timeout", "sandbox_violation"} & set(verdict.failed)
-    if PIDS_CGROUP.is_dir():
-        assert set(PIDS_CGROUP.glob("kernelbot-*")) <= before  # this job's cgroup was emptied and removed
+    if PIDS_CGROUP.is_dir():  # this job's cgroup (named after this process) was emptied and removed
+        assert list(PIDS_CGROUP.glob(f"kernelbot-{os.getpid()}-*")) == []
 
 
+@pytest.mark.parametrize("mode", MODES, indirect=True)
 @pytest.mark.parametrize("target", [Path.home() / "kb_hostile_home.txt", REPO / "kb_hostile_checkout.txt"])
-def test_writes_outside_the_work_dir(tmp_path, target):
+def test_writes_outside_the_work_dir(tmp_path, target, mode):
     verdict = _run(tmp_path, f"""
 try:
     with open({str(target)!r}, "w") as f:
         f.write("pwned")
 except OSError:
     pass
+os.system("echo pwned > {target}.sh")
 """)
     assert "sandbox_violation" in verdict.failed
     assert not target.exists()
     target.unlink(missing_ok=True)
 
 
-def test_secrets_are_absent_and_asking_for_them_is_a_violation(tmp_path, monkeypatch):
+@pytest.mark.parametrize("mode", MODES, indirect=True)
+def test_secrets_are_absent_and_asking_for_them_is_a_violation(tmp_path, monkeypatch, mode):
     secret = f"sk-hostile-{time.time_ns()}"
     monkeypatch.setenv("OPENAI_API_KEY", secret)
     monkeypatch.setenv("HF_TOKEN", secret)
@@ -82,7 +100,8 @@ with open("loot.txt", "w") as f:
     assert secret not in verdict.model_dump_json()
 
 
-def test_no_network_even_to_loopback(tmp_path):
+@pytest.mark.parametrize("mode", MODES, indirect=True)
+def test_no_network_even_to_loopback(tmp_path, mode):
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen(1)
@@ -109,23 +128,26 @@ try:
     s.sendall(b"exfiltrated")
 except OSError:
     pass
+subprocess.run(["python3", "-c", "import socket; socket.create_connection(('127.0.0.1', {port}), timeout=2)"])
 """)
     finally:
         stop.set()
         listener.join()
         server.close()
     assert "sandbox_violation" in verdict.failed
-    if namespaces_available():
-        assert received == []
+    assert received == []  # neither from Python nor from a program it started
 
 
-@pytest.mark.skipif(not namespaces_available(), reason="the parent is out of reach only in a pid namespace (root)")
-def test_killing_the_parent_does_not_stop_the_run(tmp_path):
+@pytest.mark.parametrize("mode", MODES, indirect=True)
+def test_killing_the_parent_does_not_stop_the_run(tmp_path, mode):
+    if mode == "landlock" and abi_version() < 6:
+        pytest.skip("signal scoping needs Landlock ABI >= 6")
     verdict = _run(tmp_path, "import signal\nos.kill(os.getppid(), signal.SIGKILL)\nos.kill(1, signal.SIGKILL)")
     assert verdict.verdict == "fail"  # and this test process is still here to say so
 
 
-def test_detached_daemon_is_ended_and_flagged(tmp_path):
+@pytest.mark.parametrize("mode", MODES, indirect=True)
+def test_detached_daemon_is_ended_and_flagged(tmp_path, mode):
     marker = f"{700 + os.getpid() % 1000}.{time.time_ns() % 10**6}"
     verdict = _run(tmp_path, f"""
 if os.fork() == 0:
@@ -145,8 +167,10 @@ def test_protections_are_recorded(tmp_path, monkeypatch):
     # torch exports TORCHINDUCTOR_CACHE_DIR once it has used its cache; a child must not inherit a path outside
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "outside"))
     verdict = _run(tmp_path, "from torch._inductor.runtime.cache_dir_utils import cache_dir\ncache_dir()")
-    assert verdict.verdict == "pass", verdict.checks
+    assert verdict.failed == ["reference_fallback"], verdict.checks  # harmless, but all PyTorch
     text = " ".join(verdict.protections)
     assert "timeout" in text and "secrets scrubbed" in text
     if namespaces_available():
         assert "no network" in text and "read-only" in text and "no capabilities" in text
+    if abi_version() >= 4:
+        assert "Landlock" in text and "no TCP bind or connect" in text

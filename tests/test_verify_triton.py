@@ -194,3 +194,56 @@ def test_compute_sanitizer_summary_is_read():
     assert parse_summary(text) == (3, "Invalid __global__ read of size 4 bytes")
     assert parse_summary("========= ERROR SUMMARY: 0 errors\n") == (0, "")
     assert parse_summary("Segmentation fault") == (None, "")
+
+
+CUDA_CANDIDATE = '''
+import torch
+from torch.utils.cpp_extension import load_inline
+from kernelbot.kernel_library.rmsnorm.reference import Model
+
+CUDA = r"""
+__global__ void rms_kernel(const float* x, const float* w, float* y, int cols, float eps) {
+    __shared__ float part[256];
+    int row = blockIdx.x;
+    float s = 0.f;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) s += x[row * cols + c] * x[row * cols + c];
+    part[threadIdx.x] = s;
+    __syncthreads();
+    for (int k = blockDim.x / 2; k > 0; k >>= 1) {
+        if (threadIdx.x < k) part[threadIdx.x] += part[threadIdx.x + k];
+        __syncthreads();
+    }
+    float inv = rsqrtf(part[0] / cols + eps);
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) y[row * cols + c] = w[c] * x[row * cols + c] * inv;
+}
+torch::Tensor rms(torch::Tensor x, torch::Tensor w, double eps) {
+    auto y = torch::empty_like(x);
+    int cols = x.size(-1);
+    rms_kernel<<<x.numel() / cols, 256>>>(x.data_ptr<float>(), w.data_ptr<float>(), y.data_ptr<float>(), cols, eps);
+    return y;
+}
+"""
+ext = load_inline("rms_cuda", "torch::Tensor rms(torch::Tensor x, torch::Tensor w, double eps);", cuda_sources=CUDA,
+                  functions=["rms"])
+
+
+class ModelNew(Model):
+    def forward(self, x):
+        return ext.rms(x.contiguous(), self.weight, self.variance_epsilon)
+'''
+
+
+@pytest.mark.slow
+def test_cuda_candidate_is_compiled_for_sm90_and_its_runtime_checks_are_not_run_without_a_gpu(tmp_path):
+    if not any(os.access(os.path.join(p, "nvcc"), os.X_OK) for p in os.environ["PATH"].split(":")):
+        pytest.skip("nvcc is not installed")
+    ref = write_module(tmp_path / "reference.py", reference_source(RMS_TASK))
+    cand = write_module(tmp_path / "cuda" / "candidate.py", CUDA_CANDIDATE)
+    verdict = verify(RMS_TASK, ref, cand, tmp_path / "w", timeout=900)
+    checks = {c.id: c for c in verdict.checks}
+    assert checks["compile"].status == "pass" and "rms_kernel" in checks["compile"].detail
+    assert "registers" in checks["compile"].detail and "1024 B smem" in checks["compile"].detail
+    assert checks["correctness"].status == "not_run" and verdict.verdict == "fail" and verdict.failed == []
+    broken = write_module(tmp_path / "broken" / "candidate.py", CUDA_CANDIDATE.replace("rsqrtf(", "rsqrtf_typo("))
+    bad = verify(RMS_TASK, ref, broken, tmp_path / "w2", timeout=900)
+    assert bad.failed == ["compile"] and "rsqrtf_typo" in next(c.detail for c in bad.checks if c.id == "compile")

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The SGLang test tier's own environment: the real `sglang` package on the CPU build of torch.
+# sglang pins a CUDA torch and many GPU-only wheels, so it is installed without its dependencies and
+# then given the pure-Python ones its layer, plugin and server modules import, with torch held to the
+# CPU wheel. PyPI's torchvision is built against CUDA torch: its C++ ops cannot load here (see
+# tests/sglang_child.py for the two operator schemas it then needs). Usage: .ci/sglang_env.sh [VENV]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV="${1:-.venv-sglang}"
+SGLANG_VERSION=0.5.23
+STAMP="$VENV/.kernelbot-sglang-env"
+want="$(sha256sum "$0" | cut -c1-16)"
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then
+  echo "sglang test environment $VENV is up to date"; exit 0
+fi
+rm -rf "$VENV"
+python3 -m venv "$VENV"
+PIP="$VENV/bin/pip"
+constraints="$(mktemp)"; trap 'rm -f "$constraints"' EXIT
+printf 'torch==2.13.0\ntriton==3.7.1\n' > "$constraints"
+"$PIP" install -q torch==2.13.0 triton==3.7.1
+"$PIP" install -q --no-deps "sglang==$SGLANG_VERSION" torchvision==0.28.0
+"$PIP" install -q -c "$constraints" numpy orjson psutil pybase64 requests packaging pillow starlette fastapi \
+  uvicorn msgspec pydantic pyzmq tqdm IPython aiohttp "transformers==5.19.0" dill "sentencepiece==0.2.1" \
+  "apache-tvm-ffi==0.1.11" compressed-tensors gguf ninja setproctitle
+"$PIP" install -q --no-deps -e .  # kernelbot itself, for its sglang.srt.plugins entry point
+"$VENV/bin/python" -c "import torch; assert torch.__version__.endswith('+cpu'), torch.__version__"
+echo "$want" > "$STAMP"
+echo "sglang test environment ready in $VENV"

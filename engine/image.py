@@ -1,0 +1,185 @@
+"""Ship a run's kernel pack as a container image on top of the engine's image, push it, keep an index
+of promoted images. Built and pushed through the Docker SDK (`pip install 'kernelbot[docker]'`)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kernelbot import KernelbotError, __version__
+from kernelbot.engine.sglang_plugin import PACK_ENV, PLUGIN_NAME
+from kernelbot.records import Pack
+
+PACK_PATH = "/opt/kernelbot/pack"
+LABEL = "org.kernelbot."
+DEFAULT_INDEX = Path.home() / ".kernelbot" / "promotions.jsonl"
+PIP_INSTALL = "python3 -m pip install --no-deps --no-cache-dir"
+
+
+@dataclass
+class RunInfo:
+    run_dir: Path
+    pack: Pack
+    digest: str  # sha256 over the manifest and every kernel file
+    model: str
+    verification: str
+    problems: list[str]  # why the run may not be promoted; empty when it may
+
+
+def pack_digest(pack_dir: Path) -> str:
+    h = hashlib.sha256()
+    for path in sorted(p for p in pack_dir.rglob("*") if p.is_file()):
+        h.update(path.relative_to(pack_dir).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return "sha256:" + h.hexdigest()
+
+
+def read_run(run_dir: Path) -> RunInfo:
+    manifest = run_dir / "pack" / "manifest.json"
+    if not manifest.is_file():
+        raise KernelbotError(f"{run_dir}: no pack/manifest.json (not a kernelbot run directory, or it made no pack)")
+    try:
+        pack = Pack.model_validate_json(manifest.read_text())
+    except ValueError as exc:
+        raise KernelbotError(f"{manifest}: not a kernelbot pack manifest ({str(exc).splitlines()[0]})") from exc
+    model = "unknown"
+    if (run_dir / "model.json").is_file():
+        model = json.loads((run_dir / "model.json").read_text()).get("name", "unknown")
+    problems = [f"kernel {e.candidate_id} is not verified ({e.verification.split(':')[0]})"
+                for e in pack.entries if not e.verification.startswith("pass")]
+    for e in pack.entries:
+        if not (run_dir / "pack" / e.source_file).is_file():
+            problems.append(f"kernel {e.candidate_id}: {e.source_file} is missing from the pack")
+    fidelity = "fidelity not checked"
+    report = run_dir / "report.json"
+    if report.is_file():
+        fid = json.loads(report.read_text()).get("fidelity") or {}
+        fidelity = (f"greedy_match={fid.get('greedy_match')} max_abs_logit_diff={fid.get('max_abs_logit_diff')} "
+                    f"token_agreement={fid.get('token_agreement')}")
+        if not fid.get("greedy_match"):
+            problems.append(f"fidelity check failed: {fidelity}")
+    else:
+        problems.append("no report.json: fidelity was never checked")
+    if not pack.entries:
+        problems.append("the pack has no kernels")
+    verified = sum(e.verification.startswith("pass") for e in pack.entries)
+    summary = f"{verified}/{len(pack.entries)} kernels verified; {fidelity}"
+    return RunInfo(run_dir, pack, pack_digest(run_dir / "pack"), model, summary, problems)
+
+
+def labels(info: RunInfo) -> dict[str, str]:
+    return {f"{LABEL}version": __version__, f"{LABEL}run-id": info.pack.run_id,
+            f"{LABEL}pack-digest": info.digest, f"{LABEL}pack-version": info.pack.version,
+            f"{LABEL}model": info.model, f"{LABEL}verification": info.verification}
+
+
+def dockerfile(base: str, info: RunInfo, wheel: str | None, install: bool) -> str:
+    lines = [f"FROM {base}"]
+    lines += [f"LABEL {k}={json.dumps(v)}" for k, v in labels(info).items()]
+    lines.append(f"COPY pack/ {PACK_PATH}/")
+    if wheel:
+        lines.append(f"COPY {wheel} /opt/kernelbot/{wheel}")
+        if install:
+            # no deps: the engine image brings torch and the rest; the plugin needs only those and pydantic
+            lines.append(f"RUN {PIP_INSTALL} /opt/kernelbot/{wheel}")
+    # the activation: SGLang loads the kernelbot plugin in every rank and it reads the pack from here
+    lines.append(f"ENV SGLANG_PLUGINS={PLUGIN_NAME} {PACK_ENV}={PACK_PATH}")
+    return "\n".join(lines) + "\n"
+
+
+def _client():
+    try:
+        import docker
+    except ImportError as exc:
+        raise KernelbotError("image commands need the Docker SDK: pip install 'kernelbot[docker]'") from exc
+    try:
+        client = docker.from_env()
+        client.ping()
+    except Exception as exc:  # the SDK raises several types for an absent or refusing daemon
+        raise KernelbotError(f"no Docker engine reachable (DOCKER_HOST or /var/run/docker.sock): {exc}") from exc
+    return client
+
+
+def build_wheel(dest: Path) -> str:
+    """kernelbot's own wheel, for the image (from this source checkout)."""
+    root = Path(__file__).resolve().parents[1]
+    if not (root / "pyproject.toml").is_file():
+        raise KernelbotError("building an image needs kernelbot's source checkout (pyproject.toml not found)")
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                           "-w", str(dest), str(root)], capture_output=True, text=True)
+    wheels = sorted(dest.glob("kernelbot-*.whl"))
+    if proc.returncode != 0 or not wheels:
+        raise KernelbotError(f"building kernelbot's wheel failed: {proc.stderr.strip().splitlines()[-1:]}")
+    return wheels[-1].name
+
+
+def build(run_dir: Path, base: str, tag: str, install: bool = True, client: Any = None) -> dict[str, Any]:
+    """Build TAG from BASE with the run's pack, kernelbot and its activation; returns id, tag and labels."""
+    info = read_run(run_dir)
+    client = client or _client()
+    with tempfile.TemporaryDirectory(prefix="kernelbot-image-") as tmp:
+        ctx = Path(tmp)
+        shutil.copytree(run_dir / "pack", ctx / "pack")
+        wheel = build_wheel(ctx)
+        (ctx / "Dockerfile").write_text(dockerfile(base, info, wheel, install))
+        try:
+            image, _ = client.images.build(path=str(ctx), tag=tag, rm=True, pull=False)
+        except Exception as exc:
+            raise KernelbotError(f"docker build of {tag} failed: {str(exc).splitlines()[0]}") from exc
+    return {"tag": tag, "id": image.id, "labels": image.labels, "run_id": info.pack.run_id,
+            "pack_digest": info.digest}
+
+
+def push(tag: str, client: Any = None) -> str:
+    """Push TAG to its registry; returns the manifest digest the registry reported."""
+    client = client or _client()
+    repo, _, version = tag.rpartition(":")
+    if not repo or "/" in version:
+        repo, version = tag, "latest"
+    digest = None
+    for line in client.images.push(repo, tag=version, stream=True, decode=True):
+        if "error" in line:
+            raise KernelbotError(f"push of {tag} failed: {line['error']}")
+        digest = (line.get("aux") or {}).get("Digest", digest)
+    if not digest:
+        raise KernelbotError(f"push of {tag} reported no digest")
+    return digest
+
+
+def promote(run_dir: Path, base: str, tag: str, index: Path = DEFAULT_INDEX, install: bool = True,
+            client: Any = None) -> dict[str, Any]:
+    """Build and push only a run whose every kernel is verified and whose fidelity check passed, then
+    append (tag, digest, run, date) to the promotions index."""
+    info = read_run(run_dir)
+    if info.problems:
+        raise KernelbotError(f"{run_dir} cannot be promoted: {'; '.join(info.problems)}")
+    client = client or _client()
+    built = build(run_dir, base, tag, install=install, client=client)
+    digest = push(tag, client=client)
+    record = {"tag": tag, "digest": digest, "run_id": info.pack.run_id, "run_dir": str(run_dir.resolve()),
+              "model": info.model, "pack_digest": info.digest, "image_id": built["id"],
+              "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
+    index.parent.mkdir(parents=True, exist_ok=True)
+    with open(index, "a") as f:
+        f.write(json.dumps(record) + "\n")
+    return record
+
+
+def list_promotions(index: Path = DEFAULT_INDEX) -> list[dict[str, Any]]:
+    if not index.is_file():
+        return []
+    rows = []
+    for n, line in enumerate(index.read_text().splitlines(), 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise KernelbotError(f"{index}:{n}: not a promotions record") from exc
+    return rows

@@ -1,0 +1,103 @@
+"""Run by tests/test_sglang_plugin.py under the SGLang test environment's python (.ci/sglang_env.sh).
+
+Spawns one process per TP rank the way SGLang starts its schedulers (multiprocessing, spawn context,
+a gloo process group); each calls SGLang's own `load_plugins()` first thing, then builds SGLang layers
+and runs them on the CPU. A control process with the plugin not allowlisted runs the same layers.
+Writes what it saw to the JSON file named on the command line.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import sys
+
+
+def _torchvision_ops() -> None:
+    # PyPI's torchvision 0.28 is built for CUDA torch: its C++ ops cannot load on the CPU wheel, and its
+    # import then registers fake kernels for two ops that do not exist. Declaring their schemas lets it
+    # import; sglang imports it only for multimodal preprocessing, which nothing here runs.
+    import torch
+
+    for op in ("nms", "qnms"):
+        torch.library.define(f"torchvision::{op}", "(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+
+
+def rank_main(rank: int, world: int, port: int, spec: dict, queue) -> None:
+    try:
+        queue.put((rank, _rank_main(rank, world, port, spec)))
+    except BaseException as exc:  # report, do not hang the parent
+        import traceback
+
+        queue.put((rank, {"error": f"{exc!r}\n{traceback.format_exc()}"}))
+
+
+def _rank_main(rank: int, world: int, port: int, spec: dict) -> dict:
+    import torch
+
+    _torchvision_ops()
+    if rank < 0:
+        os.environ["SGLANG_PLUGINS"] = "some_other_plugin"  # the control: kernelbot's plugin not allowlisted
+    from sglang.srt.plugins import load_plugins
+
+    load_plugins()  # as SGLang's scheduler does, before any model code runs
+    if rank >= 0:
+        torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                             world_size=world)
+    from sglang.srt.layers.activation import SiluAndMul
+    from sglang.srt.layers.layernorm import RMSNorm
+
+    torch.manual_seed(rank + 1)
+    hidden, eps = spec["hidden"], spec["eps"]
+    out: dict = {"hooked": hasattr(RMSNorm.forward, "__wrapped__"), "max_diff": {}}
+
+    def check(name: str, layer: RMSNorm, *args, **kwargs) -> None:
+        got = layer(*args, **kwargs)
+        want = layer.forward_native(*args, **kwargs)  # SGLang's own path, which the hook does not touch
+        pairs = zip(got, want, strict=True) if isinstance(got, tuple) else [(got, want)]
+        out["max_diff"][name] = max(float((g.float() - w.float()).abs().max()) for g, w in pairs)
+
+    norm = RMSNorm(hidden, eps=eps)
+    with torch.no_grad():
+        norm.weight.copy_(torch.rand(hidden) + 0.5)
+        for i in range(rank + 1):  # rank r makes r+1 calls the pack covers: counts must tell ranks apart
+            check(f"pack_fp32_{i}", norm, torch.randn(*spec["fp32_shape"]))
+        check("other_rows", norm, torch.randn(7, hidden))
+        check("residual", norm, torch.randn(*spec["fp32_shape"]), torch.randn(*spec["fp32_shape"]))
+        llama_style = RMSNorm(hidden, eps=eps, cast_x_before_out_mul=True).to(torch.bfloat16)
+        llama_style.weight.copy_(torch.rand(hidden) + 0.5)
+        check("pack_bf16", llama_style, torch.randn(*spec["bf16_shape"]).to(torch.bfloat16))
+        default_bf16 = RMSNorm(hidden, eps=eps).to(torch.bfloat16)
+        check("numerics_bf16", default_bf16, torch.randn(*spec["bf16_shape"]).to(torch.bfloat16))
+        norm.enter_torch_compile(num_tokens=4)
+        check("torch_compile", norm, torch.randn(*spec["fp32_shape"]))
+        norm.leave_torch_compile()
+        gate_up = torch.randn(3, 16)
+        silu = SiluAndMul()
+        out["silu_matches"] = bool(torch.equal(silu(gate_up), silu.forward_native(gate_up)))
+    from kernelbot.engine import sglang_plugin
+
+    sglang_plugin.flush()
+    return out
+
+
+def main() -> None:
+    spec = json.loads(open(sys.argv[1]).read())
+    os.environ.update({"SGLANG_PLUGINS": "kernelbot_pack", "KERNELBOT_PACK_DIR": spec["pack_dir"],
+                       "KERNELBOT_COUNTS_DIR": spec["counts_dir"]})
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    ranks = [*range(spec["world"]), -1]
+    procs = [ctx.Process(target=rank_main, args=(r, spec["world"], spec["port"], spec, queue)) for r in ranks]
+    for p in procs:
+        p.start()
+    results = dict(queue.get(timeout=600) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+    with open(spec["out"], "w") as f:
+        json.dump({str(k): v for k, v in results.items()}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

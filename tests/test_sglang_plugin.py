@@ -1,0 +1,134 @@
+"""The SGLang plugin against the real `sglang` package, on the CPU (SGLang's layers run forward_native).
+
+Needs the SGLang test environment (`.ci/sglang_env.sh`, which `.ci/run` runs); skipped without it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from kernelbot.kernel_library import FAMILIES
+from kernelbot.kernel_library.cpp_build import prebuild_library
+from kernelbot.records import Pack, PackEntry
+
+ROOT = Path(__file__).resolve().parents[1]
+SGLANG_PY = Path(os.environ.get("KERNELBOT_SGLANG_VENV", ROOT / ".venv-sglang")) / "bin" / "python"
+HIDDEN, EPS = 64, 1e-6
+FP32_SHAPE, BF16_SHAPE = [2, 3, HIDDEN], [5, HIDDEN]  # the shapes the test pack's kernels were "verified" on
+
+pytestmark = pytest.mark.skipif(not SGLANG_PY.exists(), reason=f"no SGLang test environment at "
+                                f"{SGLANG_PY.parent.parent} (create it with .ci/sglang_env.sh)")
+
+
+def _entry(cid: str, family: str, shape: list[int], dtype: str, init_args: list) -> PackEntry:
+    return PackEntry(task_id=cid, candidate_id=cid, family=family, module_class="LlamaRMSNorm", input_shapes=[shape],
+                     init_args=init_args, dtype=dtype, backend="cpp", config={"grain": 8},
+                     source_file=f"kernels/{cid}.py", source_hash="test", verification="pass: test", speedup=1.2)
+
+
+def _pack(pack_dir: Path) -> Pack:
+    (pack_dir / "kernels").mkdir(parents=True)
+    entries = [_entry("rms_fp32", "rmsnorm", FP32_SHAPE, "float32", [HIDDEN, EPS]),
+               _entry("rms_bf16", "rmsnorm", BF16_SHAPE, "bfloat16", [HIDDEN, EPS]),
+               _entry("mlp", "gated_mlp", [2, 3, HIDDEN], "float32", [HIDDEN, 128])]
+    for e in entries:
+        (pack_dir / e.source_file).write_text(FAMILIES[e.family].candidate_source("cpp", e.config))
+    pack = Pack(version="0.1.0+test", run_id="sglang-test", device="cpu", entries=entries)
+    (pack_dir / "manifest.json").write_text(pack.model_dump_json(indent=1))
+    return pack
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def sglang_run(tmp_path_factory) -> tuple[dict, list[dict]]:
+    from kernelbot.engine.sglang_plugin import read_counts
+
+    tmp = tmp_path_factory.mktemp("sglang")
+    _pack(tmp / "pack")
+    prebuild_library()  # the C++ kernels, built once here; the child loads the cached build
+    spec = {"pack_dir": str(tmp / "pack"), "counts_dir": str(tmp / "counts"), "out": str(tmp / "out.json"),
+            "world": 2, "port": _free_port(), "hidden": HIDDEN, "eps": EPS, "fp32_shape": FP32_SHAPE,
+            "bf16_shape": BF16_SHAPE}
+    (tmp / "spec.json").write_text(json.dumps(spec))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_", "KERNELBOT_PACK", "PYTHON"))}
+    start = time.monotonic()
+    proc = subprocess.run([str(SGLANG_PY), str(ROOT / "tests" / "sglang_child.py"), str(tmp / "spec.json")],
+                          env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    results = json.loads(Path(spec["out"]).read_text())
+    for rank, r in results.items():
+        assert "error" not in r, f"rank {rank}: {r['error']}"
+    print(f"sglang child: {time.monotonic() - start:.1f} s")
+    return results, read_counts(Path(spec["counts_dir"]))
+
+
+def test_plugin_loads_through_sglang_load_plugins_in_every_rank(sglang_run):
+    results, counts = sglang_run
+    assert results["0"]["hooked"] and results["1"]["hooked"]
+    assert sorted(c["rank"] for c in counts) == [0, 1]  # one counters file per rank, from torch.distributed
+    for c in counts:
+        assert c["hooked"] == ["sglang.srt.layers.layernorm.RMSNorm"]
+        assert c["unrouted"] == [{"candidate_id": "mlp", "family": "gated_mlp",
+                                  "reason": "no SGLang layer takes this family's kernel"}]
+
+
+def test_not_allowlisted_plugin_changes_nothing(sglang_run):
+    results, counts = sglang_run
+    control = results["-1"]
+    assert control["hooked"] is False
+    assert len(counts) == 2  # the control process wrote no counters
+    assert all(d == 0.0 for d in control["max_diff"].values())
+
+
+def test_patched_layers_give_the_original_outputs(sglang_run):
+    results, _ = sglang_run
+    for rank in ("0", "1"):
+        diffs = results[rank]["max_diff"]
+        for name, d in diffs.items():
+            if name.startswith("pack_fp32"):
+                assert d <= 1e-5, (rank, name, d)
+            elif name == "pack_bf16":
+                assert d <= 1e-2, (rank, name, d)  # one bf16 ulp at values near 1
+            else:  # fallbacks run SGLang's own path: identical
+                assert d == 0.0, (rank, name, d)
+        assert results[rank]["silu_matches"]
+
+
+def test_custom_and_fallback_counters_count_per_rank(sglang_run):
+    _, counts = sglang_run
+    for c in counts:
+        r = c["rank"]
+        # check() calls each layer once through the hook (forward_native bypasses it)
+        assert c["custom"] == {"rms_fp32": {"calls": r + 1, "captured": 0}, "rms_bf16": {"calls": 1, "captured": 0}}
+        assert c["fallback"] == {"RMSNorm": {
+            "shape/dtype not in pack": 1,
+            "fused residual add": 1,
+            "numerics (weight multiplied before the cast)": 1,
+            "torch.compile (layer runs forward_native)": 1,
+        }}
+
+
+def test_engagement_summary_reads_the_counters(sglang_run):
+    from kernelbot.engine.sglang_adapter import engagement
+
+    _, counts = sglang_run
+    summary = engagement(counts, expected_ranks=2)
+    assert summary.engaged, summary.notes
+    assert summary.per_rank[0]["custom_calls"] == 2 and summary.per_rank[1]["custom_calls"] == 3
+    assert summary.per_rank[0]["fallback_calls"] == 4
+    assert not engagement(counts[:1], expected_ranks=2).engaged  # a rank that reported nothing is not proof
+    idle = [dict(c, custom={k: {"calls": 0, "captured": 0} for k in c["custom"]}) for c in counts]
+    assert not engagement(idle, expected_ranks=2).engaged
+
