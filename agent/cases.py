@@ -14,6 +14,7 @@ zeros and subnormals sprinkled in.
 from __future__ import annotations
 
 import contextlib
+import statistics
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -31,6 +32,7 @@ FUZZ_SIZES = (1, 3, 7, 13, 31)  # 1, primes, non-multiples of every block size
 PRIMES = (61, 53, 47, 43, 41, 37, 31, 29, 23, 19, 17, 13, 11, 7, 5, 3)
 MIN_SCALED = 16  # constants are never scaled below this (kernel sizes, groups and the like stay put)
 VALUE_VARIANTS = {"tiny": 1e-3, "large": 1e3}
+STRENGTH_DRAWS = 5  # independent input draws a reference's output is compared across
 
 
 class WeakTask(KernelbotError):
@@ -49,6 +51,7 @@ class Plan:
     init_args: list[list[Any]] = field(default_factory=list)
     cases: list[Case] = field(default_factory=list)
     fresh: list[Any] = field(default_factory=list)  # another draw at the main case's shapes (caching check)
+    spares: list[list[Any]] = field(default_factory=list)  # more draws there, for judging the task's strength
     notes: list[str] = field(default_factory=list)
 
     def model_index(self, init: list[Any]) -> int:
@@ -266,7 +269,12 @@ def plan(module: ModuleType, task: Task, seed: int, trials: int = 1) -> Plan:
         result.cases.append(Case(f"{label} at {main_label} sizes", main.model,
                                  _rescaled(draw(module, main_values, next(seeds))[1], kind, gen)))
     result.fresh = draw(module, main_values, next(seeds))[1]
+    result.spares = [draw(module, main_values, next(seeds))[1] for _ in range(STRENGTH_DRAWS - 1)]
     return result
+
+
+def _outs(value: Any) -> list[Any]:
+    return list(value) if isinstance(value, (tuple, list)) else [value]
 
 
 def check_strength(module: ModuleType, plan_: Plan, init_seed: int) -> None:
@@ -275,14 +283,16 @@ def check_strength(module: ModuleType, plan_: Plan, init_seed: int) -> None:
     with torch.inference_mode(), torch.random.fork_rng(devices=[]):
         torch.manual_seed(init_seed)
         model = module.Model(*plan_.init_args[main.model]).eval()
-        first, again, other = model(*main.inputs), model(*main.inputs), model(*plan_.fresh)
-    outs = [(first, again, other)] if isinstance(first, torch.Tensor) else list(zip(first, again, other, strict=True))
-    for a, b, c in outs:
+        first, again = _outs(model(*main.inputs)), _outs(model(*main.inputs))
+        others = [_outs(model(*inputs)) for inputs in [plan_.fresh, *plan_.spares]]
+    for i, (a, b) in enumerate(zip(first, again, strict=True)):
         if not isinstance(a, torch.Tensor):
             continue
         if not torch.equal(torch.nan_to_num(a), torch.nan_to_num(b)):
             raise WeakTask("refused: the reference gives different results on the same inputs (nondeterministic)")
-        moved = spread(a, c)
+        # the median over several independent draws: one pair alone can land close by chance
+        moved = statistics.median(spread(a, other[i]) for other in others)
         if moved < WEAK_TASK_SPREAD:
             raise WeakTask(f"refused as a weak task: the output barely depends on the inputs (it moves by "
-                           f"{moved:.1e} between two independent input draws; a constant could pass)")
+                           f"{moved:.1e} between independent input draws (median of {len(others)}); a constant "
+                           "could pass)")

@@ -30,6 +30,9 @@ def new_row(task: Task, cand: Candidate) -> KernelResult:
                         status="rejected", reason="", speedup=None, candidate_id=f"{task.id}/{cand.id}")
 
 
+SEVERITY = ("sandbox_violation", "timing_tamper", "crash", "timeout", "compile")
+
+
 def _failure_report(verdict: Verdict) -> str:
     lines = [f"verdict: fail ({', '.join(verdict.failed)})"]
     for c in verdict.checks:
@@ -53,8 +56,11 @@ def evaluate(task: Task, task_dir: Path, cand: Candidate, path: Path, device_kin
         out.verdict = verdict
         write_record(path.parent / "verdict.json", verdict)
         if verdict.verdict == "fail":
-            failed = next((c for c in verdict.checks if c.status == "fail"), None)
-            row.reason = (f"failed {failed.id}: {failed.detail[:300]}" if failed else
+            # the gravest failure explains the verdict best: what it tried, then whether it ran, then the rest
+            failing = sorted((c for c in verdict.checks if c.status == "fail"),
+                             key=lambda c: SEVERITY.index(c.id) if c.id in SEVERITY else len(SEVERITY))
+            failed = failing[0] if failing else None
+            row.reason = (f"failed {', '.join(c.id for c in failing)}: {failed.detail[:300]}" if failed else
                           "not verified: correctness could not run here (" +
                           next(c.detail for c in verdict.checks if c.id == "correctness")[:200] + ")")
             # the sandbox's long paths say nothing to a model and cost tokens

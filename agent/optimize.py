@@ -1,29 +1,55 @@
-"""`kernelbot optimize`: profile → rank → tasks → candidates → verdicts → benches → pack → measure → report."""
+"""`kernelbot optimize`: profile → rank → tasks → candidates → verdicts → benches → pack, iterated on the new
+bottlenecks while budget and headroom last, then measure → report.
+
+Every stage result, candidate outcome and LLM answer goes into the run's journal (agent/journal.py) as it happens;
+`resume` replays them and continues from the first thing not recorded.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
+from kernelbot import KernelbotError
 from kernelbot.agent.evaluate import evaluate, pick_best
 from kernelbot.agent.integrate import count_calls, fidelity, median, time_end_to_end
+from kernelbot.agent.journal import Journal
+from kernelbot.agent.llm.budget import Budget
 from kernelbot.agent.llm.loop import LLMOptions, LLMSession, run_task
 from kernelbot.agent.llm.prompt import PromptContext
+from kernelbot.agent.night import Clock, Night, journaled
 from kernelbot.agent.pack import Accepted, build_pack
 from kernelbot.agent.proposer import available_backends, propose, write_candidate
 from kernelbot.agent.report import llm_line, write_report
 from kernelbot.agent.tasks import make_task, skip_reason, write_task
 from kernelbot.engine import TorchEngine, builtin_spec
+from kernelbot.kernel_library.store import KernelStore
 from kernelbot.profiler.device import measure_cpu
 from kernelbot.profiler.hotspots import op_breakdown, rank_hotspots
 from kernelbot.profiler.trace import load_trace
-from kernelbot.records import Device, Hotspot, KernelResult, LLMUsage, Report, Task
+from kernelbot.records import (
+    Candidate,
+    Device,
+    Fidelity,
+    Hotspot,
+    KernelResult,
+    LLMUsage,
+    ModelSpec,
+    Pack,
+    Report,
+    Task,
+)
 from kernelbot.rundir import new_run_dir, write_record
+
+COMPILE_GUESS_S = 90.0  # torch.compile's warm-up, when a budget must decide whether it fits
 
 
 @dataclass
@@ -36,26 +62,48 @@ class OptimizeOptions:
     seed: int = 0
     run_dir: Path | None = None
     min_share: float = 0.005
-    max_tasks: int = 8
+    max_tasks: int = 8  # per iteration
     timeout: float = 300.0
     bench_rounds: int = 15
     e2e_rounds: int = 7
     compile: bool = True
     families: list[str] | None = None  # only these kernel_library families (default: all)
     llm: LLMOptions | None = None  # generate with this LLM instead of the built-in proposer
+    budget_hours: float | None = None  # wall time of the whole run, every resumed session included
+    iterations: int = 3  # profile → generate → integrate rounds at most
+    max_task_minutes: float | None = None  # per task, built-in and stored candidates
+    store: Path | None = None  # kernel store to reuse from and add to (None: none)
+
+
+def options_to_json(opts: OptimizeOptions) -> dict[str, Any]:
+    return json.loads(json.dumps(dataclasses.asdict(opts), default=str))
+
+
+def options_from_json(data: dict[str, Any]) -> OptimizeOptions:
+    data = dict(data)
+    for key in ("run_dir", "store"):
+        data[key] = Path(data[key]) if data.get(key) else None
+    if data.get("llm"):
+        llm = dict(data["llm"])
+        llm["budget"] = Budget(**llm["budget"])
+        llm["price"] = tuple(llm["price"]) if llm.get("price") else None
+        data["llm"] = LLMOptions(**llm)
+    known = {f.name for f in dataclasses.fields(OptimizeOptions)}
+    return OptimizeOptions(**{k: v for k, v in data.items() if k in known})
 
 
 class Stages:
     """Prints each stage as it starts and appends it to the run's log.txt (readable with tail -f)."""
 
-    def __init__(self, console: Console, run_dir: Path) -> None:
-        self.console, self.log_path, self.t0 = console, run_dir / "log.txt", time.perf_counter()
+    def __init__(self, console: Console, run_dir: Path, t0: float = 0.0) -> None:
+        self.console, self.log_path, self.t0 = console, run_dir / "log.txt", time.perf_counter() - t0
 
     def say(self, message: str, style: str = "") -> None:
         stamp = f"[{time.perf_counter() - self.t0:6.1f}s]"
         self.console.print(f"[dim]{stamp}[/dim] {message}", style=style, highlight=False)
         with open(self.log_path, "a") as log:
             log.write(f"{stamp} {message}\n")
+            log.flush()
 
 
 def _profile(engine: TorchEngine, device, trace_path: Path) -> list[Hotspot]:
@@ -65,14 +113,30 @@ def _profile(engine: TorchEngine, device, trace_path: Path) -> list[Hotspot]:
     return rank_hotspots(trace, device)
 
 
+def _hotspot_fields(task: Task, hotspot: Hotspot | None, iteration: int) -> dict[str, Any]:
+    return {"hotspot_id": task.hotspot_id, "share": round(task.share, 5), "iteration": iteration,  # cost per call:
+            "flops": hotspot.flops if hotspot and hotspot.flops else None,
+            "bytes": hotspot.bytes if hotspot and hotspot.bytes else None}
+
+
 def _try_candidates(task: Task, task_dir: Path, backends: list[str], device_kind: str, opts: OptimizeOptions,
-                    stages: Stages) -> tuple[list[KernelResult], Accepted | None]:
+                    stages: Stages, night: Night | None = None,
+                    hotspot: Hotspot | None = None) -> tuple[list[KernelResult], Accepted | None]:
     results: list[KernelResult] = []
     winners: list[Accepted] = []
+    run = journaled(night, functools.partial(evaluate, task, task_dir, device_kind=device_kind, seed=opts.seed,
+                                             timeout=opts.timeout, bench_rounds=opts.bench_rounds),
+                    task, _hotspot_fields(task, hotspot, night.iteration if night else 0))
+    t0 = time.perf_counter()
     for cand, source in propose(task, backends):
+        if night is not None and not night.clock.affords_candidate() and not night.recorded(task.id, cand):
+            night.stop_reason = night.stop_reason or night.clock.spent_reason()
+            break
+        if opts.max_task_minutes is not None and time.perf_counter() - t0 > opts.max_task_minutes * 60:
+            stages.say(f"  {task.id}: per-task cap of {opts.max_task_minutes} min reached", style="yellow")
+            break
         path = write_candidate(cand, source, task_dir)
-        outcome = evaluate(task, task_dir, cand, path, device_kind, seed=opts.seed, timeout=opts.timeout,
-                           bench_rounds=opts.bench_rounds)
+        outcome = run(cand, path)
         stages.say(f"  {task.id} {cand.id}: {outcome.row.reason}")
         results.append(outcome.row)
         if outcome.accepted:
@@ -80,34 +144,95 @@ def _try_candidates(task: Task, task_dir: Path, backends: list[str], device_kind
     return results, pick_best(task, results, winners)
 
 
+def _from_store(task: Task, task_dir: Path, backends: list[str], device_kind: str, opts: OptimizeOptions,
+                stages: Stages, night: Night, hotspot: Hotspot | None) -> tuple[list[KernelResult], Accepted | None]:
+    """A kernel the store holds for this op, backend and device, verified and benchmarked again here."""
+    if night.store is None:
+        return [], None
+    rows: list[KernelResult] = []
+    winners: list[Accepted] = []
+    run = journaled(night, functools.partial(evaluate, task, task_dir, device_kind=device_kind, seed=opts.seed,
+                                             timeout=opts.timeout, bench_rounds=opts.bench_rounds),
+                    task, _hotspot_fields(task, hotspot, night.iteration))
+    # what the store held when this task was first planned: a resumed run must see the same (the run itself may
+    # have added this op's kernel since)
+    found_all = night.memo(f"store:{task.id}", "stage", lambda: [
+        [backend, *found] for backend in backends
+        if (found := night.store.lookup(task, backend, night.device_name)) is not None])
+    for backend, source, entry in found_all:
+        cand = Candidate(id=f"store-{backend}", task_id=task.id, backend=backend,
+                         proposer=f"store:{entry.get('proposer', '?')}",
+                         config={"from_run": entry.get("run_id"), **entry.get("config", {})},
+                         source_hash=entry.get("source_hash", ""))
+        outcome = run(cand, write_candidate(cand, source, task_dir))
+        stages.say(f"  {task.id} {cand.id} (from the kernel store, run {entry.get('run_id')}): {outcome.row.reason}")
+        rows.append(outcome.row)
+        if outcome.accepted:
+            winners.append(outcome.accepted)
+            night.reused.append(outcome.row.candidate_id)
+    return rows, pick_best(task, rows, winners)
+
+
+def _session(opts: OptimizeOptions, run_dir: Path, stages: Stages, night: Night | None) -> LLMSession:
+    if night is None:
+        return LLMSession(opts.llm, run_dir, stages.say)
+    if night.session is None:
+        from kernelbot.agent.llm.client import LLMClient
+        from kernelbot.agent.replay import JournaledClient
+
+        o = opts.llm
+        inner = LLMClient(o.model, o.api_base, timeout=o.timeout, max_retries=o.max_retries, backoff=o.backoff,
+                          temperature=o.temperature, price=o.price)
+        # calls.jsonl is rebuilt by the replay: recorded answers come back in the same order under the same ids
+        (run_dir / "llm" / "calls.jsonl").unlink(missing_ok=True)
+        night.session = LLMSession(o, run_dir, stages.say, client=JournaledClient(inner, night.journal))
+    return night.session
+
+
 def _generate(tasks: list[Task], hotspots: list[Hotspot], device: Device, run_dir: Path, opts: OptimizeOptions,
-              stages: Stages, notes: list[str]) -> tuple[list[KernelResult], list[Accepted], LLMUsage | None]:
-    """Candidates for every task, from the LLM when one is given (the built-in proposer once it is down or its
-    budget is spent), verified and benchmarked."""
+              stages: Stages, notes: list[str],
+              night: Night | None = None) -> tuple[list[KernelResult], list[Accepted], LLMUsage | None]:
+    """Candidates for every task, most headroom first: a stored kernel for the op when the store has one, then the
+    LLM when one is given (the built-in proposer once it is down or its budget is spent), verified and benchmarked."""
     backends = available_backends(device.kind)
-    session = LLMSession(opts.llm, run_dir, stages.say) if opts.llm else None
+    session = _session(opts, run_dir, stages, night) if opts.llm else None
     source = f"LLM {opts.llm.model}" if opts.llm else "built-in proposer"
     stages.say(f"[4/7] generate + verify + benchmark ({source}; candidates run in the sandbox)")
     by_id = {h.id: h for h in hotspots}
     kernels: list[KernelResult] = []
     accepted: list[Accepted] = []
-    for task in tasks:
+    for i, task in enumerate(tasks):
+        if night is not None:
+            night.stage("generate", task=task.id, done=i, planned=len(tasks))
+            if not night.clock.affords_candidate() and not night.recorded(task.id):
+                night.stop_reason = night.stop_reason or night.clock.spent_reason()
+            if night.stop_reason and not night.recorded(task.id):
+                notes.append(f"{task.id} and later tasks not tried: {night.stop_reason}")
+                break
         task_dir = run_dir / "tasks" / task.id
-        rows: list[KernelResult] = []
-        best = None
-        if session is not None and session.active:
-            ctx = PromptContext(device, "cpp" if device.kind == "cpu" else "triton", by_id.get(task.hotspot_id))
-            run = run_task(session, task, task_dir, ctx, functools.partial(
+        hotspot = by_id.get(task.hotspot_id)
+        rows, best = (_from_store(task, task_dir, backends, device.kind, opts, stages, night, hotspot)
+                      if night is not None else ([], None))
+        if best is None and session is not None and session.active:
+            if night is not None and night.clock.limit is not None:
+                left = max(1.0, night.clock.left() - night.clock.reserve)
+                spent = session.ledger.elapsed()
+                cap = opts.llm.budget.max_seconds
+                session.ledger.budget = dataclasses.replace(
+                    opts.llm.budget, max_seconds=min(cap, spent + left) if cap else spent + left)
+            ctx = PromptContext(device, "cpp" if device.kind == "cpu" else "triton", hotspot)
+            fields = _hotspot_fields(task, hotspot, night.iteration if night else 0)
+            run = run_task(session, task, task_dir, ctx, journaled(night, functools.partial(
                 evaluate, task, task_dir, device_kind=device.kind, seed=opts.seed, timeout=opts.timeout,
-                bench_rounds=opts.bench_rounds))
-            rows, best = run.rows, run.best
+                bench_rounds=opts.bench_rounds), task, fields))
+            rows, best = rows + run.rows, run.best
             if not session.active:
                 why = (f"LLM endpoint {opts.llm.model} is down ({session.down})" if session.down
                        else f"LLM budget spent ({session.stopped})")
                 stages.say(f"{why}: the built-in proposer takes over from {task.id} on", style="yellow")
                 notes.append(f"{why}: built-in proposer from {task.id} on")
         if best is None and (session is None or not session.active):
-            more, best = _try_candidates(task, task_dir, backends, device.kind, opts, stages)
+            more, best = _try_candidates(task, task_dir, backends, device.kind, opts, stages, night, hotspot)
             rows += more
         kernels += rows
         if best:
@@ -119,12 +244,101 @@ def _generate(tasks: list[Task], hotspots: list[Hotspot], device: Device, run_di
     return kernels, accepted, usage
 
 
+def _signature(h: Hotspot) -> str:
+    return json.dumps([h.family, h.module_class, h.dtype, h.input_dims])
+
+
+def _plan(hotspots: list[Hotspot], attempted: set[str], opts: OptimizeOptions, engine: TorchEngine, run_dir: Path,
+          notes: list[str], iteration: int, deferred: dict[str, str]) -> list[Task]:
+    """Tasks by expected gain (headroom over the roofline, as ranked), skipping ops already tried or replaced."""
+    tasks: list[Task] = []
+    for h in sorted(hotspots, key=lambda h: -h.score_us):
+        reason = skip_reason(h, opts.min_share)
+        if reason is None and h.kernel:
+            continue  # runs a pack kernel already
+        if reason is None and opts.families is not None and h.family not in opts.families:
+            reason = f"family {h.family} not selected (--families)"
+        if reason is None and _signature(h) in attempted:
+            continue  # tried in an earlier iteration
+        if reason is None and len(tasks) >= opts.max_tasks:
+            reason = f"over the --max-tasks {opts.max_tasks} budget of iteration {iteration + 1}"
+        if reason:
+            note = f"{h.id} {h.module_class} {h.input_dims} ({h.share:.1%}): no task, {reason}"
+            if "--max-tasks" in reason:
+                deferred[_signature(h)] = note  # a later iteration may take it
+            elif h.share >= opts.min_share and note not in notes and iteration == 0:
+                notes.append(note)
+            continue
+        task = make_task(h, engine.model)
+        write_task(task, run_dir / "tasks" / task.id)
+        tasks.append(task)
+    return tasks
+
+
+def _finish_plan(night: Night, opts: OptimizeOptions, profile_s: float, stages: Stages,
+                 notes: list[str]) -> tuple[int, bool]:
+    """The end-to-end rounds and whether to time torch.compile, within what the time budget leaves."""
+    rounds, compile_ = opts.e2e_rounds, opts.compile
+    if night.clock.limit is None:
+        return rounds, compile_
+    workload = profile_s / 2  # a profile is a warm-up plus a traced run
+    left = night.clock.left() - profile_s - 4 * workload - 10
+    if compile_ and left < COMPILE_GUESS_S + 2 * rounds * workload:
+        compile_ = False
+        notes.append("torch.compile comparison skipped: the time budget had no room for it")
+    fit = max(1, int(left // max(2 * workload, 1e-3)))
+    if fit < rounds:
+        notes.append(f"end-to-end timing cut to {fit} rounds by the time budget (asked {rounds})")
+        rounds = fit
+    return rounds, compile_
+
+
 def optimize(opts: OptimizeOptions, console: Console | None = None) -> Report:
-    console = console or Console(soft_wrap=True)
+    """A new run (its run directory must not hold one already)."""
+    _, run_dir = new_run_dir(opts.run_dir)
+    opts = dataclasses.replace(opts, run_dir=run_dir)
+    with Journal(run_dir) as journal:
+        if journal.meta("options") is not None:
+            raise KernelbotError(f"{run_dir} already holds a run; continue it with `kernelbot optimize --resume "
+                                 f"{run_dir}` or pass another --run-dir")
+        journal.set_meta("options", options_to_json(opts))
+        return _run(opts, journal, console or Console(soft_wrap=True))
+
+
+def resume(run_dir: Path, console: Console | None = None, *, budget_hours: float | None = None,
+           max_cost: float | None = None, max_tokens: int | None = None) -> Report:
+    """Continue a killed (or finished) run where its journal stops; budgets given here replace the recorded ones."""
+    run_dir = Path(run_dir)
+    if not (run_dir / "journal.sqlite").exists():
+        raise KernelbotError(f"{run_dir}: no journal.sqlite, so nothing to resume (start a run with --run-dir)")
+    with Journal(run_dir) as journal:
+        data = journal.meta("options")
+        if data is None:
+            raise KernelbotError(f"{run_dir}: the journal has no options recorded; start a new run instead")
+        opts = options_from_json(data)
+        if budget_hours is not None:
+            opts.budget_hours = budget_hours
+        if opts.llm is not None and (max_cost is not None or max_tokens is not None):
+            b = opts.llm.budget
+            opts.llm.budget = dataclasses.replace(b, max_cost=max_cost if max_cost is not None else b.max_cost,
+                                                  max_tokens=max_tokens if max_tokens is not None else b.max_tokens)
+        journal.set_meta("options", options_to_json(opts))
+        return _run(opts, journal, console or Console(soft_wrap=True))
+
+
+def _run(opts: OptimizeOptions, journal: Journal, console: Console) -> Report:
     t_start = time.perf_counter()
+    run_dir = Path(opts.run_dir or ".")
+    run_id = run_dir.name
+    sessions = int(journal.meta("sessions", 0)) + 1
+    journal.set_meta("sessions", sessions)
+    journal.set_meta("state", "running")
+    clock = Clock(journal, opts.budget_hours)
     spec, notes = builtin_spec(opts.model, opts.dtype, opts.batch, opts.prompt_len, opts.decode_steps, opts.seed)
-    run_id, run_dir = new_run_dir(opts.run_dir)
-    stages = Stages(console, run_dir)
+    stages = Stages(console, run_dir, clock.before)
+    if sessions > 1:
+        stages.say(f"resuming {run_dir} (session {sessions}); recorded results are replayed, not recomputed",
+                   style="yellow")
     stages.say(f"[bold]kernelbot optimize[/bold] {spec.name} ({spec.dtype}, batch {spec.batch}, "
                f"{spec.prompt_len}-token prompts, {spec.decode_steps} decode steps) → {run_dir}")
     for note in notes:
@@ -132,41 +346,122 @@ def optimize(opts: OptimizeOptions, console: Console | None = None) -> Report:
 
     stages.say("[1/7] engine: building the model and measuring the device's peaks")
     engine = TorchEngine(spec)
-    device = measure_cpu()
-    device.notes.extend(notes)
+    night = Night(journal, clock, KernelStore(opts.store) if opts.store else None, "")
+    night.stage("engine")
+    device = Device.model_validate(night.memo("device", "stage", lambda: measure_cpu().model_dump()))
+    device.notes.extend(n for n in notes if n not in device.notes)
+    night.device_name = f"{device.kind}:{device.name}"
     write_record(run_dir / "model.json", spec)
     write_record(run_dir / "device.json", device)
     stages.say(f"      {device.name}, {device.threads} threads: {device.peak_gflops} GFLOP/s, {device.peak_gbps} GB/s")
 
-    stages.say("[2/7] profile + rank: torch.profiler over the workload")
-    hotspots = _profile(engine, device, run_dir / "trace.json.gz")
-    write_record(run_dir / "hotspots.json", hotspots)
-    for h in hotspots[:6]:
-        stages.say(f"      {h.id} {h.module_class:28s} {h.share:6.1%}  headroom {h.score_us / 1e3:8.1f} ms")
-
-    stages.say("[3/7] tasks: hotspots → KernelBench-format references")
-    tasks: list[Task] = []
     report_notes = list(notes)
-    for h in hotspots:
-        reason = skip_reason(h, opts.min_share)
-        if reason is None and opts.families is not None and h.family not in opts.families:
-            reason = f"family {h.family} not selected (--families)"
-        if reason is None and len(tasks) >= opts.max_tasks:
-            reason = f"over the --max-tasks {opts.max_tasks} budget"
-        if reason:
-            if h.share >= opts.min_share:
-                report_notes.append(f"{h.id} {h.module_class} {h.input_dims} ({h.share:.1%}): no task, {reason}")
-            continue
-        task = make_task(h, engine.model)
-        write_task(task, run_dir / "tasks" / task.id)
-        tasks.append(task)
-    stages.say(f"      {len(tasks)} tasks: {', '.join(t.id for t in tasks)}")
+    kernels: list[KernelResult] = []
+    accepted: list[Accepted] = []
+    attempted: set[str] = set()
+    deferred: dict[str, str] = {}  # op signature → why no task yet (--max-tasks), until an iteration takes it
+    usage: LLMUsage | None = None
+    pack = Pack(version="empty", run_id=run_id, device=device.name, entries=[])
+    pack_dir = run_dir / "pack"
+    hotspots_before: list[Hotspot] = []
+    hotspots_now: list[Hotspot] = []
+    profile_s = 0.0
+    iterations_done = 0
+    for it in range(opts.iterations + 1):
+        night.iteration = it
+        night.stage("profile")
+        trace = run_dir / ("trace.json.gz" if it == 0 else "trace_after.json.gz")
+        stages.say(f"[2/7] profile + rank{f' (iteration {it + 1}, pack applied)' if it else ''}: torch.profiler "
+                   "over the workload")
 
-    kernels, accepted, usage = _generate(tasks, hotspots, device, run_dir, opts, stages, report_notes)
+        t0 = time.perf_counter()
+        hotspots_now = [Hotspot.model_validate(h) for h in night.memo(
+            f"hotspots:{it}", "stage", functools.partial(_profile_with, engine, device, pack, pack_dir, trace))]
+        if it == 0:  # a profile's length prices the finish (a resumed run reads the first session's)
+            took = time.perf_counter() - t0
+            profile_s = float(night.memo("profile_seconds", "stage", functools.partial(float, took)))
+        # torch.compile is not reserved for: it is dropped at the end when the budget has no room for it
+        clock.reserve = profile_s * (3 + opts.e2e_rounds) + 10
+        write_record(run_dir / ("hotspots.json" if it == 0 else f"hotspots_iter{it + 1}.json"), hotspots_now)
+        if it == 0:
+            hotspots_before = hotspots_now
+        for h in hotspots_now[:6]:
+            stages.say(f"      {h.id} {h.module_class:28s} {h.share:6.1%}  headroom {h.score_us / 1e3:8.1f} ms"
+                       + (f"  (pack kernel {h.kernel})" if h.kernel else ""))
+        if it == opts.iterations:
+            break
+        if night.stop_reason:
+            break
 
-    stages.say(f"[5/7] integrate: {len(accepted)} kernels into pack/")
-    pack = build_pack(accepted, run_id, device.name, run_dir / "pack")
-    calls, fallbacks = count_calls(engine, pack, run_dir / "pack")
+        stages.say("[3/7] tasks: hotspots → KernelBench-format references, most headroom first")
+        tasks = _plan(hotspots_now, attempted, opts, engine, run_dir, report_notes, it, deferred)
+        stages.say(f"      {len(tasks)} tasks: {', '.join(t.id for t in tasks)}")
+        if not tasks:
+            if it:
+                report_notes.append(f"iteration {it + 1}: no hotspot left with headroom a task could take")
+            break
+        attempted.update(_signature(h) for h in hotspots_now if h.id in {t.hotspot_id for t in tasks})
+        if not clock.affords_candidate() and not any(night.recorded(t.id) for t in tasks):
+            night.stop_reason = night.stop_reason or clock.spent_reason()
+            report_notes.append(f"iteration {it + 1}'s tasks not tried: {night.stop_reason}")
+            break
+        new_rows, new_accepted, usage = _generate(tasks, hotspots_now, device, run_dir, opts, stages, report_notes,
+                                                  night)
+        kernels += new_rows
+        accepted += new_accepted
+        iterations_done = it + 1
+        stages.say(f"[5/7] integrate: {len(accepted)} kernels into pack/")
+        pack = build_pack(accepted, run_id, device.name, pack_dir)
+        if not new_accepted:
+            break  # nothing changed: profiling again would find the same hotspots
+    report_notes.extend(note for sig, note in deferred.items() if sig not in attempted)
+    if opts.llm is not None and usage is None and night.session is not None:
+        usage = night.session.finish()
+
+    hotspots_after = _final_profile(engine, device, pack, pack_dir, run_dir, hotspots_now, night, accepted)
+    rounds, compile_ = _finish_plan(night, opts, profile_s, stages, report_notes)
+    report = _measure_and_report(engine, spec, device, pack, pack_dir, run_dir, kernels, accepted, night, stages,
+                                 report_notes, rounds, compile_, usage, hotspots_before, hotspots_after,
+                                 iterations_done, sessions, t_start, opts, console)
+    journal.set_meta("state", "done")
+    clock.save()
+    return report
+
+
+def _profile_with(engine: TorchEngine, device: Device, pack: Pack, pack_dir: Path, trace: Path) -> list[dict]:
+    if pack.entries:
+        engine.apply_pack(pack, pack_dir)
+    try:
+        return [h.model_dump() for h in _profile(engine, device, trace)]
+    finally:
+        engine.remove_pack()
+
+
+def _final_profile(engine: TorchEngine, device: Device, pack: Pack, pack_dir: Path, run_dir: Path,
+                   last: list[Hotspot], night: Night, accepted: list[Accepted]) -> list[Hotspot]:
+    """The profile with the final pack: the last iteration's when it had that pack, else a new one."""
+    if not accepted or any(h.kernel for h in last):
+        if not (run_dir / "trace_after.json.gz").exists() and (run_dir / "trace.json.gz").exists():
+            shutil.copyfile(run_dir / "trace.json.gz", run_dir / "trace_after.json.gz")
+        write_record(run_dir / "hotspots_after.json", last)
+        return last
+
+    after = [Hotspot.model_validate(h) for h in night.memo(
+        f"hotspots:final:{pack.version}", "stage",
+        functools.partial(_profile_with, engine, device, pack, pack_dir, run_dir / "trace_after.json.gz"))]
+    write_record(run_dir / "hotspots_after.json", after)
+    return after
+
+
+def _measure_and_report(engine: TorchEngine, spec: ModelSpec, device: Device, pack: Pack, pack_dir: Path,
+                        run_dir: Path, kernels: list[KernelResult], accepted: list[Accepted], night: Night,
+                        stages: Stages, report_notes: list[str], rounds: int, compile_: bool,
+                        usage: LLMUsage | None, hotspots_before: list[Hotspot], hotspots_after: list[Hotspot],
+                        iterations: int, sessions: int, t_start: float, opts: OptimizeOptions,
+                        console: Console) -> Report:
+    night.stage("integrate")
+    calls, fallbacks = night.memo(f"calls:{pack.version}", "stage",
+                                  lambda: list(count_calls(engine, pack, pack_dir)))
     for row in kernels:
         cid = row.candidate_id.replace("/", "__")
         row.calls = calls.get(cid, 0)
@@ -174,39 +469,58 @@ def optimize(opts: OptimizeOptions, console: Console | None = None) -> Report:
             row.fallback_calls = fallbacks.get(row.module, 0)
             if row.calls == 0:
                 report_notes.append(f"{row.candidate_id} is in the pack but never ran")
-    fid = fidelity(engine, pack, run_dir / "pack")
+    fid = Fidelity.model_validate(night.memo(f"fidelity:{pack.version}", "stage",
+                                             lambda: fidelity(engine, pack, pack_dir).model_dump()))
     stages.say(f"      fidelity: max |Δlogit| {fid.max_abs_logit_diff:.2e}, greedy match {fid.greedy_match}")
 
-    stages.say(f"[6/7] measure: eager vs kernelbot vs torch.compile, {opts.e2e_rounds} interleaved rounds")
-    compiled = None
-    if opts.compile:
-        t0 = time.perf_counter()
-        compiled = engine.compiled()
-        compiled.run_workload()
-        compiled.run_workload()
-        stages.say(f"      torch.compile warm-up took {time.perf_counter() - t0:.0f} s")
-    engine.apply_pack(pack, run_dir / "pack")
-    engine.run_workload()  # warm the kernels (weights packed on first call)
-    engine.remove_pack()
-    times = time_end_to_end(engine, pack, run_dir / "pack", opts.e2e_rounds, compiled)
+    night.stage("measure")
+    stages.say(f"[6/7] measure: eager vs kernelbot vs torch.compile, {rounds} interleaved rounds")
+
+    def measure() -> dict[str, list[float]]:
+        compiled = None
+        if compile_:
+            t0 = time.perf_counter()
+            compiled = engine.compiled()
+            compiled.run_workload()
+            compiled.run_workload()
+            stages.say(f"      torch.compile warm-up took {time.perf_counter() - t0:.0f} s")
+        engine.apply_pack(pack, pack_dir)
+        engine.run_workload()  # warm the kernels (weights packed on first call)
+        engine.remove_pack()
+        return time_end_to_end(engine, pack, pack_dir, rounds, compiled)
+
+    times = night.memo(f"timings:{pack.version}", "stage", measure)
     (run_dir / "timings.json").write_text(json.dumps(times, indent=2))
 
-    stages.say("[7/7] re-profile with the pack applied, and report")
-    engine.apply_pack(pack, run_dir / "pack")
-    try:
-        hotspots_after = _profile(engine, device, run_dir / "trace_after.json.gz")
-    finally:
-        engine.remove_pack()
-    write_record(run_dir / "hotspots_after.json", hotspots_after)
-
+    night.stage("report")
+    stages.say("[7/7] report")
     baseline, optimized, comp = median(times["eager"]), median(times["kernelbot"]), median(times["compiled"])
     assert baseline and optimized
     if not fid.greedy_match:
         report_notes.append("fidelity: greedy tokens changed with the pack; do not ship it")
+    if night.stop_reason:
+        stages.say(f"stopped early by the {night.stop_reason}", style="yellow")
+        report_notes.append(f"stopped early by the {night.stop_reason}")
+    budget = {"budget_hours": opts.budget_hours, "iterations": opts.iterations, "max_tasks": opts.max_tasks,
+              "max_task_minutes": opts.max_task_minutes}
+    if opts.llm is not None:
+        b = opts.llm.budget
+        budget.update(max_cost=b.max_cost, max_tokens=b.max_tokens, max_llm_seconds=b.max_seconds,
+                      max_calls_per_task=b.max_calls_per_task)
     report = Report(
-        run_id=run_id, model=spec, device=device, baseline_ms=baseline, optimized_ms=optimized, compiled_ms=comp,
-        speedup=round(baseline / optimized, 3), speedup_vs_compiled=round(comp / optimized, 3) if comp else None,
-        timing_rounds=opts.e2e_rounds, fidelity=fid, kernels=kernels, hotspots_before=hotspots,
-        hotspots_after=hotspots_after, notes=report_notes, seconds=round(time.perf_counter() - t_start, 1), llm=usage)
+        run_id=run_dir.name, model=spec, device=device, baseline_ms=baseline, optimized_ms=optimized,
+        compiled_ms=comp, speedup=round(baseline / optimized, 3),
+        speedup_vs_compiled=round(comp / optimized, 3) if comp else None, timing_rounds=rounds, fidelity=fid,
+        kernels=kernels, hotspots_before=hotspots_before, hotspots_after=hotspots_after, notes=report_notes,
+        seconds=round(night.clock.elapsed(), 1), llm=usage, iterations=max(iterations, 1),
+        stop_reason=night.stop_reason, budget=budget, reused=night.reused, sessions=sessions)
     write_report(report, run_dir, console)
+    if night.store is not None and fid.greedy_match:
+        for a in accepted:
+            night.store.add(a.task, a.candidate.backend, night.device_name, a.source.read_text(), {
+                "run_id": run_dir.name, "proposer": a.candidate.proposer, "config": a.candidate.config,
+                "source_hash": a.candidate.source_hash, "speedup": a.bench.speedup,
+                "verdict": a.verdict.verdict, "checks": [c.id for c in a.verdict.checks if c.status == "pass"]})
+        if accepted:
+            stages.say(f"      {len(accepted)} kernels stored in {night.store.root} for later runs")
     return report

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 from rich.console import Console
@@ -45,7 +46,17 @@ def _llm_section(u: LLMUsage) -> list[str]:
             "`tasks/<task>/llm/`, one line each in `llm/calls.jsonl`; totals in `llm/usage.json`."]
 
 
-def render_markdown(r: Report) -> str:
+def _spend_section(r: Report) -> list[str]:
+    budgets = ", ".join(f"{k} {v}" for k, v in r.budget.items() if v is not None) or "none"
+    spend = llm_line(r.llm) if r.llm else "no LLM (built-in proposer): $0, 0 tokens"
+    return ["", "## Spend and budgets", "",
+            f"- wall time {r.seconds:.0f} s over {r.sessions} session(s), {r.iterations} iteration(s)",
+            f"- budgets: {budgets}",
+            f"- {('stopped early by the ' + r.stop_reason) if r.stop_reason else 'no budget ran out'}",
+            f"- {spend}"] + ([f"- reused from the kernel store: {', '.join(r.reused)}"] if r.reused else [])
+
+
+def render_markdown(r: Report, figures: Iterable[str] = ()) -> str:
     accepted = [k for k in r.kernels if k.status == "accepted"]
     lines = [
         f"# kernelbot run {r.run_id}",
@@ -91,6 +102,13 @@ def render_markdown(r: Report) -> str:
                          f"{k.floor_us / k.time_us:.0%} |")
     lines += ["", "## Hotspots before (profiled, roofline floor from the device's peaks)", "",
               *_hotspot_rows(r.hotspots_before), "", "## Hotspots after", "", *_hotspot_rows(r.hotspots_after)]
+    lines += _spend_section(r)
+    rejected = [k for k in r.kernels if k.status == "rejected"]
+    lines += ["", f"## Rejected candidates ({len(rejected)})", ""]
+    lines += [f"- `{k.candidate_id}` ({k.backend}, {k.proposer or 'builtin'}): {k.reason}"
+              for k in rejected] or ["None."]
+    if figures:
+        lines += ["", "## Figures", "", *[f"![{name}](plots/{name}.png)" for name in figures]]
     if r.llm is not None:
         lines += _llm_section(r.llm)
     if r.notes:
@@ -100,13 +118,22 @@ def render_markdown(r: Report) -> str:
 
 
 def write_report(report: Report, run_dir: Path, console: Console | None = None) -> None:
+    """report.json, report.md (figures under plots/) and report.html (self-contained)."""
+    from kernelbot.agent.plots import figures as make_figures
+    from kernelbot.agent.report_html import render_html
+
     write_record(run_dir / "report.json", report)
-    (run_dir / "report.md").write_text(render_markdown(report))
+    figures = make_figures(report)
+    (run_dir / "plots").mkdir(exist_ok=True)
+    for name, png in figures.items():
+        (run_dir / "plots" / f"{name}.png").write_bytes(png)
+    (run_dir / "report.md").write_text(render_markdown(report, figures))
+    (run_dir / "report.html").write_text(render_html(report, figures))
     if console is not None:
         console.print(summary_table(report))
         if report.llm is not None:
             console.print(llm_line(report.llm), highlight=False)
-        console.print(f"report: {run_dir / 'report.md'}")
+        console.print(f"report: {run_dir / 'report.md'} and {run_dir / 'report.html'}")
 
 
 def summary_table(r: Report) -> Table:

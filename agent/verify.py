@@ -40,6 +40,7 @@ from kernelbot.kernel_library.cpp_build import prebuild_library
 from kernelbot.loading import load_module
 from kernelbot.records import Check, Task, Verdict
 from kernelbot.sandbox import run_job
+from kernelbot.sandbox.gpu import assigned_gpu
 from kernelbot.sandbox.probes import OpLog
 
 CHECK_IDS = ("compile", "correctness", "unwritten_output", "out_of_bounds", "race", "nondeterminism",
@@ -145,7 +146,8 @@ def verify(task: Task, reference_path: Path, candidate_path: Path, workdir: Path
            "state_dicts": [str((workdir / f"state_dict_{i}.pt").resolve()) for i in range(len(plan.init_args))],
            "init_seed": init_seed, "triton": triton, "device": device}
     job_env = {**prebuild_library(), **({"TRITON_INTERPRET": "1"} if triton and device == "cpu" else {}), **(env or {})}
-    result = run_job(job, workdir, timeout=timeout, env=job_env)
+    gpu = assigned_gpu() if device == "cuda" else None
+    result = run_job(job, workdir, timeout=timeout, env=job_env, gpu=gpu)
 
     checks = _sandbox_checks(result)
     if result.status == "ok":
@@ -410,7 +412,7 @@ def _sanitize(job: dict[str, Any], workdir: Path, timeout: float, env: dict[str,
     found: dict[str, list[str]] = {cid: [] for cid in SANITIZER_TOOLS.values()}
     for tool, cid in SANITIZER_TOOLS.items():
         result = run_job({**job, "kind": "sanitize"}, workdir / f"sanitize_{tool}", timeout=timeout * 4,
-                         env={**env, "PYTORCH_NO_CUDA_MEMORY_CACHING": "1"},
+                         env={**env, "PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}, gpu=assigned_gpu(),
                          wrapper=["compute-sanitizer", "--tool", tool, "--print-limit", "20"])
         errors, first = parse_summary(result.detail)
         if errors is None:

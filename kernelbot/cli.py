@@ -8,19 +8,25 @@ from pathlib import Path
 
 from kernelbot import KernelbotError
 from kernelbot.agent.llm.options import add_llm_arguments
+from kernelbot.cli_night import add_night_arguments, add_night_parsers, run_optimize
 
 
 def _optimize(args: argparse.Namespace) -> int:
     from kernelbot.agent.llm.options import llm_options
-    from kernelbot.agent.optimize import OptimizeOptions, optimize
+    from kernelbot.agent.optimize import OptimizeOptions
 
+    if args.engine == "sglang":  # profiles a served model on GPUs: says so in one line where there are none
+        from kernelbot.engine.sglang_adapter import require_gpu_node
+
+        require_gpu_node()
+        raise KernelbotError("--engine sglang: the loop over a served model is not wired in yet; use "
+                             "engine.sglang_adapter (profile, plugin, serving numbers) directly")
     opts = OptimizeOptions(model=args.model, dtype=args.dtype, batch=args.batch, prompt_len=args.prompt_len,
                            decode_steps=args.decode_steps, seed=args.seed, run_dir=args.run_dir,
                            max_tasks=args.max_tasks, timeout=args.timeout, e2e_rounds=args.rounds,
                            compile=not args.no_compile, families=args.families.split(",") if args.families else None)
     opts.llm = llm_options(args)
-    optimize(opts)
-    return 0
+    return run_optimize(args, opts)
 
 
 def _rank(args: argparse.Namespace) -> int:
@@ -60,12 +66,62 @@ def _verify(args: argparse.Namespace) -> int:
     return 0 if verdict.verdict == "pass" else 1
 
 
+def _image(args: argparse.Namespace) -> int:
+    from kernelbot.engine import image
+
+    if args.image_command == "build":
+        built = image.build(args.run_dir, args.base, args.tag, install=not args.no_install)
+        print(f"built {built['tag']} ({built['id']}) run {built['run_id']} pack {built['pack_digest']}")
+    elif args.image_command == "push":
+        print(f"pushed {args.tag} {image.push(args.tag)}")
+    else:
+        for r in image.list_promotions(args.index):
+            print(f"{r['date']}  {r['tag']}  {r['digest']}  run {r['run_id']}  model {r.get('model', '?')}")
+    return 0
+
+
+def _promote(args: argparse.Namespace) -> int:
+    from kernelbot.engine import image
+
+    r = image.promote(args.run_dir, args.base, args.tag, index=args.index, install=not args.no_install)
+    print(f"promoted run {r['run_id']} as {r['tag']} {r['digest']} (index {args.index})")
+    return 0
+
+
+def _add_image_parsers(sub: argparse._SubParsersAction) -> None:
+    from kernelbot.engine.image import DEFAULT_INDEX
+
+    img = sub.add_parser("image", help="container images of a run's kernel pack").add_subparsers(
+        dest="image_command", required=True)
+    p = img.add_parser("build", help="the engine's base image + the pack + kernelbot + its activation")
+    p.add_argument("run_dir", type=Path)
+    p.add_argument("--base", required=True, help="the engine's image, e.g. lmsysorg/sglang:v0.5.23")
+    p.add_argument("--tag", required=True)
+    p.add_argument("--no-install", action="store_true", help="copy kernelbot's wheel but do not pip install it "
+                                                             "(bases without Python)")
+    p = img.add_parser("push", help="push an image to its registry and print the digest")
+    p.add_argument("tag")
+    p = img.add_parser("list", help="the promotions index: tag, digest, run, date")
+    p.add_argument("--index", type=Path, default=DEFAULT_INDEX)
+    sub.choices["image"].set_defaults(func=_image)
+
+    p = sub.add_parser("promote", help="refuse unverified or unfaithful packs; else build, push and index")
+    p.add_argument("run_dir", type=Path)
+    p.add_argument("--base", required=True, help="the engine's image, e.g. lmsysorg/sglang:v0.5.23")
+    p.add_argument("--tag", required=True, help="REGISTRY/REPO:TAG to push")
+    p.add_argument("--index", type=Path, default=DEFAULT_INDEX)
+    p.add_argument("--no-install", action="store_true")
+    p.set_defaults(func=_promote)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kernelbot", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("optimize", help="profile, rank, generate, verify, benchmark and integrate kernels")
     p.add_argument("--model", default="llama-tiny", help="built-in model (llama-tiny, llama-micro)")
+    p.add_argument("--engine", choices=["torch", "sglang"], default="torch",
+                   help="torch: in-process transformers (default); sglang: a served model on a GPU node")
     p.add_argument("--dtype", default="auto", help="auto (bf16 where the CPU has it, else fp32), float32, bfloat16")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--prompt-len", type=int, default=32)
@@ -78,6 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile comparison")
     p.add_argument("--families", default=None, help="comma-separated kernel families to try (default: all)")
     add_llm_arguments(p)
+    add_night_arguments(p)
     p.set_defaults(func=_optimize)
 
     p = sub.add_parser("rank", help="rank the GPU kernels of a trace (Kineto JSON, nsys CSV/SQLite, or a directory)")
@@ -101,6 +158,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=300.0, help="seconds for the sandboxed candidate job")
     p.add_argument("--workdir", type=Path, default=None)
     p.set_defaults(func=_verify)
+    _add_image_parsers(sub)
+    add_night_parsers(sub)
     return parser
 
 

@@ -154,6 +154,13 @@ class KernelResult(BaseModel):
     calls: int = 0
     fallback_calls: int = 0
     candidate_id: str = ""
+    # where the candidate came from and what it targets (optimize fills these; older reports lack them)
+    proposer: str = ""
+    hotspot_id: str = ""
+    share: float | None = None  # the targeted hotspot's share of the profiled time
+    flops: float | None = None  # per call, from the hotspot's shapes (roofline position)
+    bytes: float | None = None
+    iteration: int = 0
 
 
 class LLMCall(BaseModel):
@@ -215,6 +222,11 @@ class Report(BaseModel):
     notes: list[str] = Field(default_factory=list)
     seconds: float = 0.0
     llm: LLMUsage | None = None  # present when candidates came from an LLM (--llm)
+    iterations: int = 1  # profile → generate → integrate rounds run
+    stop_reason: str = ""  # the budget that ended the work early, or ""
+    budget: dict[str, Any] = Field(default_factory=dict)  # the run's budgets as given
+    reused: list[str] = Field(default_factory=list)  # candidates taken from the kernel store
+    sessions: int = 1  # 1 + how many times the run was resumed
 
 
 class KernelStat(BaseModel):

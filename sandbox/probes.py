@@ -42,8 +42,7 @@ NO_COMPUTE = {
     "scalar_tensor", "arange", "_local_scalar_dense", "item", "sym_size", "sym_stride", "sym_numel", "size", "stride",
     "lift_fresh_copy", "new_zeros", "new_ones", "new_full", "diagonal", "movedim", "index_select", "gather",
 }
-_FOREIGN_OK = ("torch", "numpy", "triton", "builtins", "_operator", "math", "_functools", "itertools", "posix",
-               "_thread", "_io", "_collections", "_abc", "time", "sys", "gc", "_ctypes", "ctypes", "_weakref")
+_FOREIGN_OK = ("torch", "numpy", "triton")  # and Python's own modules (sys.stdlib_module_names)
 
 
 def timing_snapshot() -> dict[str, int]:
@@ -128,7 +127,7 @@ def _foreign(fn: Any) -> str | None:
     Python itself."""
     owner = getattr(fn, "__self__", None)
     name = getattr(owner, "__name__", None) if isinstance(owner, type(sys)) else getattr(fn, "__module__", None)
-    if not isinstance(name, str) or name.split(".")[0] in _FOREIGN_OK:
+    if not isinstance(name, str) or name.split(".")[0] in _FOREIGN_OK or name.split(".")[0] in sys.stdlib_module_names:
         return None
     mod = sys.modules.get(name)  # torch's cpp_extension loads its builds without registering them here
     path = getattr(mod, "__file__", "") or ""

@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from kernelbot.sandbox.confine import SECRET_NAME, libc
+from kernelbot.sandbox.gpu import check_health, ecc_errors
+from kernelbot.sandbox.gpu import isolation_env as gpu_env
 
 PR_SET_PDEATHSIG = 1
 PIDS_CGROUP = Path("/sys/fs/cgroup/pids")
@@ -80,15 +82,16 @@ def _make_cgroup() -> Path | None:
         return None
 
 
-def _end_everything(proc: subprocess.Popen, group: Path | None) -> None:
+def _end_everything(proc: subprocess.Popen, group: Path | None) -> set[int]:
     """Kill the child's process group and every process in its cgroup (that includes daemons that left the
-    group with setsid), until none is left."""
+    group with setsid), until none is left; returns the pids it saw."""
+    seen = {proc.pid}
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
     if group is None:
-        return
+        return seen
     try:
         (group / "pids.max").write_text("0")  # no new process from here on: a fork bomb cannot refill
     except OSError:
@@ -98,9 +101,10 @@ def _end_everything(proc: subprocess.Popen, group: Path | None) -> None:
         try:
             pids = [int(p) for p in (group / "cgroup.procs").read_text().split()]
         except OSError:
-            return
+            return seen
         if not pids:
             break
+        seen.update(pids)
         for pid in pids:
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -110,15 +114,23 @@ def _end_everything(proc: subprocess.Popen, group: Path | None) -> None:
     while time.monotonic() < deadline:  # the last processes may still be exiting
         try:
             group.rmdir()
-            return
+            return seen
         except OSError:
             time.sleep(0.02)
+    return seen
 
 
 def run_job(job: dict[str, Any], workdir: Path, timeout: float, env: dict[str, str] | None = None,
-            wrapper: list[str] | None = None) -> SandboxResult:
+            wrapper: list[str] | None = None, gpu: int | None = None, runner: str | None = None) -> SandboxResult:
     """Run one worker job in a fresh child process inside a fresh box (workdir/box, removed afterwards);
-    whatever happens, nothing it started survives. `wrapper` prefixes the worker's command (a sanitizer)."""
+    whatever happens, nothing it started survives. `wrapper` prefixes the worker's command (a sanitizer).
+    With `gpu`, the job sees only that GPU, and after a crash or timeout the GPU must come back healthy
+    (gpu.GPUUnhealthy is raised when it does not). `runner` (else $KERNELBOT_SANDBOX): process, docker, or
+    auto (docker when a daemon is reachable and the sandbox image builds; see docker_runner)."""
+    from kernelbot.sandbox import docker_runner
+
+    if docker_runner.choose(runner) == "docker":
+        return docker_runner.run_job(job, workdir, timeout, env, wrapper, gpu)
     workdir = workdir.resolve()
     box = workdir / "box"
     shutil.rmtree(box, ignore_errors=True)
@@ -128,8 +140,9 @@ def run_job(job: dict[str, Any], workdir: Path, timeout: float, env: dict[str, s
         (workdir / name).unlink(missing_ok=True)
     group = _make_cgroup()
     isolated = namespaces_available()
-    protections = [f"timeout {timeout:.0f} s", "own session and process group", "secrets scrubbed from env",
-                   f"address space {memory_limit() >> 30} GiB", f"files ≤ {MAX_FILE_BYTES >> 30} GiB", "no core dumps"]
+    protections = ["process runner", f"timeout {timeout:.0f} s", "own session and process group",
+                   "secrets scrubbed from env", f"address space {memory_limit() >> 30} GiB",
+                   f"files ≤ {MAX_FILE_BYTES >> 30} GiB", "no core dumps"]
     protections.append(f"≤ {MAX_PROCESSES} processes (pids cgroup)" if group else "no process cap (no pids cgroup)")
     if not isolated:
         protections.append("no namespaces (needs root and util-linux unshare): Landlock, where the kernel has it, "
@@ -153,7 +166,8 @@ def run_job(job: dict[str, Any], workdir: Path, timeout: float, env: dict[str, s
     extra = {"HOME": str(box), "TMPDIR": str(box / "tmp"), "PYTHONDONTWRITEBYTECODE": "1",
              "TORCHINDUCTOR_CACHE_DIR": str(box / "tmp" / "inductor"), "TRITON_CACHE_DIR": str(box / "tmp" / "triton"),
              "XDG_CACHE_HOME": str(box / "tmp" / "cache"),
-             "KERNELBOT_AUDIT_FD": str(write_fd), **(env or {})}
+             "KERNELBOT_AUDIT_FD": str(write_fd), **(env or {}), **(gpu_env(gpu) if gpu is not None else {})}
+    ecc_before = ecc_errors(gpu) if gpu is not None else None
     t0 = time.perf_counter()
     with open(workdir / "stderr.txt", "wb") as err:
         proc = subprocess.Popen(command, cwd=box, stdin=subprocess.DEVNULL, stdout=err, stderr=err,
@@ -165,7 +179,7 @@ def run_job(job: dict[str, Any], workdir: Path, timeout: float, env: dict[str, s
         except subprocess.TimeoutExpired:
             timed_out = True
         finally:
-            _end_everything(proc, group)
+            pids = _end_everything(proc, group)
             proc.wait()
     seconds = time.perf_counter() - t0
     with os.fdopen(read_fd, "rb") as pipe:
@@ -192,6 +206,10 @@ def run_job(job: dict[str, Any], workdir: Path, timeout: float, env: dict[str, s
     def result(status, code, detail) -> SandboxResult:
         return SandboxResult(status, seconds, code, detail, payload, violations, protections)
 
+    if gpu is not None:
+        protections.append(f"GPU {gpu} only (CUDA_VISIBLE_DEVICES)")
+        if timed_out or proc.returncode != 0:
+            protections.append(check_health(gpu, pids, ecc_before))
     if timed_out:
         return result("timeout", None, f"no result after {timeout:.0f} s")
     if proc.returncode < 0 or proc.returncode >= 128:  # unshare reports a signalled child as 128 + signal

@@ -1,8 +1,10 @@
 """Child side of the sandbox: load a candidate, run it on inputs the parent prepared, write what it saw.
 
 Jobs (job.json in the working directory):
-  outputs: run ModelNew on every input set twice; save outputs and the inputs as they were afterwards.
-  bench:   time Model (reference) and ModelNew side by side in interleaved rounds.
+  verify:   run ModelNew on every input set the parent prepared, with the observations agent/verify.py judges
+  bench:    time Model (reference) and ModelNew side by side in interleaved rounds
+  sanitize: one call on the main input set, for compute-sanitizer to watch
+  noop:     nothing (measures the sandbox's own cost per job)
 """
 
 from __future__ import annotations
@@ -211,7 +213,7 @@ def main() -> None:
     protections = confine(Path.cwd())  # before any candidate code is imported
     cuda_check.install(Path.cwd())
     try:
-        result = {"verify": _verify, "bench": _bench, "sanitize": _sanitize}[job["kind"]](job)
+        result = {"verify": _verify, "bench": _bench, "sanitize": _sanitize, "noop": lambda job: {}}[job["kind"]](job)
     except NeedsGPU as exc:
         result = {"error": str(exc), "stage": "needs_gpu", "ptxas": cuda_check.REPORTS}
     except Exception as exc:  # the candidate's failure is a result, reported to the parent

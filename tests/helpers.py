@@ -1,3 +1,7 @@
+import contextlib
+import socket
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -5,3 +9,32 @@ def write_module(path: Path, source: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(source)
     return path
+
+
+@contextlib.contextmanager
+def loopback_listener() -> Iterator[tuple[int, list[bytes]]]:
+    """A TCP listener on 127.0.0.1 for the length of the block: (its port, what reached it)."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(4)
+    server.settimeout(0.2)
+    received: list[bytes] = []
+    stop = threading.Event()
+
+    def listen() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except TimeoutError:
+                continue
+            received.append(conn.recv(100) or b"<connected>")
+            conn.close()
+
+    listener = threading.Thread(target=listen)
+    listener.start()
+    try:
+        yield server.getsockname()[1], received
+    finally:
+        stop.set()
+        listener.join()
+        server.close()

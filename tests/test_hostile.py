@@ -2,33 +2,40 @@
 
 import json
 import os
-import socket
-import threading
 import time
 from pathlib import Path
 
 import pytest
-from helpers import write_module
+from helpers import loopback_listener, write_module
 from test_sandbox_and_bench import REFERENCE, TASK, processes_running
 
 from kernelbot.agent.verify import verify
+from kernelbot.sandbox.docker_runner import LABEL
 from kernelbot.sandbox.landlock import abi_version
 from kernelbot.sandbox.runner import PIDS_CGROUP, namespaces_available
 
-# Each escape is tried with the full sandbox (namespaces, as root) and as an unprivileged user would get it
-# (no namespaces: Landlock and the audit hook alone).
-MODES = ["namespaces", "landlock"]
+# Each escape is tried with the full sandbox (namespaces, as root), as an unprivileged user would get it
+# (no namespaces: Landlock and the audit hook alone), and in the Docker runner (a dockerd of this session's own).
+MODES = ["namespaces", "landlock", "docker"]
 
 
 @pytest.fixture
 def mode(request, monkeypatch):
+    if request.param == "docker":
+        client, tmp = request.getfixturevalue("docker_daemon")
+        monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp}/docker.sock")
+        monkeypatch.setenv("KERNELBOT_SANDBOX", "docker")
+        yield request.param
+        assert client.containers.list(all=True, filters={"label": LABEL}) == []  # every job's container removed
+        return
+    monkeypatch.setenv("KERNELBOT_SANDBOX", "process")
     if request.param == "landlock":
         if abi_version() < 4:
             pytest.skip("this kernel has no Landlock with network rules (ABI >= 4)")
         monkeypatch.setenv("KERNELBOT_NO_NAMESPACES", "1")
     elif not namespaces_available():
         pytest.skip("namespaces need root and util-linux unshare")
-    return request.param
+    yield request.param
 
 REPO = Path(__file__).resolve().parents[1]
 HEADER = """
@@ -102,26 +109,7 @@ with open("loot.txt", "w") as f:
 
 @pytest.mark.parametrize("mode", MODES, indirect=True)
 def test_no_network_even_to_loopback(tmp_path, mode):
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(1)
-    server.settimeout(0.2)
-    port = server.getsockname()[1]
-    received: list[bytes] = []
-    stop = threading.Event()
-
-    def listen():
-        while not stop.is_set():
-            try:
-                conn, _ = server.accept()
-            except TimeoutError:
-                continue
-            received.append(conn.recv(100) or b"<connected>")
-            conn.close()
-
-    listener = threading.Thread(target=listen)
-    listener.start()
-    try:
+    with loopback_listener() as (port, received):
         verdict = _run(tmp_path, f"""
 try:
     s = socket.create_connection(("127.0.0.1", {port}), timeout=2)
@@ -130,10 +118,6 @@ except OSError:
     pass
 subprocess.run(["python3", "-c", "import socket; socket.create_connection(('127.0.0.1', {port}), timeout=2)"])
 """)
-    finally:
-        stop.set()
-        listener.join()
-        server.close()
     assert "sandbox_violation" in verdict.failed
     assert received == []  # neither from Python nor from a program it started
 

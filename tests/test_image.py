@@ -6,14 +6,7 @@ from __future__ import annotations
 
 import io
 import json
-import os
-import shutil
-import signal
-import socket
-import subprocess
 import tarfile
-import tempfile
-import time
 from pathlib import Path
 
 import pytest
@@ -75,69 +68,7 @@ def test_dockerfile_has_pack_activation_and_labels(tmp_path):
 
 # ---- with a real Docker engine and registry ----
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    """Stop a service this test started: its own process group (start_new_session), TERM then KILL."""
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=20)
-
-
-@pytest.fixture(scope="module")
-def docker_env():
-    missing = [b for b in ("dockerd", "docker-registry", "busybox") if shutil.which(b) is None]
-    if missing:
-        pytest.skip(f"{', '.join(missing)} not installed (apt-get install docker.io docker-registry busybox-static)")
-    if os.geteuid() != 0:
-        pytest.skip("dockerd needs root")
-    docker = pytest.importorskip("docker", reason="the Docker SDK (kernelbot[docker]) is not installed")
-    tmp = Path(tempfile.mkdtemp(prefix="kbd", dir="/tmp"))  # short: containerd's socket path must fit
-    sock = tmp / "docker.sock"
-    procs = []
-    try:
-        with open(tmp / "dockerd.log", "wb") as log:
-            procs.append(subprocess.Popen(
-                ["dockerd", f"--host=unix://{sock}", f"--data-root={tmp}/data", f"--exec-root={tmp}/x",
-                 f"--pidfile={tmp}/docker.pid", "--storage-driver=vfs", "--iptables=false", "--ip6tables=false",
-                 "--bridge=none"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
-        port = _free_port()
-        (tmp / "registry.yml").write_text(
-            f"version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: {tmp}/registry\n"
-            f"http:\n  addr: 127.0.0.1:{port}\n")
-        with open(tmp / "registry.log", "wb") as log:
-            procs.append(subprocess.Popen(["docker-registry", "serve", str(tmp / "registry.yml")], stdout=log,
-                                          stderr=subprocess.STDOUT, start_new_session=True))
-        for _ in range(120):
-            try:
-                client = docker.DockerClient(base_url=f"unix://{sock}", timeout=300)  # contacts the daemon
-                with socket.create_connection(("127.0.0.1", port), timeout=1):
-                    break
-            except Exception:
-                time.sleep(0.5)
-        else:
-            pytest.fail(f"dockerd/registry did not come up: {(tmp / 'dockerd.log').read_text()[-2000:]}")
-        # the base image, built here from a root filesystem of one static busybox: nothing is pulled
-        rootfs = io.BytesIO()
-        with tarfile.open(fileobj=rootfs, mode="w") as tar:
-            tar.add(shutil.which("busybox"), arcname="bin/busybox")
-            link = tarfile.TarInfo("bin/sh")
-            link.type, link.linkname = tarfile.SYMTYPE, "busybox"
-            tar.addfile(link)
-        client.api.import_image_from_data(rootfs.getvalue(), repository="kb-base", tag="1")
-        yield client, f"127.0.0.1:{port}", tmp
-    finally:
-        for proc in reversed(procs):
-            _stop(proc)
-        shutil.rmtree(tmp, ignore_errors=True)
+# docker_env (tests/conftest.py): a real dockerd and registry, started by tests/docker_helpers.py
 
 
 def test_promote_builds_pushes_and_the_pulled_image_holds_pack_and_labels(docker_env, tmp_path, monkeypatch):

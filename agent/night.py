@@ -1,0 +1,125 @@
+"""What an overnight run carries between its stages: the journal, the wall-clock budget across sessions, the kernel
+store, and the replay of candidates already evaluated (so a resumed run loses no verified candidate)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from kernelbot.agent.evaluate import Outcome
+from kernelbot.agent.journal import Journal
+from kernelbot.agent.pack import Accepted
+from kernelbot.kernel_library.store import KernelStore
+from kernelbot.records import Bench, Candidate, KernelResult, Task, Verdict
+from kernelbot.rundir import write_record
+
+FIRST_CANDIDATE_GUESS_S = 10.0  # before any candidate has been timed in this run
+
+
+class Clock:
+    """--budget-hours over every session of one run: earlier sessions' time is read back from the journal."""
+
+    def __init__(self, journal: Journal, budget_hours: float | None) -> None:
+        self.journal = journal
+        self.before = float(journal.meta("elapsed_s", 0.0))
+        self.t0 = time.perf_counter()
+        self.limit = budget_hours * 3600 if budget_hours else None
+        self.reserve = 0.0  # what finishing (integrate, measure, re-profile, report) is expected to take
+        self.longest_candidate = 0.0
+
+    def elapsed(self) -> float:
+        return self.before + time.perf_counter() - self.t0
+
+    def left(self) -> float:
+        return math.inf if self.limit is None else self.limit - self.elapsed()
+
+    def affords(self, seconds: float) -> bool:
+        """Can work expected to take `seconds` still be done with the finish's reserve kept back?"""
+        return self.left() - self.reserve >= seconds
+
+    def affords_candidate(self) -> bool:
+        return self.affords(self.longest_candidate or FIRST_CANDIDATE_GUESS_S)
+
+    def spent_reason(self) -> str:
+        return (f"time budget: {self.elapsed() / 3600:.3f} h of {self.limit / 3600:.3f} h used, "
+                f"{self.reserve:.0f} s kept to integrate, measure and report") if self.limit else ""
+
+    def save(self) -> None:
+        self.journal.set_meta("elapsed_s", round(self.elapsed(), 2))
+
+
+@dataclasses.dataclass
+class Night:
+    journal: Journal
+    clock: Clock
+    store: KernelStore | None
+    device_name: str
+    session: Any = None  # the run's LLMSession, shared by every iteration
+    stop_reason: str = ""  # the budget that ended the run's work early, when one did
+    iteration: int = 0
+    reused: list[str] = dataclasses.field(default_factory=list)
+
+    def memo(self, key: str, kind: str, compute: Callable[[], Any]) -> Any:
+        """The recorded result for `key`, or compute it and record it before returning it."""
+        found = self.journal.get(key)
+        if found is not None:
+            return found
+        value = compute()
+        self.journal.put(key, kind, value)
+        return value
+
+    def recorded(self, task_id: str, cand: Candidate | None = None) -> bool:
+        """Has this task (this candidate of it) a recorded outcome, which replaying costs nothing?"""
+        key = f"cand:{task_id}:{cand.id}:{cand.source_hash}" if cand else f"cand:{task_id}:%"
+        return self.journal.has(key)
+
+    def stage(self, name: str, **progress: Any) -> None:
+        self.journal.set_meta("stage", {"stage": name, "iteration": self.iteration, **progress})
+        self.clock.save()
+
+
+def _outcome_data(out: Outcome) -> dict[str, Any]:
+    return {"row": out.row.model_dump(), "verdict": out.verdict and out.verdict.model_dump(),
+            "bench": out.bench and out.bench.model_dump(), "accepted": out.accepted is not None, "report": out.report}
+
+
+def _replay(data: dict[str, Any], task: Task, cand: Candidate, path: Path) -> Outcome:
+    verdict = Verdict.model_validate(data["verdict"]) if data["verdict"] else None
+    bench = Bench.model_validate(data["bench"]) if data["bench"] else None
+    out = Outcome(KernelResult.model_validate(data["row"]), verdict, bench, report=data["report"])
+    if verdict is not None and not (path.parent / "verdict.json").exists():
+        write_record(path.parent / "verdict.json", verdict)
+    if bench is not None and not (path.parent / "bench.json").exists():
+        write_record(path.parent / "bench.json", bench)
+    if data["accepted"] and verdict is not None and bench is not None:
+        out.accepted = Accepted(task, cand, path, verdict, bench)
+    return out
+
+
+def journaled(night: Night | None, evaluate: Callable[[Candidate, Path], Outcome], task: Task,
+              hotspot_fields: dict[str, Any]) -> Callable[[Candidate, Path], Outcome]:
+    """An evaluator that replays candidates recorded in the journal and records each new outcome (with its source,
+    so the candidate file can be rewritten) as soon as it exists."""
+
+    def run(cand: Candidate, path: Path) -> Outcome:
+        key = f"cand:{task.id}:{cand.id}:{cand.source_hash}"
+        if night is not None:
+            found = night.journal.get(key)
+            if found is not None:
+                return _replay(found, task, cand, path)
+        t0 = time.perf_counter()
+        out = evaluate(cand, path)
+        for name, value in {**hotspot_fields, "proposer": cand.proposer}.items():
+            setattr(out.row, name, value)
+        if night is not None:
+            night.clock.longest_candidate = max(night.clock.longest_candidate, time.perf_counter() - t0)
+            night.journal.put(key, "candidate", {**_outcome_data(out), "task_id": task.id,
+                                                 "source": path.read_text() if path.exists() else ""})
+            night.clock.save()
+        return out
+
+    return run

@@ -1,0 +1,61 @@
+"""The store of accepted kernels, keyed by op signature, backend and device, so that a later run (or another model
+with the same op) reuses a verified kernel before spending on a new one.
+
+Data lives under $KERNELBOT_STORE, else ~/.cache/kernelbot/store: one folder per (signature, backend, device) holding
+`candidate.py` and `entry.json` (the candidate, its verdict and benchmark, the run it came from). A reused kernel is
+verified and benchmarked again in the run that reuses it, like any candidate.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from kernelbot.records import Task
+
+
+def store_root() -> Path:
+    env = os.environ.get("KERNELBOT_STORE")
+    return Path(env) if env else Path.home() / ".cache" / "kernelbot" / "store"
+
+
+def op_signature(task: Task) -> dict[str, Any]:
+    """What a kernel must match to replace this op: family, module, dtype, shapes and weights' sizes."""
+    return {"family": task.family, "module": task.module_class, "dtype": task.dtype,
+            "input_shapes": task.input_shapes, "init_args": task.init_args}
+
+
+def _key(signature: dict[str, Any], backend: str, device: str) -> str:
+    text = json.dumps([signature, backend, device], sort_keys=True)
+    return f"{signature['family']}-{backend}-{hashlib.sha256(text.encode()).hexdigest()[:20]}"
+
+
+class KernelStore:
+    def __init__(self, root: Path | None = None) -> None:
+        self.root = Path(root) if root else store_root()
+
+    def lookup(self, task: Task, backend: str, device: str) -> tuple[str, dict[str, Any]] | None:
+        """(source, entry) of the stored kernel for this op, backend and device, or None."""
+        folder = self.root / _key(op_signature(task), backend, device)
+        try:
+            entry = json.loads((folder / "entry.json").read_text())
+            source = (folder / "candidate.py").read_text()
+        except (OSError, ValueError):
+            return None
+        return source, entry
+
+    def add(self, task: Task, backend: str, device: str, source: str, entry: dict[str, Any]) -> Path:
+        """Write (or replace) the kernel for this op; atomic per file, so a reader never sees half of one."""
+        folder = self.root / _key(op_signature(task), backend, device)
+        folder.mkdir(parents=True, exist_ok=True)
+        entry = {**entry, "signature": op_signature(task), "backend": backend, "device": device,
+                 "stored_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        for name, text in (("candidate.py", source), ("entry.json", json.dumps(entry, indent=2))):
+            tmp = folder / f".{name}.tmp"
+            tmp.write_text(text)
+            tmp.replace(folder / name)
+        return folder

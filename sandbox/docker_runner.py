@@ -1,0 +1,296 @@
+"""The Docker runner: the same job as the process runner, in a throwaway container.
+
+The image is nearly empty (a passwd file and the host's /bin, /lib... symlinks, imported once and tagged by
+its content); the host's runtime comes in through read-only bind mounts (/usr, the Python installation, the
+venv, the kernelbot checkout, the job's input files). The box is the only writable mount, at the same path
+as on the host, so job.json, HOME and TMPDIR mean the same inside. The root filesystem is read-only, there
+is no network, no capability, no new privilege, memory and process counts are capped by cgroups, and the
+candidate runs as nobody (or as the calling user when that is not root). Audit records go through a FIFO
+that is mounted write-only for the container: the candidate can add records but not read them back.
+Through the Docker SDK: no CLI process per job, structured errors, and the env never on a command line.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import io
+import json
+import os
+import select
+import shutil
+import signal
+import socket
+import sys
+import tarfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from kernelbot import KernelbotError
+from kernelbot.sandbox.runner import MAX_FILE_BYTES, MAX_PROCESSES, OUTPUTS, SandboxResult, child_env, memory_limit
+
+RUNNERS = ("auto", "process", "docker")
+LABEL = "org.kernelbot.sandbox"  # value: host:pid of the kernelbot that started the container
+NOBODY = 65534
+AUDIT_TARGET = "/.kernelbot/audit"
+AUDIT_LIMIT = 1 << 20
+# Runs first in the container: opens the audit FIFO for writing, hands it to the worker as KERNELBOT_AUDIT_FD.
+LAUNCH = ("import os, sys; fd = os.open(sys.argv[1], os.O_WRONLY); os.set_inheritable(fd, True); "
+          "os.environ['KERNELBOT_AUDIT_FD'] = str(fd); os.execvp(sys.argv[2], sys.argv[2:])")
+_ready: dict[str, tuple[float, Any, str]] = {}  # DOCKER_HOST -> (when, client or None, image tag or reason)
+
+
+def choose(runner: str | None) -> str:
+    """'process' or 'docker' for `runner` (or $KERNELBOT_SANDBOX; default auto: docker when usable)."""
+    name = runner or os.environ.get("KERNELBOT_SANDBOX") or "auto"
+    if name not in RUNNERS:
+        raise KernelbotError(f"unknown sandbox runner {name!r} (KERNELBOT_SANDBOX): use auto, process or docker")
+    if name == "process":
+        return "process"
+    client, detail = _engine()
+    if client is None and name == "docker":
+        raise KernelbotError(f"the docker sandbox runner is unavailable: {detail}")
+    return "docker" if client is not None else "process"
+
+
+def _engine() -> tuple[Any, str]:
+    """(client, image tag) for the daemon DOCKER_HOST names, or (None, why not); a failure is retried after 60 s."""
+    host = os.environ.get("DOCKER_HOST", "")
+    when, client, detail = _ready.get(host, (0.0, None, ""))
+    if client is not None or time.monotonic() - when < 60:
+        return client, detail
+    client, detail = None, "no Docker daemon reachable (DOCKER_HOST or /var/run/docker.sock)"
+    if host or Path("/var/run/docker.sock").exists():
+        try:
+            import docker
+        except ImportError:
+            detail = "the Docker SDK is not installed (pip install 'kernelbot[docker]')"
+        else:
+            try:
+                client = docker.from_env(timeout=60)
+                client.ping()
+                _sweep(client)
+                detail = _image(client)
+            except Exception as exc:
+                client, detail = None, f"{detail}: {str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__}"
+    _ready[host] = (time.monotonic(), client, detail)
+    return client, detail
+
+
+def _image(client: Any) -> str:
+    """Tag of the base image (imported now unless the daemon has it): the host's top-level symlinks and a
+    passwd that knows nobody, so that libraries looking up the user do not fail."""
+    data = io.BytesIO()
+    with tarfile.open(fileobj=data, mode="w", format=tarfile.GNU_FORMAT) as tar:
+        def add(name: str, kind: bytes, text: str = "", link: str = "") -> None:
+            info = tarfile.TarInfo(name)
+            info.type, info.linkname, info.mode, info.size = kind, link, 0o755 if kind != tarfile.REGTYPE else 0o644, \
+                len(text)
+            tar.addfile(info, io.BytesIO(text.encode()) if text else None)
+        add("etc", tarfile.DIRTYPE)
+        add("etc/passwd", tarfile.REGTYPE, f"root:x:0:0::/root:/bin/sh\nnobody:x:{NOBODY}:{NOBODY}::/:/bin/false\n")
+        add("etc/group", tarfile.REGTYPE, f"root:x:0:\nnogroup:x:{NOBODY}:\n")
+        for name in _top_level():
+            if os.path.islink(f"/{name}"):
+                add(name, tarfile.SYMTYPE, link=os.readlink(f"/{name}"))
+    tag = f"kernelbot-sandbox:{hashlib.sha256(data.getvalue()).hexdigest()[:12]}"
+    try:
+        client.images.get(tag)
+    except Exception:
+        client.api.import_image_from_data(data.getvalue(), repository=tag.split(":")[0], tag=tag.split(":")[1])
+    return tag
+
+
+def _top_level() -> list[str]:
+    return [n for n in ("bin", "sbin", "lib", "lib32", "lib64", "libx32") if os.path.lexists(f"/{n}")]
+
+
+def _sweep(client: Any) -> None:
+    """Remove containers left by a kernelbot on this host that was killed while a job ran."""
+    me = socket.gethostname()
+    for container in client.containers.list(all=True, filters={"label": LABEL}):
+        host, _, pid = container.labels.get(LABEL, "").rpartition(":")
+        if host == me and pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            container.remove(force=True)
+
+
+def _mounts(job: dict[str, Any], env: dict[str, str], box: Path, audit: Path) -> list[Any]:
+    """Read-only: system directories, the Python installation, kernelbot, and every absolute path the job
+    or the caller's env names (files one by one, not their directories). Read-write: the box only."""
+    from docker.types import Mount
+
+    paths = {Path(p) for p in ("/usr", "/etc/ld.so.cache", "/etc/alternatives", *(f"/{n}" for n in _top_level()))
+             if not os.path.islink(p)}
+    paths |= {Path(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, *sys.path)}
+    for package in ("kernelbot", "kernelbot.sandbox", "kernelbot.agent", "kernelbot.kernel_library"):
+        spec = importlib.util.find_spec(package)
+        paths |= {Path(p).parent for p in (spec.submodule_search_locations or []) if spec}
+    values: list[Any] = [*job.values(), *env.values()]
+    while values:
+        value = values.pop()
+        if isinstance(value, (list, tuple)):
+            values += value
+        elif isinstance(value, str) and value.startswith("/"):
+            paths.add(Path(value))
+    kept: list[Path] = []
+    for path in sorted(p for p in paths if p.is_absolute() and p.exists() and box not in (p.resolve(),
+                                                                                       *p.resolve().parents)):
+        if not any(parent in kept for parent in path.parents):
+            kept.append(path)
+    mounts = [Mount(str(p), str(p), type="bind", read_only=True) for p in kept]
+    mounts.append(Mount(str(box), str(box), type="bind", read_only=False))
+    mounts.append(Mount(AUDIT_TARGET, str(audit), type="bind", read_only=True))  # a FIFO: writable even so
+    return mounts
+
+
+def _drain(fd: int, stop: threading.Event, sink: bytearray) -> None:
+    """Read audit records while the job runs, so that a flood of them cannot block the candidate."""
+    while True:
+        ready, _, _ = select.select([fd], [], [], 0.1)
+        if not ready:
+            if stop.is_set():
+                return
+            continue
+        try:
+            chunk = os.read(fd, 1 << 16)
+        except BlockingIOError:
+            continue
+        sink += chunk[:max(0, AUDIT_LIMIT - len(sink))]
+
+
+def run_job(job: dict[str, Any], workdir: Path, timeout: float, env: dict[str, str] | None = None,
+            wrapper: list[str] | None = None, gpu: int | None = None) -> SandboxResult:
+    """runner.run_job, in a container: same box, same result files, same statuses, same GPU health check."""
+    import docker
+    import requests
+
+    client, tag = _engine()
+    if client is None:
+        raise KernelbotError(f"the docker sandbox runner is unavailable: {tag}")
+    workdir = workdir.resolve()
+    box = workdir / "box"
+    shutil.rmtree(box, ignore_errors=True)
+    (box / "tmp").mkdir(parents=True)
+    (box / "job.json").write_text(json.dumps(job))
+    for name in (*OUTPUTS, "audit.fifo"):
+        (workdir / name).unlink(missing_ok=True)
+    uid, gid = (NOBODY, NOBODY) if os.geteuid() == 0 else (os.getuid(), os.getgid())
+    for path in (box, box / "tmp", box / "job.json"):
+        os.chown(path, uid, gid)
+    audit = workdir / "audit.fifo"
+    os.mkfifo(audit)
+    audit_fd = os.open(audit, os.O_RDWR | os.O_NONBLOCK)  # a writer of our own: the container's never sees EOF
+    os.chmod(audit, 0o200 if uid == os.getuid() else 0o002)  # the container may write, never read
+    extra = {"HOME": str(box), "TMPDIR": str(box / "tmp"), "PYTHONDONTWRITEBYTECODE": "1",
+             "TORCHINDUCTOR_CACHE_DIR": str(box / "tmp" / "inductor"), "TRITON_CACHE_DIR": str(box / "tmp" / "triton"),
+             "XDG_CACHE_HOME": str(box / "tmp" / "cache"), **(env or {})}
+    environment = {k: v for k, v in child_env(extra).items() if not k.startswith("DOCKER_")}
+    device = None if gpu is None else str(gpu)
+    if device is None and job.get("device") == "cuda":  # the GPU the process runner's child would get
+        device = (environment.get("CUDA_VISIBLE_DEVICES", "") or "0").split(",")[0]
+    if device is not None:  # inside, the container's one GPU is index 0
+        environment.pop("CUDA_VISIBLE_DEVICES", None)
+    memory = memory_limit()
+    protections = [f"docker runner ({tag})", f"timeout {timeout:.0f} s (container killed)", "secrets scrubbed from env",
+                   "no network (--network none)", "read-only root filesystem; host runtime mounted read-only",
+                   "writable: the work dir only", f"memory {memory >> 30} GiB, no swap (cgroup)",
+                   f"address space {memory >> 30} GiB", f"≤ {MAX_PROCESSES} processes (--pids-limit)",
+                   f"files ≤ {MAX_FILE_BYTES >> 30} GiB", "no core dumps", "no capabilities (--cap-drop ALL)",
+                   "no new privileges", f"user {uid}", "own pid namespace; container removed afterwards"]
+    protections.append(f"GPU {device} only (--gpus device={device})" if device is not None else "no GPU")
+    command = [sys.executable, "-c", LAUNCH, AUDIT_TARGET, *(wrapper or []), sys.executable, "-m",
+               "kernelbot.sandbox.worker", "job.json"]
+    records, stop = bytearray(), threading.Event()
+    reader = threading.Thread(target=_drain, args=(audit_fd, stop, records), daemon=True)
+    reader.start()
+    ulimits = [docker.types.Ulimit(name=n, soft=v, hard=v) for n, v in
+               (("as", memory), ("fsize", MAX_FILE_BYTES), ("core", 0), ("cpu", int(timeout) + 5))]
+    ecc_before = None
+    if gpu is not None:
+        from kernelbot.sandbox.gpu import check_health, ecc_errors
+
+        ecc_before = ecc_errors(gpu)
+    gpus = [docker.types.DeviceRequest(device_ids=[device], capabilities=[["gpu"]])] if device is not None else []
+    t0 = time.perf_counter()
+    container, timed_out, code, oom = None, False, None, False
+    try:
+        try:
+            container = client.containers.create(
+                tag, command, environment=environment, working_dir=str(box), user=f"{uid}:{gid}",
+                mounts=_mounts(job, env or {}, box, audit), read_only=True, network_mode="none",
+                cap_drop=["ALL"], security_opt=["no-new-privileges"], mem_limit=memory, memswap_limit=memory,
+                pids_limit=MAX_PROCESSES, ulimits=ulimits, labels={LABEL: f"{socket.gethostname()}:{os.getpid()}"},
+                log_config=docker.types.LogConfig(type="json-file", config={"max-size": "1m", "max-file": "1"}),
+                device_requests=gpus)
+            container.start()
+        except docker.errors.DockerException as exc:
+            raise KernelbotError(f"docker runner: could not start the job container: {str(exc).splitlines()[0]}") \
+                from exc
+        try:
+            code = container.wait(timeout=timeout)["StatusCode"]
+        except requests.exceptions.RequestException:
+            timed_out = True
+            try:  # SIGKILL to the container's pid 1: the kernel then kills everything in its pid namespace
+                container.kill()
+            except docker.errors.APIError:
+                pass  # it ended meanwhile, or is still tearing down (hundreds of torch processes take seconds)
+            try:
+                code = container.wait(timeout=600)["StatusCode"]
+            except requests.exceptions.RequestException:
+                code = None  # removed by force below all the same
+        seconds = time.perf_counter() - t0
+        container.reload()
+        oom = bool(container.attrs["State"].get("OOMKilled"))
+        (workdir / "stderr.txt").write_bytes(container.logs(stdout=True, stderr=True))
+    finally:
+        if container is not None:
+            try:
+                container.remove(force=True)
+            except docker.errors.NotFound:
+                pass
+        stop.set()
+        reader.join()
+        os.close(audit_fd)
+        audit.unlink(missing_ok=True)
+    for name in OUTPUTS:
+        if (box / name).is_file() and not (box / name).is_symlink():
+            shutil.move(box / name, workdir / name)
+    shutil.rmtree(box, ignore_errors=True)
+    if gpu is not None and (timed_out or code != 0):  # the container is gone, and every process of it
+        protections.append(check_health(gpu, set(), ecc_before))
+    return _result(workdir, timeout, timed_out, code, oom, seconds, records, protections)
+
+
+def _result(workdir: Path, timeout: float, timed_out: bool, code: int | None, oom: bool, seconds: float,
+            records: bytearray, protections: list[str]) -> SandboxResult:
+    """The statuses, violations and protections exactly as the process runner reports them."""
+    violations = []
+    for line in records.decode(errors="replace").splitlines():
+        try:
+            violations.append(json.loads(line))
+        except json.JSONDecodeError:
+            violations.append({"kind": "garbled", "detail": line[:200]})
+    tail = (workdir / "stderr.txt").read_text(errors="replace")[-2000:]
+    try:
+        payload = json.loads((workdir / "result.json").read_text()) if (workdir / "result.json").exists() else None
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        payload = None
+    if isinstance(payload, dict):
+        protections += [p for p in payload.get("protections", []) if isinstance(p, str)]
+
+    def result(status, detail) -> SandboxResult:
+        return SandboxResult(status, seconds, code, detail, payload, violations, protections)
+
+    if timed_out:
+        return result("timeout", f"no result after {timeout:.0f} s")
+    if code is not None and code >= 128:  # docker-init reports a signalled worker as 128 + signal
+        sig = code - 128
+        name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
+        return result("crash", f"killed by {name}{' (out of memory)' if oom else ''}\n{tail}")
+    if not isinstance(payload, dict) or code != 0:
+        return result("crash", f"exit code {code}, no result\n{tail}")
+    if payload.get("error"):
+        return result("error", str(payload["error"]))
+    return result("ok", tail)
