@@ -26,8 +26,11 @@ def guard(x: Any) -> Any:
     pad = max(1, GUARD_BYTES // x.element_size())
     base = torch.empty(x.numel() + 2 * pad, dtype=x.dtype)
     base.view(torch.uint8).fill_(0xA5)
-    if x.is_floating_point():  # 0x7FA5..: NaN whatever the width, so a kernel reading past its input poisons
-        base.view(torch.uint8).view(-1, x.element_size())[:, -1] = 0x7F
+    if x.is_floating_point():  # a NaN (0x7FA5.., 0x7FF5.. for float64): a kernel reading past its input poisons
+        lanes = base.view(torch.uint8).view(-1, x.element_size())
+        lanes[:, -1] = 0x7F
+        if x.element_size() == 8:
+            lanes[:, -2] = 0xF5
     return base[pad:pad + x.numel()].view(x.shape).copy_(x)
 
 

@@ -79,6 +79,14 @@ def _snapshot(x: Any) -> Any:
     return torch.empty(0, dtype=x.dtype).set_(x.untyped_storage().clone(), x.storage_offset(), x.shape, x.stride())
 
 
+def _to(xs: list[Any], device: str) -> list[Any]:
+    return [x.to(device) if isinstance(x, torch.Tensor) else x for x in xs]
+
+
+def _clones(xs: list[Any]) -> list[Any]:
+    return [x.clone() if isinstance(x, torch.Tensor) else x for x in xs]
+
+
 def _sync(device: str) -> None:
     if device == "cuda":
         torch.cuda.current_stream().synchronize()
@@ -104,7 +112,7 @@ def _verify(job: dict[str, Any]) -> dict[str, Any]:
     with torch.inference_mode():
         for i, (label, index, inputs) in enumerate(plan["cases"]):
             model, run = models[index], {}
-            sent = [x.to(device) if isinstance(x, torch.Tensor) else x for x in inputs]
+            sent = _to(inputs, device)
             try:
                 out = model(*sent)
                 _sync(device)
@@ -121,24 +129,22 @@ def _verify(job: dict[str, Any]) -> dict[str, Any]:
                 busy = probes.busy_threads(threads)
                 if busy:
                     facts["threads"].append(f"{label}: thread(s) {', '.join(busy)} still running after the call")
-                run["again"] = _as_list(model(*[x.clone() if isinstance(x, torch.Tensor) else x for x in sent]),
-                                        facts, label)
+                run["again"] = _as_list(model(*_clones(sent)), facts, label)
                 if job.get("triton") and i < 2:
                     for order in ("reversed", "shuffled"):
                         triton_check.set_order(order, seed=i)
-                        run[order] = _as_list(model(*[x.clone() if isinstance(x, torch.Tensor) else x for x in sent]),
-                                              facts, label)
+                        run[order] = _as_list(model(*_clones(sent)), facts, label)
                     triton_check.set_order("natural")
             except Exception as exc:
                 run["error"] = f"{type(exc).__name__}: {str(exc)[:500]}"
             run["inputs_after"] = [_snapshot(x) for x in sent] if device == "cpu" else []
             runs.append(run)
     extra: dict[str, Any] = {}
-    main_label, main_index, main_inputs = plan["cases"][0]
+    _, main_index, main_inputs = plan["cases"][0]
     model = models[main_index]
     # Result caching: the same tensor objects (same pointers, ids and version counters) with new contents.
     with torch.no_grad():
-        sent = [x.to(device) if isinstance(x, torch.Tensor) else x for x in main_inputs]
+        sent = _to(main_inputs, device)
         try:
             model(*sent)
             for x, fresh in zip(sent, plan["fresh"], strict=True):
@@ -149,8 +155,7 @@ def _verify(job: dict[str, Any]) -> dict[str, Any]:
             extra["caching_error"] = f"{type(exc).__name__}: {exc}"[:500]
         launches = triton_check.REPORT.launches
         try:
-            profile = probes.profile_call(model, [f.to(device) if isinstance(f, torch.Tensor) else f
-                                                  for f in plan["fresh"]])
+            profile = probes.profile_call(model, _to(plan["fresh"], device))
             if triton_check.REPORT.launches > launches:
                 profile["own_kernels"].append(f"{triton_check.REPORT.launches - launches} Triton launch(es)")
         except Exception as exc:
@@ -203,7 +208,7 @@ def _sanitize(job: dict[str, Any]) -> dict[str, Any]:
     model = _build(_load(job["candidate"], "ModelNew"), plan["init_args"][0], job["state_dicts"][0],
                    job["init_seed"], []).to("cuda")
     with torch.inference_mode():
-        model(*[x.to("cuda") if isinstance(x, torch.Tensor) else x for x in plan["cases"][0][2]])
+        model(*_to(plan["cases"][0][2], "cuda"))
         torch.cuda.synchronize()
     return {}
 
