@@ -54,13 +54,6 @@ def timing_changes(before: dict[str, int]) -> list[str]:
     return [f"{name} was replaced" for name in before if now[name] != before[name]]
 
 
-def native_threads() -> set[str]:
-    try:
-        return set(os.listdir("/proc/self/task"))
-    except OSError:
-        return set()
-
-
 def busy_threads(before: set[int]) -> list[str]:
     """Python threads the candidate started that are still running."""
     return [t.name for t in threading.enumerate() if t.ident not in before and t.is_alive()]

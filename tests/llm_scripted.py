@@ -32,7 +32,19 @@ def fenced(code: str, prose: str = "Here is the kernel.") -> str:
     return f"{prose}\n\n```python\n{code}```\n\nThis should be faster than the reference."
 
 
+# The failing answers are the correct kernel with one bug each, so the three differ in exactly that line.
+BUGS = {
+    "rmsnorm_compile_error": ("float ss = 0.f;", "float ss = 0.f  /* missing semicolon */"),
+    "rmsnorm_numeric_bug": ("1.f / sqrtf(ss / (float)n + (float)eps);",
+                            "1.f / (ss / (float)n + (float)eps);  /* forgot the square root */"),
+}
+
+
 def kernel(name: str) -> str:
+    if name in BUGS:
+        source, (right, wrong) = kernel("rmsnorm_correct"), BUGS[name]
+        assert right in source, f"{name}: the line to break is gone from rmsnorm_correct.py"
+        return source.replace(right, wrong)
     return (KERNELS / f"{name}.py").read_text()
 
 
