@@ -32,8 +32,17 @@ def fidelity(engine: TorchEngine, pack: Pack, pack_dir: Path) -> Fidelity:
     finally:
         engine.remove_pack()
     diff = max(float((a - b).abs().max()) for a, b in zip(logits_ref, logits_new, strict=True))
+    d_before, d_after = distinct_ngrams(tokens_ref.tolist()), distinct_ngrams(tokens_new.tolist())
     return Fidelity(max_abs_logit_diff=diff, greedy_match=bool(torch.equal(tokens_ref, tokens_new)),
-                    token_agreement=float((tokens_ref == tokens_new).float().mean()))
+                    token_agreement=float((tokens_ref == tokens_new).float().mean()),
+                    distinct_3grams_before=d_before, distinct_3grams_after=d_after,
+                    repetition_collapse=d_after < 0.5 * d_before)
+
+
+def distinct_ngrams(sequences: list[list[int]], n: int = 3) -> float:
+    """Distinct n-grams over all n-grams in the sequences: near 0 when outputs loop on a few tokens."""
+    grams = [tuple(s[i:i + n]) for s in sequences for i in range(len(s) - n + 1)]
+    return len(set(grams)) / len(grams) if grams else 1.0
 
 
 def time_end_to_end(engine: TorchEngine, pack: Pack, pack_dir: Path, rounds: int,

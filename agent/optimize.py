@@ -119,7 +119,7 @@ def _hotspot_fields(task: Task, hotspot: Hotspot | None, iteration: int) -> dict
             "bytes": hotspot.bytes if hotspot and hotspot.bytes else None}
 
 
-def _try_candidates(task: Task, task_dir: Path, backends: list[str], device_kind: str, opts: OptimizeOptions,
+def try_candidates(task: Task, task_dir: Path, backends: list[str], device_kind: str, opts: OptimizeOptions,
                     stages: Stages, night: Night | None = None,
                     hotspot: Hotspot | None = None) -> tuple[list[KernelResult], Accepted | None]:
     results: list[KernelResult] = []
@@ -232,7 +232,7 @@ def _generate(tasks: list[Task], hotspots: list[Hotspot], device: Device, run_di
                 stages.say(f"{why}: the built-in proposer takes over from {task.id} on", style="yellow")
                 notes.append(f"{why}: built-in proposer from {task.id} on")
         if best is None and (session is None or not session.active):
-            more, best = _try_candidates(task, task_dir, backends, device.kind, opts, stages, night, hotspot)
+            more, best = try_candidates(task, task_dir, backends, device.kind, opts, stages, night, hotspot)
             rows += more
         kernels += rows
         if best:

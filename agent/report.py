@@ -8,7 +8,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from kernelbot.records import Hotspot, LLMUsage, Report
+from kernelbot.records import Hotspot, LLMUsage, Report, ServedReport, ServingMetrics
 from kernelbot.rundir import write_record
 
 
@@ -148,3 +148,65 @@ def summary_table(r: Report) -> Table:
         table.add_row(k.candidate_id, k.backend, k.status, f"{k.speedup:.2f}x" if k.speedup else "—", str(k.calls),
                       k.reason[:90], style=style)
     return table
+
+
+def _serving_row(name: str, m: ServingMetrics | None) -> str:
+    if m is None:
+        return f"| {name} | — | — | — | — |"
+    return (f"| {name} | {m.output_throughput:.1f} | {m.mean_ttft_ms:.1f} | {m.mean_itl_ms:.2f} | "
+            f"{m.requests} × {m.output_tokens // max(m.requests, 1)} |")
+
+
+def _rounds(m: ServingMetrics | None) -> str:
+    return "—" if m is None else ", ".join(f"{t:.1f}" for t in m.round_throughputs)
+
+
+def render_served_markdown(r: ServedReport) -> str:
+    accepted = [k for k in r.kernels if k.status == "accepted"]
+    gain = "not claimed" if r.throughput_gain is None else (
+        f"{r.throughput_gain:.2f}x" + ("" if r.beyond_noise else " (within the rounds' noise)"))
+    f = r.fidelity
+    fidelity = ("not checked (no pack)" if f is None else
+                f"greedy tokens identical: **{f.greedy_match}** ({f.token_agreement:.1%} agreement), max |Δ logprob| "
+                f"{f.max_abs_logit_diff:.2e}, distinct 3-grams {f.distinct_3grams_before:.2f} → "
+                f"{f.distinct_3grams_after:.2f}{' (repetition collapse)' if f.repetition_collapse else ''}")
+    lines = [f"# kernelbot run {r.run_id} ({r.engine})", "",
+             f"Model `{r.model_path}`, tp {r.tp}, on {r.device.name}. Server: `{' '.join(r.server_command)}`.", "",
+             "## Serving", "", "Median round of each server (same workload, same seeds); every round's tok/s: "
+             f"baseline {_rounds(r.before)}, with the pack {_rounds(r.after)}.", "",
+             "| server | output tok/s | mean TTFT ms | mean ITL ms | requests × tokens |", "|---|---:|---:|---:|---|",
+             _serving_row("baseline", r.before), _serving_row("with the pack", r.after), "",
+             f"Throughput gain: **{gain}**; pack engaged in every rank: **{r.engaged}**. Fidelity: {fidelity}.", "",
+             "## Engagement per rank", "", "| rank | pack calls | at graph capture | fallbacks | why |",
+             "|---|---:|---:|---:|---|"]
+    for rank, e in r.per_rank.items():
+        why = "; ".join(f"{cls}: {reason} × {n}" for cls, reasons in e["fallback_reasons"].items()
+                        for reason, n in reasons.items()) or "—"
+        lines.append(f"| {rank} | {e['custom_calls']} | {e['captured_calls']} | {e['fallback_calls']} | {why} |")
+    if r.trace_hits:
+        lines += ["", "Pack kernel launches in each rank's trace: "
+                  + ", ".join(f"{k}: {v}" for k, v in r.trace_hits.items())]
+    lines += ["", f"## Kernels ({len(accepted)} accepted of {len(r.kernels)} candidates; pack {r.pack_version})", "",
+              "| candidate | module | backend | shapes | status | speedup | calls | reason |",
+              "|---|---|---|---|---|---:|---:|---|"]
+    for k in r.kernels:
+        speed = f"{k.speedup:.2f}x" if k.speedup else "—"
+        lines.append(f"| {k.candidate_id} | {k.module} | {k.backend} | {k.shapes} | {k.status} | {speed} | "
+                     f"{k.calls} | {k.reason.replace('|', '/')} |")
+    lines += ["", "## Hotspots before (rank 0)", "", *_hotspot_rows(r.hotspots_before),
+              "", "## Hotspots with the pack (rank 0)", "", *_hotspot_rows(r.hotspots_after)]
+    if r.notes:
+        lines += ["", "## Notes", "", *[f"- {n}" for n in r.notes]]
+    lines += ["", f"Run took {r.seconds:.0f} s.", ""]
+    return "\n".join(lines)
+
+
+def write_served_report(report: ServedReport, run_dir: Path, console: Console | None = None) -> None:
+    write_record(run_dir / "report.json", report)
+    (run_dir / "report.md").write_text(render_served_markdown(report))
+    if console is not None:
+        gain = ("no gain claimed" if report.throughput_gain is None else f"{report.throughput_gain:.2f}x throughput"
+                + ("" if report.beyond_noise else ", within noise"))
+        after = f"{report.after.output_throughput:.1f}" if report.after else "—"
+        console.print(f"kernelbot {report.run_id}: {report.before.output_throughput:.1f} → {after} tok/s ({gain}; "
+                      f"engaged: {report.engaged}); report: {run_dir / 'report.md'}", highlight=False)

@@ -31,12 +31,19 @@ def make_task(hotspot: Hotspot, model: torch.nn.Module) -> Task:
                  and family.matches(m, hotspot.input_dims)), None)
     if live is None:
         raise LookupError(f"no {hotspot.module_class} in the model matches {hotspot.input_dims}")
+    return task_for(hotspot, family.init_args(live))
+
+
+def task_for(hotspot: Hotspot, init_args: list) -> Task:
+    """The task for a hotspot whose module is built with init_args (read from a live module, or from the
+    served model's config when the model runs in another process)."""
+    family = FAMILIES[hotspot.family or ""]
     x = hotspot.input_dims[0]
     return Task(
         id=f"{hotspot.id}-{family.name}-{'x'.join(map(str, x))}", hotspot_id=hotspot.id, family=family.name,
         module_class=hotspot.module_class, dtype=hotspot.dtype, input_shapes=[x],
         free_dims=[list(range(len(x) - 1))],  # leading dims (batch, tokens) vary; the feature dim is the weights'
-        init_args=family.init_args(live), share=hotspot.share, floor_us=hotspot.floor_us / max(hotspot.calls, 1),
+        init_args=init_args, share=hotspot.share, floor_us=hotspot.floor_us / max(hotspot.calls, 1),
         profiled_dims=hotspot.input_dims)
 
 

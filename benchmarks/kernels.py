@@ -15,6 +15,7 @@ CASES = {  # family -> (init args, input shape): llama-tiny at decode, batch 8
     "rmsnorm": ([512, 1e-6], [8, 1, 512]),
     "linear": ([512, 512, False], [8, 1, 512]),
     "gated_mlp": ([512, 1376], [8, 1, 512]),
+    "silu_and_mul": ([], [8, 1, 2 * 1376]),  # SGLang's activation between gate_up and down
 }
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -60,11 +61,15 @@ def read_run(run_dir: Path) -> RunInfo:
     fidelity = "fidelity not checked"
     report = run_dir / "report.json"
     if report.is_file():
-        fid = json.loads(report.read_text()).get("fidelity") or {}
+        data = json.loads(report.read_text())
+        fid = data.get("fidelity") or {}
         fidelity = (f"greedy_match={fid.get('greedy_match')} max_abs_logit_diff={fid.get('max_abs_logit_diff')} "
                     f"token_agreement={fid.get('token_agreement')}")
-        if not fid.get("greedy_match"):
-            problems.append(f"fidelity check failed: {fidelity}")
+        if not fid.get("greedy_match") or fid.get("repetition_collapse"):
+            problems.append(f"fidelity check failed: {fidelity} repetition_collapse={fid.get('repetition_collapse')}")
+        if data.get("engaged") is False:  # a served run whose engine never ran the pack proves nothing
+            problems.append("the pack did not engage in every rank of the served model (see report.json notes)")
+        model = data.get("model_path", model)
     else:
         problems.append("no report.json: fidelity was never checked")
     if not pack.entries:
@@ -132,7 +137,10 @@ def build(run_dir: Path, base: str, tag: str, install: bool = True, client: Any 
         try:
             image, _ = client.images.build(path=str(ctx), tag=tag, rm=True, pull=False)
         except Exception as exc:
-            raise KernelbotError(f"docker build of {tag} failed: {str(exc).splitlines()[0]}") from exc
+            text = "".join(str(chunk.get("stream", "")) for chunk in getattr(exc, "build_log", None) or [])
+            log = [line for line in re.sub(r"\x1b\[[0-9;]*m", "", text).splitlines() if line.strip()]
+            last = f" (last output: {log[-1].strip()})" if log else ""
+            raise KernelbotError(f"docker build of {tag} failed: {str(exc).splitlines()[0]}{last}") from exc
     return {"tag": tag, "id": image.id, "labels": image.labels, "run_id": info.pack.run_id,
             "pack_digest": info.digest}
 

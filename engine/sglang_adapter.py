@@ -18,23 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field
-
 from kernelbot import KernelbotError
 from kernelbot.engine.sglang_plugin import COUNTS_ENV, PACK_ENV, PLUGIN_NAME
-
-
-class ServingMetrics(BaseModel):
-    source: str  # "kernelbot generator" or "sglang.bench_serving"
-    requests: int
-    output_tokens: int
-    duration_s: float
-    output_throughput: float  # tokens/s
-    mean_ttft_ms: float
-    median_ttft_ms: float
-    mean_itl_ms: float
-    median_itl_ms: float
-    telemetry: dict[str, Any] = Field(default_factory=dict)  # GPU clocks/temperature/power/throttling, or absent
+from kernelbot.records import Fidelity, ServingMetrics
 
 
 @dataclass
@@ -257,21 +243,77 @@ def bench_serving(config: ServerConfig, workload: Workload, out_file: Path) -> S
                           median_itl_ms=row["median_itl_ms"], telemetry={"before": before, "after": snapshot()})
 
 
-def profile(config: ServerConfig, workload: Workload, out_dir: Path, timeout: float = 300.0) -> list[Path]:
+def profile(config: ServerConfig, workload: Workload, out_dir: Path, timeout: float = 300.0,
+            vocab: int = 1000) -> list[Path]:
     """Profile the workload through /start_profile (shapes and stacks), then collect one trace per rank."""
     out_dir.mkdir(parents=True, exist_ok=True)
     before = set(out_dir.glob("*.trace.json.gz"))
     _post(f"{config.url}/start_profile", {"output_dir": str(out_dir.resolve()), "activities": ["CPU", "GPU"],
                                           "record_shapes": True, "with_stack": True, "profile_id": "kernelbot"})
-    run_workload(config.url, workload)
+    run_workload(config.url, workload, vocab)
     _post(f"{config.url}/stop_profile", {})
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:  # ranks write their traces after stop returns
+    sizes: dict[Path, int] = {}
+    while time.monotonic() < deadline:  # ranks write their traces after stop returns, each at its own pace
         traces = sorted(set(out_dir.glob("*.trace.json.gz")) - before)
-        if len(traces) >= config.tp:
+        now = {t: t.stat().st_size for t in traces}
+        if len(traces) >= config.tp and now == sizes:  # and no file grew since the last look
             return traces
-        time.sleep(0.5)
-    raise KernelbotError(f"/start_profile wrote {len(traces)} trace(s) for {config.tp} rank(s) in {out_dir}")
+        sizes = now
+        time.sleep(1.0)
+    raise KernelbotError(f"/start_profile wrote {len(sizes)} complete trace(s) for {config.tp} rank(s) in {out_dir}")
+
+
+def greedy_probe(url: str, prompts: list[list[int]], max_new_tokens: int) -> list[dict[str, list]]:
+    """Greedy outputs with the chosen tokens' logprobs, one request per prompt (what fidelity compares)."""
+    out = []
+    for prompt in prompts:
+        body = {"input_ids": prompt, "return_logprob": True,
+                "sampling_params": {"max_new_tokens": max_new_tokens, "ignore_eos": True, "temperature": 0.0}}
+        reply = json.loads(_post(f"{url}/generate", body))
+        logprobs = reply["meta_info"]["output_token_logprobs"]
+        out.append({"ids": [int(t[1]) for t in logprobs], "logprobs": [float(t[0]) for t in logprobs]})
+    return out
+
+
+def probe_prompts(n: int, length: int, vocab: int, seed: int = 1) -> list[list[int]]:
+    import random
+
+    rng = random.Random(seed)
+    return [[rng.randrange(10, vocab) for _ in range(length)] for _ in range(n)]
+
+
+def served_fidelity(before: list[dict[str, list]], after: list[dict[str, list]]) -> Fidelity:
+    """Greedy parity, token agreement, |Δ logprob| of the chosen tokens up to each output's first divergence,
+    and whether the outputs with the pack collapsed into repetition."""
+    from kernelbot.agent.integrate import distinct_ngrams
+
+    agree = total = 0
+    worst = 0.0
+    for b, a in zip(before, after, strict=True):
+        total += len(b["ids"])
+        for tb, ta, lb, la in zip(b["ids"], a["ids"], b["logprobs"], a["logprobs"], strict=False):
+            if tb != ta:
+                break
+            agree += 1
+            worst = max(worst, abs(lb - la))
+    d_before = distinct_ngrams([b["ids"] for b in before])
+    d_after = distinct_ngrams([a["ids"] for a in after])
+    return Fidelity(max_abs_logit_diff=worst, greedy_match=agree == total and
+                    all(len(a["ids"]) == len(b["ids"]) for a, b in zip(after, before, strict=True)),
+                    token_agreement=agree / max(total, 1), distinct_3grams_before=d_before,
+                    distinct_3grams_after=d_after, repetition_collapse=d_after < 0.5 * d_before)
+
+
+def model_config(model_path: str) -> dict[str, Any]:
+    """The served model's config.json (hidden size, norm epsilon...), or {} when the path is not local."""
+    path = Path(model_path) / "config.json"
+    if not path.is_file():
+        return {}
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise KernelbotError(f"{path}: not a readable model config ({exc}); fix it or pass another --model") from None
 
 
 def trace_kernel_hits(traces: list[Path], names: list[str]) -> dict[str, int]:
@@ -328,10 +370,20 @@ def compare(before: ServingMetrics, after: ServingMetrics, engaged: Engagement,
     if engaged.engaged:
         result["throughput_gain"] = after.output_throughput / before.output_throughput
         result["itl_gain"] = before.mean_itl_ms / after.mean_itl_ms if after.mean_itl_ms else None
+        result["beyond_noise"] = separated(before.round_throughputs, after.round_throughputs)
+        if not result["beyond_noise"]:
+            result["notes"].append(f"throughput {result['throughput_gain']:.2f}x is within the rounds' noise (the "
+                                   "two servers' rounds overlap); run more --serving-rounds to tell")
     else:
         result["throughput_gain"] = None
         result["notes"].append("the pack did not engage: no gain is claimed")
     return result
+
+
+def separated(before: list[float], after: list[float]) -> bool:
+    """Does every round of one server beat every round of the other? With 5 rounds each, chance alone
+    separates them 2 times in 252."""
+    return bool(before and after) and (min(after) > max(before) or max(after) < min(before))
 
 
 def require_gpu_node() -> None:

@@ -18,6 +18,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,13 +28,14 @@ import torch
 PLUGIN_NAME = "kernelbot_pack"
 PACK_ENV = "KERNELBOT_PACK_DIR"
 COUNTS_ENV = "KERNELBOT_COUNTS_DIR"
-KERNEL_LABEL = "kernelbot::"  # the prefix engine/patching.py gives pack kernels in traces
+KERNEL_LABEL = "kernelbot::"  # profiler/trace.py reads these labels (not imported: it needs pandas)
 
-# pack family -> the SGLang layer classes whose forward its kernels stand in for. SiluAndMul and
-# RotaryEmbedding get a hook only once a family with a kernel for them exists; the pack's gated_mlp and
-# linear kernels replace whole transformers modules that SGLang builds differently (merged, parallel
-# linears), so they are reported as not routed.
-TARGETS: dict[str, tuple[str, ...]] = {"rmsnorm": ("sglang.srt.layers.layernorm.RMSNorm",)}
+# pack family -> the SGLang layer classes whose forward its kernels stand in for. RotaryEmbedding gets a hook
+# once a family with a kernel for it exists; the pack's gated_mlp and linear kernels replace whole
+# transformers modules that SGLang builds differently (merged, parallel linears), so they are reported as
+# not routed.
+TARGETS: dict[str, tuple[str, ...]] = {"rmsnorm": ("sglang.srt.layers.layernorm.RMSNorm",),
+                                       "silu_and_mul": ("sglang.srt.layers.activation.SiluAndMul",)}
 
 
 @dataclass
@@ -41,12 +43,13 @@ class _State:
     pack_dir: Path
     counts_dir: Path | None
     run_id: str
-    routes: dict[str, dict[tuple, list[Any]]] = field(default_factory=dict)  # family -> key -> entries
+    routes: dict[str, dict[tuple, list[Any]]] = field(default_factory=dict)  # family -> (width, dtype) -> entries
     custom: dict[str, dict[str, int]] = field(default_factory=dict)  # candidate id -> calls, captured
     fallback: dict[str, dict[str, int]] = field(default_factory=dict)  # layer class -> reason -> calls
     unrouted: list[dict[str, str]] = field(default_factory=list)
     device_kernels: dict[str, list[str]] = field(default_factory=dict)  # candidate id -> GPU kernel names
     kernels: dict[tuple[int, str], torch.nn.Module] = field(default_factory=dict)
+    decisions: dict[tuple, tuple[Any, str]] = field(default_factory=dict)  # call key -> (entry, fallback reason)
     hooked: list[str] = field(default_factory=list)
     last_write: float = 0.0
 
@@ -97,13 +100,12 @@ def register() -> None:
             state.unrouted.append({"candidate_id": entry.candidate_id, "family": entry.family,
                                    "reason": "no SGLang layer takes this family's kernel"})
             continue
-        shape = entry.input_shapes[0]
-        key = (_rows(shape), shape[-1], entry.dtype)
+        key = (entry.input_shapes[0][-1], entry.dtype)
         state.routes.setdefault(entry.family, {}).setdefault(key, []).append(entry)
         state.custom[entry.candidate_id] = {"calls": 0, "captured": 0}
     for family in state.routes:
         for target in TARGETS[family]:
-            HookRegistry.register(f"{target}.forward", _HOOKS[family], HookType.AROUND)
+            HookRegistry.register(f"{target}.forward", _hook_for(LAYERS[family]), HookType.AROUND)
             state.hooked.append(target)
     _STATE = state
     atexit.register(state.write, True)
@@ -136,52 +138,15 @@ def _device_ok(backend: str, x: torch.Tensor) -> bool:
     return x.is_cuda
 
 
-_RMSNORM_EXTRAS = ("residual", "post_residual_addition", "quant_linear")
-
-
-def _rmsnorm_route(state: _State, layer: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[Any, str]:
-    """(the pack entry for this call, "") or (None, why it falls back)."""
-    x = args[0] if args else kwargs.get("x")
-    if kwargs.get("backend") is not None:
-        return None, "explicit backend"
-    if getattr(layer, "is_torch_compile", False):
-        return None, "torch.compile (layer runs forward_native)"
-    if not isinstance(x, torch.Tensor) or set(kwargs) - {"x", *_RMSNORM_EXTRAS}:
-        return None, "signature"
-    if any(a is not None for a in [*args[1:], *(kwargs.get(k) for k in _RMSNORM_EXTRAS)]):
-        return None, "fused residual add"
-    if getattr(layer, "_quant_linear", None) is not None:
-        return None, "fused output quantisation"
-    if (not getattr(layer, "has_weight", True) or getattr(layer, "variance_size_override", None) is not None
-            or getattr(layer, "override_orig_dtype", None) is not None):
-        return None, "layer variant"
-    dtype = str(x.dtype).removeprefix("torch.")
-    entries = state.routes["rmsnorm"].get((_rows(list(x.shape)), x.shape[-1], dtype))
-    if not entries:
-        return None, "shape/dtype not in pack"
-    eps = float(layer.variance_epsilon)
-    entry = next((e for e in entries if int(e.init_args[0]) == layer.weight.shape[0]
-                  and float(e.init_args[1]) == eps), None)
-    if entry is None:
-        return None, "hidden size/eps not in pack"
-    # The pack's kernels compute Llama's RMSNorm (cast to the input dtype, then the weight); SGLang's
-    # default multiplies the weight in fp32 first. The two agree exactly only in fp32.
-    if dtype != "float32" and not getattr(layer, "cast_x_before_out_mul", False):
-        return None, "numerics (weight multiplied before the cast)"
-    if not _device_ok(entry.backend, x):
-        return None, f"device ({entry.backend} kernel, {x.device.type} tensor)"
-    return entry, ""
-
-
-def _kernel(state: _State, entry: Any, layer: torch.nn.Module) -> torch.nn.Module:
+def _kernel(state: _State, entry: Any, layer: torch.nn.Module, device: torch.device) -> torch.nn.Module:
     key = (id(layer), entry.candidate_id)
     if key not in state.kernels:
         from kernelbot.loading import load_module
 
         module = load_module(state.pack_dir / entry.source_file, f"kb_sglang_{entry.candidate_id}")
         kernel = module.ModelNew(*entry.init_args)
-        kernel.load_state_dict({"weight": layer.weight.detach()})
-        state.kernels[key] = kernel.to(layer.weight.device).eval()
+        kernel.load_state_dict({name: getattr(layer, name).detach() for name in kernel.state_dict()})
+        state.kernels[key] = kernel.to(device).eval()
         state.device_kernels.setdefault(entry.candidate_id, _jit_names(type(kernel)))
     return state.kernels[key]
 
@@ -197,28 +162,144 @@ def _jit_names(cls: type) -> list[str]:
     return sorted(names)
 
 
-def _rmsnorm_hook(original, layer, *args, **kwargs):
-    state = _STATE
-    x = args[0] if args else kwargs.get("x")
-    capturing = isinstance(x, torch.Tensor) and _capturing(x)
-    if state is None:
-        return original(layer, *args, **kwargs)
-    entry, reason = _rmsnorm_route(state, layer, args, kwargs)
-    if entry is None:
-        _fallback(state, layer, reason, capturing)
-        return original(layer, *args, **kwargs)
-    kernel = _kernel(state, entry, layer)
-    counts = state.custom[entry.candidate_id]
-    counts["captured" if capturing else "calls"] += 1
-    state.write(force=counts["calls"] + counts["captured"] == 1)
-    flat = x.reshape(entry.input_shapes[0])  # the layout the kernel was verified on (same rows, same hidden)
-    if torch.autograd._profiler_enabled():
-        with torch.profiler.record_function(f"{KERNEL_LABEL}{entry.candidate_id} {entry.dtype}"):
-            return kernel(flat).reshape(x.shape)
-    return kernel(flat).reshape(x.shape)
+@dataclass(frozen=True)
+class _Layer:
+    """How the plugin stands in for one family's SGLang layer."""
+
+    family: str
+    params: tuple[str, ...]  # forward's parameters in order, the input first
+    variant: Callable[[torch.nn.Module, dict[str, Any], str], str]  # why no kernel takes this call ("" if one may)
+    fits: Callable[[Any, torch.nn.Module], bool]  # was this pack entry built with this layer's arguments?
+    run: Callable[[torch.nn.Module, dict[str, Any]], Any]  # the call, through the pack's kernel
 
 
-_HOOKS = {"rmsnorm": _rmsnorm_hook}
+def _hook_for(spec: _Layer) -> Callable[..., Any]:
+    def hook(original, layer, *args, **kwargs):
+        state = _STATE
+        if state is None:
+            return original(layer, *args, **kwargs)
+        call = _named(spec.params, args, kwargs)
+        x = call.get(spec.params[0]) if call is not None else None
+        if not isinstance(x, torch.Tensor):
+            _fallback(state, layer, "signature", False)
+            return original(layer, *args, **kwargs)
+        capturing = _capturing(x)
+        # A layer's variant is fixed once built, so the decision depends only on what changes between calls;
+        # the cache keeps the hook's own cost below that of the ops it replaces.
+        key = (id(layer), x.shape, x.dtype, x.device, kwargs.get("backend") is not None,
+               getattr(layer, "is_torch_compile", False), *(call.get(k) is not None for k in spec.params[1:]))
+        decision = state.decisions.get(key)
+        if decision is None:
+            decision = state.decisions[key] = _route(state, spec, layer, x, call, kwargs)
+        entry, reason = decision
+        if entry is None:
+            _fallback(state, layer, reason, capturing)
+            return original(layer, *args, **kwargs)
+        kernel = _kernel(state, entry, layer, x.device)
+        counts = state.custom[entry.candidate_id]
+        counts["captured" if capturing else "calls"] += 1
+        state.write(force=counts["calls"] + counts["captured"] == 1)
+        if not torch.autograd._profiler_enabled():
+            return spec.run(kernel, call)
+        # names the custom path in traces as engine/patching.py does (id, dtype, the dims the call came with),
+        # so a re-profile ranks it as the pack's
+        with torch.profiler.record_function(f"{KERNEL_LABEL}{entry.candidate_id} {entry.dtype} "
+                                            f"{json.dumps([list(x.shape)])}"):
+            return spec.run(kernel, call)
+
+    return hook
+
+
+def _named(params: tuple[str, ...], args: tuple, kwargs: dict) -> dict[str, Any] | None:
+    """forward's arguments by name, or None for a call that does not fit its signature."""
+    if len(args) > len(params) or set(kwargs) - set(params[len(args):]) - {"backend"}:
+        return None
+    return dict(zip(params, args, strict=False)) | kwargs
+
+
+def _route(state: _State, spec: _Layer, layer: torch.nn.Module, x: torch.Tensor, call: dict[str, Any],
+           kwargs: dict) -> tuple[Any, str]:
+    """(the pack entry for this call, "") or (None, why it falls back).
+
+    Row counts change with every batch, so a kernel takes any call with at most the rows of the shape it was
+    profiled at (verification ran that shape and fuzzed rows below it); larger calls fall back."""
+    if kwargs.get("backend") is not None:
+        return None, "explicit backend"
+    if getattr(layer, "is_torch_compile", False):
+        return None, "torch.compile (layer runs forward_native)"
+    if _own_numerics(layer, spec.family):
+        return None, f"subclass {type(layer).__name__} with its own forward paths"
+    dtype = str(x.dtype).removeprefix("torch.")
+    reason = spec.variant(layer, call, dtype)
+    if reason:
+        return None, reason
+    entries = state.routes[spec.family].get((x.shape[-1], dtype))
+    if not entries:
+        return None, "width/dtype not in pack"
+    fits = [e for e in entries if spec.fits(e, layer)]
+    if not fits:
+        return None, "layer arguments not in pack"
+    rows = _rows(list(x.shape))
+    fits = sorted((e for e in fits if _rows(e.input_shapes[0]) >= rows), key=lambda e: _rows(e.input_shapes[0]))
+    if not fits:
+        return None, "more rows than the pack's kernels were verified on"
+    if not _device_ok(fits[0].backend, x):
+        return None, f"device ({fits[0].backend} kernel, {x.device.type} tensor)"
+    return fits[0], ""
+
+
+def _own_numerics(layer: torch.nn.Module, family: str) -> bool:
+    """Does the layer's class override the computation of the class the kernel was verified against?"""
+    for target in TARGETS[family]:
+        module, _, name = target.rpartition(".")
+        base = getattr(sys.modules.get(module), name, None)
+        if base is not None and isinstance(layer, base):
+            return any(getattr(type(layer), m, None) is not getattr(base, m, None)
+                       for m in ("forward_native", "forward_cuda", "forward_cpu", "forward_hip"))
+    return False
+
+
+def _rmsnorm_variant(layer: torch.nn.Module, call: dict[str, Any], dtype: str) -> str:
+    """A fused residual add is routed in fp32 only: the add then runs in torch exactly as SGLang runs it, and
+    the kernel normalises the same sum; in other dtypes SGLang normalises the fp32 sum before rounding."""
+    if call.get("quant_linear") is not None or getattr(layer, "_quant_linear", None) is not None:
+        return "fused output quantisation"
+    if (not getattr(layer, "has_weight", True) or getattr(layer, "variance_size_override", None) is not None
+            or getattr(layer, "override_orig_dtype", None) is not None):
+        return "layer variant"
+    if call.get("residual") is None and call.get("post_residual_addition") is not None:
+        return "signature"
+    if call.get("residual") is not None and dtype != "float32":
+        return "fused residual add (outside fp32 the norm of the unrounded sum)"
+    # The pack's kernels compute Llama's RMSNorm (cast to the input dtype, then the weight); SGLang's default
+    # multiplies the weight in fp32 first. The two agree exactly only in fp32.
+    if dtype != "float32" and not getattr(layer, "cast_x_before_out_mul", False):
+        return "numerics (weight multiplied before the cast)"
+    return ""
+
+
+def _rmsnorm_run(kernel: torch.nn.Module, call: dict[str, Any]) -> Any:
+    x, residual = call["x"], call.get("residual")
+    if residual is not None:  # SGLang's own order: x + residual (+ post addition), all in fp32
+        x = x + residual
+        if call.get("post_residual_addition") is not None:
+            x = x + call["post_residual_addition"]
+        residual = x
+    out = kernel(x) if x.dim() == 2 else kernel(x.reshape(-1, x.shape[-1])).reshape(x.shape)
+    return out if residual is None else (out, residual)
+
+
+def _silu_variant(layer: torch.nn.Module, call: dict[str, Any], dtype: str) -> str:
+    return "odd width" if call["x"].shape[-1] % 2 else ""
+
+
+LAYERS: dict[str, _Layer] = {
+    "rmsnorm": _Layer("rmsnorm", ("x", "residual", "post_residual_addition", "quant_linear"), _rmsnorm_variant,
+                      lambda e, layer: int(e.init_args[0]) == layer.weight.shape[0]
+                      and float(e.init_args[1]) == float(layer.variance_epsilon), _rmsnorm_run),
+    "silu_and_mul": _Layer("silu_and_mul", ("x",), _silu_variant, lambda e, layer: True,
+                           lambda kernel, call: kernel(call["x"])),
+}
 
 
 def flush() -> None:

@@ -4,8 +4,9 @@ from kernelbot.kernel_library.base import Family
 from kernelbot.kernel_library.gated_mlp import FAMILY as GATED_MLP
 from kernelbot.kernel_library.linear import FAMILY as LINEAR
 from kernelbot.kernel_library.rmsnorm import FAMILY as RMSNORM
+from kernelbot.kernel_library.silu_and_mul import FAMILY as SILU_AND_MUL
 
-FAMILIES: dict[str, Family] = {f.name: f for f in (RMSNORM, GATED_MLP, LINEAR)}
+FAMILIES: dict[str, Family] = {f.name: f for f in (RMSNORM, GATED_MLP, LINEAR, SILU_AND_MUL)}
 
 
 def family_for(module_class: str) -> Family | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from pathlib import Path
 
@@ -15,18 +16,41 @@ def _optimize(args: argparse.Namespace) -> int:
     from kernelbot.agent.llm.options import llm_options
     from kernelbot.agent.optimize import OptimizeOptions
 
-    if args.engine == "sglang":  # profiles a served model on GPUs: says so in one line where there are none
-        from kernelbot.engine.sglang_adapter import require_gpu_node
-
-        require_gpu_node()
-        raise KernelbotError("--engine sglang: the loop over a served model is not wired in yet; use "
-                             "engine.sglang_adapter (profile, plugin, serving numbers) directly")
-    opts = OptimizeOptions(model=args.model, dtype=args.dtype, batch=args.batch, prompt_len=args.prompt_len,
-                           decode_steps=args.decode_steps, seed=args.seed, run_dir=args.run_dir,
-                           max_tasks=args.max_tasks, timeout=args.timeout, e2e_rounds=args.rounds,
+    opts = OptimizeOptions(model=args.model or "llama-tiny", dtype=args.dtype, batch=args.batch,
+                           prompt_len=args.prompt_len, decode_steps=args.decode_steps, seed=args.seed,
+                           run_dir=args.run_dir, max_tasks=args.max_tasks, timeout=args.timeout, e2e_rounds=args.rounds,
                            compile=not args.no_compile, families=args.families.split(",") if args.families else None)
+    if args.engine == "sglang":
+        return _optimize_served(args, opts)
     opts.llm = llm_options(args)
     return run_optimize(args, opts)
+
+
+def _optimize_served(args: argparse.Namespace, candidate_opts) -> int:
+    from kernelbot.agent.serve import ServeOptions, optimize_served
+    from kernelbot.engine.sglang_adapter import Workload, require_gpu_node
+
+    if args.model is None:
+        raise KernelbotError("--engine sglang needs --model: the served model's path (a directory with config.json)")
+    if args.llm is not None or args.resume is not None:
+        raise KernelbotError("--engine sglang runs the built-in proposer in one session: drop --llm / --resume")
+    if not args.launch_cmd:
+        require_gpu_node()  # SGLang's own server: CUDA GPUs only
+    sizes = {"--num-prompts": args.num_prompts, "--input-len": args.input_len, "--output-len": args.output_len,
+             "--concurrency": args.concurrency, "--serving-rounds": args.serving_rounds, "--tp": args.tp}
+    for name, value in sizes.items():
+        if value < 1:
+            raise KernelbotError(f"{name} must be at least 1, got {value}")
+    if args.min_share is not None:
+        candidate_opts.min_share = args.min_share
+    opts = ServeOptions(model_path=args.model, run_dir=args.run_dir, tp=args.tp, port=args.port,
+                        launch_cmd=shlex.split(args.launch_cmd) if args.launch_cmd else None,
+                        server_args=list(args.server_arg), serving_rounds=args.serving_rounds,
+                        workload=Workload(num_prompts=args.num_prompts, input_len=args.input_len,
+                                          output_len=args.output_len, concurrency=args.concurrency, seed=args.seed),
+                        candidate=candidate_opts)
+    optimize_served(opts)
+    return 0
 
 
 def _rank(args: argparse.Namespace) -> int:
@@ -119,7 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("optimize", help="profile, rank, generate, verify, benchmark and integrate kernels")
-    p.add_argument("--model", default="llama-tiny", help="built-in model (llama-tiny, llama-micro)")
+    p.add_argument("--model", default=None, help="built-in model (llama-tiny, the default; llama-micro); with "
+                                                   "--engine sglang, the served model's path")
     p.add_argument("--engine", choices=["torch", "sglang"], default="torch",
                    help="torch: in-process transformers (default); sglang: a served model on a GPU node")
     p.add_argument("--dtype", default="auto", help="auto (bf16 where the CPU has it, else fp32), float32, bfloat16")
@@ -133,6 +158,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=int, default=7, help="interleaved end-to-end timing rounds")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile comparison")
     p.add_argument("--families", default=None, help="comma-separated kernel families to try (default: all)")
+    g = p.add_argument_group("--engine sglang (the server is started, measured and stopped by kernelbot)")
+    g.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks")
+    g.add_argument("--port", type=int, default=30000)
+    g.add_argument("--server-arg", action="append", default=[], metavar="ARG",
+                   help="passed to the server as is (repeat it), e.g. --server-arg=--mem-fraction-static=0.8")
+    g.add_argument("--launch-cmd", default=None, help="the server command instead of `python -m "
+                   "sglang.launch_server` (a wrapper taking the same arguments)")
+    g.add_argument("--num-prompts", type=int, default=64)
+    g.add_argument("--input-len", type=int, default=512)
+    g.add_argument("--output-len", type=int, default=128)
+    g.add_argument("--concurrency", type=int, default=16)
+    g.add_argument("--serving-rounds", type=int, default=3, help="workload runs per server; the median is reported")
     add_llm_arguments(p)
     add_night_arguments(p)
     p.set_defaults(func=_optimize)

@@ -135,9 +135,14 @@ class Pack(BaseModel):
 
 
 class Fidelity(BaseModel):
-    max_abs_logit_diff: float
+    max_abs_logit_diff: float  # served runs: |Δ logprob| of the greedy tokens up to the first divergence
     greedy_match: bool
     token_agreement: float
+    # share of distinct 3-grams in the greedy outputs, without and with the pack: a collapse into repetition
+    # shows as a drop even where a few tokens differ
+    distinct_3grams_before: float | None = None
+    distinct_3grams_after: float | None = None
+    repetition_collapse: bool = False
 
 
 class KernelResult(BaseModel):
@@ -277,3 +282,45 @@ class RankReport(BaseModel):
     ops: list[OpStat]
     ranks: list[RankStat] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
+
+
+class ServingMetrics(BaseModel):
+    """One serving workload against a running engine."""
+
+    source: str  # "kernelbot generator" or "sglang.bench_serving"
+    requests: int
+    output_tokens: int
+    duration_s: float
+    output_throughput: float  # tokens/s
+    mean_ttft_ms: float
+    median_ttft_ms: float
+    mean_itl_ms: float
+    median_itl_ms: float
+    telemetry: dict[str, Any] = Field(default_factory=dict)  # GPU clocks/temperature/power/throttling, or absent
+    round_throughputs: list[float] = Field(default_factory=list)  # every round's tok/s, when this is the median one
+
+
+class ServedReport(BaseModel):
+    """What `kernelbot optimize --engine sglang` found: the served model before and with the pack."""
+
+    run_id: str
+    engine: str
+    model_path: str
+    tp: int
+    device: Device
+    server_command: list[str]
+    before: ServingMetrics  # the median round of the baseline server
+    after: ServingMetrics | None  # the median round with the pack, None when no kernel was accepted
+    throughput_gain: float | None  # claimed only when the pack engaged in every rank
+    itl_gain: float | None
+    beyond_noise: bool = False  # every round with the pack beat (or lost to) every baseline round
+    engaged: bool
+    per_rank: dict[str, dict[str, Any]]  # custom, graph-captured and fallback calls by reason, per rank
+    trace_hits: dict[str, int] = Field(default_factory=dict)  # pack kernel names found in each rank's trace
+    fidelity: Fidelity | None
+    kernels: list[KernelResult]
+    hotspots_before: list[Hotspot]
+    hotspots_after: list[Hotspot]
+    pack_version: str
+    notes: list[str] = Field(default_factory=list)
+    seconds: float = 0.0

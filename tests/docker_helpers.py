@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from helpers import free_port
+
 
 def missing_reason(binaries: tuple[str, ...] = ("dockerd", "docker-registry", "busybox")) -> str | None:
     """Why a real engine cannot be started here, or None."""
@@ -29,11 +31,6 @@ def missing_reason(binaries: tuple[str, ...] = ("dockerd", "docker-registry", "b
         return "the Docker SDK (kernelbot[docker]) is not installed"
     return None
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def stop(proc: subprocess.Popen) -> None:
@@ -89,6 +86,53 @@ def start_registry(tmp: Path) -> tuple[subprocess.Popen, str]:
             time.sleep(0.5)
     stop(proc)
     raise RuntimeError(f"docker-registry did not come up: {(tmp / 'registry.log').read_text()[-2000:]}")
+
+
+_PYTHON_PATHS = """
+import os, sys, sysconfig, pip
+paths = sysconfig.get_paths()
+print(os.path.realpath(sys.executable))  # a venv's python links to its base interpreter
+print(paths["stdlib"])
+print(next(p for p in sys.path if p.endswith("lib-dynload")))  # the base's, also from inside a venv
+print(os.path.dirname(pip.__file__))
+print(sysconfig.get_paths(vars={"base": sys.base_prefix, "platbase": sys.base_prefix})["purelib"])
+"""
+_SKIP = {"test", "tests", "idlelib", "tkinter", "turtledemo", "ensurepip", "lib2to3", "__pycache__", "site-packages",
+         "dist-packages"}
+
+
+def _stdlib_member(m: tarfile.TarInfo) -> tarfile.TarInfo | None:
+    parts = m.name.split("/")
+    if set(parts) & _SKIP or any(p.startswith(("config-", "_tkinter", "_test")) for p in parts):
+        return None  # tests, GUI, the static libpython a build would link: not needed to run pip
+    return m
+
+
+def python_rootfs() -> bytes:
+    """This machine's python3 (the base interpreter, the shared libraries it and its extension modules link, its
+    standard library, and pip in its own site-packages) at their own paths, plus busybox as /bin/sh: a base image
+    that can `pip install` a wheel."""
+    out = subprocess.run(["python3", "-c", _PYTHON_PATHS], capture_output=True, text=True, check=True).stdout
+    exe, stdlib, dynload, pip_dir, purelib = out.split()
+    binaries = [exe, *(str(p) for p in Path(dynload).glob("*.so") if not p.name.startswith(("_tkinter", "_test")))]
+    libs = set()
+    for line in subprocess.run(["ldd", *binaries], capture_output=True, text=True).stdout.splitlines():
+        parts = line.split()  # "libz.so.1 => /lib/.../libz.so.1 (0x...)", "/lib64/ld-linux-x86-64.so.2 (0x...)"
+        path = parts[2] if len(parts) > 2 and parts[1] == "=>" else (parts[0] if parts else "")
+        if path.startswith("/") and not path.endswith(":"):  # not ldd's "<file>:" headers
+            libs.add(path)
+    rootfs = io.BytesIO()
+    with tarfile.open(fileobj=rootfs, mode="w") as tar:
+        tar.add(shutil.which("busybox"), arcname="bin/busybox")
+        for link, target in (("bin/sh", "busybox"), ("usr/bin/python3", exe)):
+            info = tarfile.TarInfo(link)
+            info.type, info.linkname = tarfile.SYMTYPE, target
+            tar.addfile(info)
+        for path in sorted(libs) + [exe]:
+            tar.add(os.path.realpath(path), arcname=path.lstrip("/"))  # the file itself, at the name it is linked by
+        tar.add(stdlib, arcname=stdlib.lstrip("/"), filter=_stdlib_member)
+        tar.add(pip_dir, arcname=f"{purelib}/pip".lstrip("/"))
+    return rootfs.getvalue()
 
 
 def busybox_rootfs() -> bytes:

@@ -38,3 +38,10 @@ def loopback_listener() -> Iterator[tuple[int, list[bytes]]]:
         stop.set()
         listener.join()
         server.close()
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -50,9 +50,10 @@ def _rank_main(rank: int, world: int, port: int, spec: dict) -> dict:
 
     torch.manual_seed(rank + 1)
     hidden, eps = spec["hidden"], spec["eps"]
-    out: dict = {"hooked": hasattr(RMSNorm.forward, "__wrapped__"), "max_diff": {}}
+    out: dict = {"hooked": hasattr(RMSNorm.forward, "__wrapped__") and hasattr(SiluAndMul.forward, "__wrapped__"),
+                 "max_diff": {}}
 
-    def check(name: str, layer: RMSNorm, *args, **kwargs) -> None:
+    def check(name: str, layer: torch.nn.Module, *args, **kwargs) -> None:
         got = layer(*args, **kwargs)
         want = layer.forward_native(*args, **kwargs)  # SGLang's own path, which the hook does not touch
         pairs = zip(got, want, strict=True) if isinstance(got, tuple) else [(got, want)]
@@ -63,19 +64,30 @@ def _rank_main(rank: int, world: int, port: int, spec: dict) -> dict:
         norm.weight.copy_(torch.rand(hidden) + 0.5)
         for i in range(rank + 1):  # rank r makes r+1 calls the pack covers: counts must tell ranks apart
             check(f"pack_fp32_{i}", norm, torch.randn(*spec["fp32_shape"]))
-        check("other_rows", norm, torch.randn(7, hidden))
-        check("residual", norm, torch.randn(*spec["fp32_shape"]), torch.randn(*spec["fp32_shape"]))
+        check("pack_fp32_fewer_rows", norm, torch.randn(4, hidden))  # rows vary by batch: fewer are covered
+        check("more_rows", norm, torch.randn(7, hidden))
+        check("pack_fp32_residual", norm, torch.randn(*spec["fp32_shape"]), torch.randn(*spec["fp32_shape"]))
         llama_style = RMSNorm(hidden, eps=eps, cast_x_before_out_mul=True).to(torch.bfloat16)
         llama_style.weight.copy_(torch.rand(hidden) + 0.5)
         check("pack_bf16", llama_style, torch.randn(*spec["bf16_shape"]).to(torch.bfloat16))
         default_bf16 = RMSNorm(hidden, eps=eps).to(torch.bfloat16)
         check("numerics_bf16", default_bf16, torch.randn(*spec["bf16_shape"]).to(torch.bfloat16))
+        bf16_pair = [torch.randn(*spec["bf16_shape"]).to(torch.bfloat16) for _ in range(2)]
+        check("residual_bf16", llama_style, *bf16_pair)
         norm.enter_torch_compile(num_tokens=4)
         check("torch_compile", norm, torch.randn(*spec["fp32_shape"]))
         norm.leave_torch_compile()
-        gate_up = torch.randn(3, 16)
+
+        class OwnNorm(RMSNorm):  # a subclass computing something else: the kernel was not verified against it
+            def forward_native(self, x, *args, **kwargs):
+                return super().forward_native(x, *args, **kwargs) * 2
+
+        own = OwnNorm(hidden, eps=eps)
+        check("own_numerics", own, torch.randn(*spec["fp32_shape"]))
         silu = SiluAndMul()
-        out["silu_matches"] = bool(torch.equal(silu(gate_up), silu.forward_native(gate_up)))
+        check("pack_fp32_silu", silu, torch.randn(3, spec["silu_width"]))
+        check("silu_more_rows", silu, torch.randn(9, spec["silu_width"]))
+        check("silu_other_width", silu, torch.randn(3, 16))
     from kernelbot.engine import sglang_plugin
 
     sglang_plugin.flush()

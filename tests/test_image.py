@@ -117,3 +117,24 @@ def test_cli_image_build_and_push(docker_env, tmp_path, capsys, monkeypatch):
     assert "sha256:" in out
     digest = client.images.get_registry_data(tag).id
     assert digest in out
+
+
+@pytest.mark.slow
+def test_pip_install_in_a_python_base_registers_the_plugin(docker_env, tmp_path):
+    """The image's activation end to end: kernelbot's wheel pip-installed inside a base image with Python (this
+    machine's interpreter and standard library), so SGLang's load_plugins() would find the entry point."""
+    from docker_helpers import python_rootfs
+
+    client, registry, _ = docker_env
+    client.api.import_image_from_data(python_rootfs(), repository="kb-python", tag="1")
+    run = _run_dir(tmp_path)
+    tag = f"{registry}/kernelbot/python:run1"
+    image.promote(run, "kb-python:1", tag, index=tmp_path / "promotions.jsonl", install=True, client=client)
+    client.images.remove(tag, force=True)
+    pulled = client.images.pull(tag.rsplit(":", 1)[0], tag="run1")
+    probe = ("import importlib.metadata as m, os; "
+             "print([e.value for e in m.entry_points(group='sglang.srt.plugins')]); "
+             "print(os.environ['SGLANG_PLUGINS'], sorted(os.listdir(os.environ['KERNELBOT_PACK_DIR'])))")
+    out = client.containers.run(pulled.id, ["python3", "-c", probe], network_mode="none", remove=True).decode()
+    assert "['kernelbot.engine.sglang_plugin:register']" in out
+    assert "kernelbot_pack ['kernels', 'manifest.json']" in out

@@ -8,8 +8,9 @@ import torch
 from kernelbot.agent.verify import load_reference
 from kernelbot.kernel_library import FAMILIES, family_for
 
-INIT = {"rmsnorm": [96, 1e-6], "linear": [72, 40, True], "gated_mlp": [64, 88]}
-SHAPES = [[8, 1], [1, 1], [3, 7], [13, 1], [2, 33]]  # leading dims; the last dim comes from the weights
+INIT = {"rmsnorm": [96, 1e-6], "linear": [72, 40, True], "gated_mlp": [64, 88], "silu_and_mul": []}
+FEATURES = {"rmsnorm": 96, "linear": 72, "gated_mlp": 64, "silu_and_mul": 2 * 45}  # the input's last dim
+SHAPES = [[8, 1], [1, 1], [3, 7], [13, 1], [2, 33]]  # leading dims
 
 
 def _wrapper(family, backend):
@@ -25,7 +26,7 @@ def test_family_matches_reference(name, backend):
     reference = load_reference(family.reference_path).Model(*INIT[name]).eval()
     kernel = _wrapper(family, backend)(*INIT[name]).eval()
     kernel.load_state_dict(reference.state_dict())
-    features = INIT[name][0]
+    features = FEATURES[name]
     for config in family.configs[backend]:
         kernel.CONFIG = config
         for lead in SHAPES:
@@ -49,4 +50,5 @@ def test_repacks_when_weights_change():
 def test_family_lookup_by_module_class():
     assert family_for("LlamaRMSNorm").name == "rmsnorm"
     assert family_for("LlamaMLP").name == "gated_mlp"
+    assert family_for("SiluAndMul").name == "silu_and_mul"  # SGLang's layer
     assert family_for("LlamaAttention") is None

@@ -13,6 +13,7 @@ from kernelbot.engine.sglang_adapter import (
     ServingMetrics,
     compare,
     native_switches,
+    served_fidelity,
     trace_kernel_hits,
 )
 
@@ -36,9 +37,10 @@ def test_native_switches_are_reported():
     assert native_switches(ServerConfig(model_path="m"), {}) == []
 
 
-def _metrics(tput: float) -> ServingMetrics:
+def _metrics(tput: float, rounds: list[float] | None = None) -> ServingMetrics:
     return ServingMetrics(source="t", requests=1, output_tokens=10, duration_s=1.0, output_throughput=tput,
-                          mean_ttft_ms=1.0, median_ttft_ms=1.0, mean_itl_ms=2.0, median_itl_ms=2.0)
+                          mean_ttft_ms=1.0, median_ttft_ms=1.0, mean_itl_ms=2.0, median_itl_ms=2.0,
+                          round_throughputs=rounds or [tput])
 
 
 def test_no_gain_is_claimed_when_the_pack_did_not_engage():
@@ -47,6 +49,39 @@ def test_no_gain_is_claimed_when_the_pack_did_not_engage():
     assert out["throughput_gain"] is None and "no gain is claimed" in out["notes"][-1]
     out = compare(_metrics(100.0), _metrics(150.0), Engagement(True, {}, []), [])
     assert out["throughput_gain"] == 1.5
+
+
+def test_a_gain_inside_the_rounds_noise_says_so():
+    engaged = Engagement(True, {}, [])
+    apart = compare(_metrics(100.0, [96.0, 100.0, 103.0]), _metrics(120.0, [110.0, 120.0, 125.0]), engaged, [])
+    assert apart["beyond_noise"] and not apart["notes"]
+    overlap = compare(_metrics(100.0, [90.0, 100.0, 112.0]), _metrics(105.0, [95.0, 105.0, 110.0]), engaged, [])
+    assert not overlap["beyond_noise"] and "within the rounds' noise" in overlap["notes"][0]
+
+
+def _probe(ids: list[int], logprobs: list[float] | None = None) -> dict:
+    return {"ids": ids, "logprobs": logprobs or [-1.0] * len(ids)}
+
+
+def test_served_fidelity_compares_greedy_outputs():
+    same = served_fidelity([_probe([5, 6, 7, 8])], [_probe([5, 6, 7, 8], [-1.0, -1.0, -1.001, -1.0])])
+    assert same.greedy_match and same.token_agreement == 1.0 and abs(same.max_abs_logit_diff - 0.001) < 1e-9
+    # after the first divergence the logprobs belong to different prefixes: not compared
+    split = served_fidelity([_probe([5, 6, 7, 8])], [_probe([5, 9, 7, 8], [-1.0, -3.0, -9.0, -9.0])])
+    assert not split.greedy_match and split.token_agreement == 0.25 and split.max_abs_logit_diff == 0.0
+    varied = [_probe(list(range(20)))]
+    collapsed = served_fidelity(varied, [_probe([0, 1] + [2] * 18)])
+    assert collapsed.repetition_collapse and collapsed.distinct_3grams_after < 0.2
+    assert not served_fidelity(varied, varied).repetition_collapse
+
+
+def test_optimize_engine_sglang_bad_arguments_are_one_line(capsys):
+    assert main(["optimize", "--engine", "sglang"]) == 2
+    assert "needs --model" in capsys.readouterr().err
+    assert main(["optimize", "--engine", "sglang", "--model", "m", "--launch-cmd", "x", "--llm", "openai/x"]) == 2
+    assert "drop --llm" in capsys.readouterr().err
+    assert main(["optimize", "--engine", "sglang", "--model", "m", "--launch-cmd", "x", "--concurrency", "0"]) == 2
+    assert "--concurrency must be at least 1" in capsys.readouterr().err
 
 
 def test_trace_kernel_hits_per_rank(tmp_path):

@@ -4,11 +4,11 @@ clean shutdown — against a stand-in server speaking SGLang's HTTP protocol (a 
 from __future__ import annotations
 
 import os
-import socket
 import sys
 from pathlib import Path
 
 import pytest
+from helpers import free_port
 
 from kernelbot import KernelbotError
 from kernelbot.engine.sglang_adapter import (
@@ -23,11 +23,6 @@ from kernelbot.engine.sglang_adapter import (
 STANDIN = [sys.executable, str(Path(__file__).with_name("standin_sglang_server.py"))]
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def _alive(pid: int) -> bool:
     try:
@@ -38,7 +33,7 @@ def _alive(pid: int) -> bool:
 
 
 def test_launch_serve_profile_and_stop(tmp_path):
-    config = ServerConfig(model_path="fake/model", tp=2, port=_port(), launch_cmd=STANDIN, ready_timeout=60,
+    config = ServerConfig(model_path="fake/model", tp=2, port=free_port(), launch_cmd=STANDIN, ready_timeout=60,
                           pack_dir=tmp_path / "pack", counts_dir=tmp_path / "counts")
     (tmp_path / "pack").mkdir()
     server = SGLangServer(config, tmp_path / "server.log")
@@ -55,6 +50,6 @@ def test_launch_serve_profile_and_stop(tmp_path):
 
 
 def test_a_server_that_dies_is_a_one_line_error(tmp_path):
-    config = ServerConfig(model_path="fake/model", port=_port(), launch_cmd=[*STANDIN, "--die"], ready_timeout=60)
+    config = ServerConfig(model_path="fake/model", port=free_port(), launch_cmd=[*STANDIN, "--die"], ready_timeout=60)
     with pytest.raises(KernelbotError, match="exited with code 3 before it was ready"):
         SGLangServer(config, tmp_path / "server.log").start()

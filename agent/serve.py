@@ -1,0 +1,249 @@
+"""`kernelbot optimize --engine sglang`: the loop over a model served by SGLang.
+
+baseline server (no pack): serving rounds → greedy probe → /start_profile traces, one per rank; stop it →
+rank rank 0's trace → tasks for the layers the plugin can route → candidates verified and benchmarked here
+(the server is down, so they have the device to themselves) → pack → server with the plugin and the pack:
+the same rounds, probe and traces, plus each rank's counters → engagement, fidelity, serving gain → report.
+
+Records land in the run directory as in the in-process loop (hotspots.json, tasks/, pack/, report.json), with
+the servers' logs and per-rank traces under serve/.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from rich.console import Console
+
+from kernelbot import KernelbotError
+from kernelbot.agent.optimize import OptimizeOptions, Stages, try_candidates
+from kernelbot.agent.pack import Accepted, build_pack
+from kernelbot.agent.proposer import available_backends
+from kernelbot.agent.report import write_served_report
+from kernelbot.agent.tasks import skip_reason, task_for, write_task
+from kernelbot.engine import sglang_adapter as sg
+from kernelbot.engine.sglang_plugin import TARGETS, read_counts
+from kernelbot.profiler.hotspots import rank_hotspots
+from kernelbot.profiler.trace import load_trace
+from kernelbot.records import Device, Fidelity, Hotspot, KernelResult, ServedReport, ServingMetrics, Task
+from kernelbot.rundir import new_run_dir, write_record
+
+
+@dataclass
+class ServeOptions:
+    model_path: str
+    run_dir: Path | None = None
+    tp: int = 1
+    port: int = 30000
+    launch_cmd: list[str] | None = None  # default: python -m sglang.launch_server
+    server_args: list[str] = field(default_factory=list)
+    workload: sg.Workload = field(default_factory=sg.Workload)
+    serving_rounds: int = 3  # workload runs per server; the median one is reported
+    profile_prompts: int = 8  # requests in the profiled run (traces of whole workloads get large)
+    probe_prompts: int = 4
+    probe_tokens: int = 32
+    ready_timeout: float = 900.0
+    candidate: OptimizeOptions = field(default_factory=OptimizeOptions)  # seed, timeouts, rounds, families...
+
+
+def _device() -> Device:
+    import torch
+
+    if not torch.cuda.is_available():
+        from kernelbot.profiler.device import measure_cpu
+
+        return measure_cpu()
+    from kernelbot.profiler.peaks import lookup
+
+    name = torch.cuda.get_device_name()
+    peaks = lookup([{"name": name}])
+    if peaks is None:
+        raise KernelbotError(f"no peaks known for {name}: add it to profiler/peaks.py")
+    return Device(kind="cuda", name=name, threads=torch.cuda.device_count(), peak_gflops=peaks.tflops_fp32 * 1e3,
+                  peak_gbps=peaks.gbps, peaks_source=peaks.source)
+
+
+def served_init_args(family: str, hotspot: Hotspot, config: dict) -> list | None:
+    """A layer's constructor arguments, from the profiled shapes and the served model's config."""
+    if family == "rmsnorm" and "rms_norm_eps" in config:
+        return [hotspot.input_dims[0][-1], float(config["rms_norm_eps"])]
+    if family == "silu_and_mul":
+        return []
+    return None
+
+
+class _Serving:
+    """One server after another on the same port, each measured the same way."""
+
+    def __init__(self, opts: ServeOptions, run_dir: Path, stages: Stages, vocab: int) -> None:
+        self.opts, self.stages = opts, stages
+        self.dir = run_dir / "serve"
+        self.prompts = sg.probe_prompts(opts.probe_prompts, 16, vocab)
+        self.vocab = vocab
+
+    def config(self, name: str, pack_dir: Path | None) -> sg.ServerConfig:
+        o = self.opts
+        config = sg.ServerConfig(model_path=o.model_path, tp=o.tp, port=o.port, extra_args=list(o.server_args),
+                                 pack_dir=pack_dir, counts_dir=self.dir / name / "counts" if pack_dir else None,
+                                 ready_timeout=o.ready_timeout, disable_cuda_graph=True)
+        if o.launch_cmd:
+            config.launch_cmd = list(o.launch_cmd)
+        return config
+
+    def session(self, name: str, pack_dir: Path | None) -> tuple[ServingMetrics, list[dict], list[Path], list[str]]:
+        """(median serving round, greedy probe, per-rank traces, the server's command)."""
+        config = self.config(name, pack_dir)
+        server = sg.SGLangServer(config, self.dir / name / "server.log")
+        t0 = time.perf_counter()
+        with server:
+            self.stages.say(f"      {name}: server ready in {time.perf_counter() - t0:.0f} s "
+                            f"({' '.join(server.command()[:4])} ...)")
+            w = self.opts.workload
+            sg.run_workload(config.url, replace(w, num_prompts=max(1, w.concurrency)), self.vocab)  # warm-up
+            rounds = [sg.run_workload(config.url, replace(w, seed=w.seed + i), self.vocab)
+                      for i in range(self.opts.serving_rounds)]
+            median = sorted(rounds, key=lambda m: m.output_throughput)[len(rounds) // 2]
+            median.round_throughputs = [m.output_throughput for m in rounds]
+            self.stages.say(f"      {name}: {median.output_throughput:.1f} tok/s, TTFT {median.mean_ttft_ms:.1f} ms, "
+                            f"ITL {median.mean_itl_ms:.2f} ms (median of {len(rounds)} rounds: "
+                            f"{', '.join(f'{m.output_throughput:.1f}' for m in rounds)} tok/s)")
+            probe = sg.greedy_probe(config.url, self.prompts, self.opts.probe_tokens)
+            traces = sg.profile(config, replace(w, num_prompts=self.opts.profile_prompts), self.dir / name / "traces",
+                                vocab=self.vocab)
+            command = server.command()
+        return median, probe, traces, command
+
+
+def _plan(hotspots: list[Hotspot], config: dict, opts: ServeOptions, run_dir: Path,
+          notes: list[str]) -> list[Task]:
+    tasks: list[Task] = []
+    c = opts.candidate
+    for h in hotspots:
+        reason = skip_reason(h, c.min_share)
+        if reason is None and h.family not in TARGETS:
+            reason = f"the SGLang plugin routes no layer to the {h.family} family"
+        if reason is None and c.families is not None and h.family not in c.families:
+            reason = f"family {h.family} not selected (--families)"
+        init_args = served_init_args(h.family, h, config) if reason is None else None
+        if reason is None and init_args is None:
+            reason = f"the model's config.json does not give the {h.family} layer's arguments"
+        if reason is None and len(tasks) >= c.max_tasks:
+            reason = f"over the --max-tasks {c.max_tasks} budget"
+        if reason:
+            if h.share >= c.min_share:
+                notes.append(f"{h.id} {h.module_class} {h.input_dims} ({h.share:.1%}): no task, {reason}")
+            continue
+        task = task_for(h, init_args)
+        write_task(task, run_dir / "tasks" / task.id)
+        tasks.append(task)
+    return tasks
+
+
+def _rank(traces: list[Path], device: Device, run_dir: Path, name: str) -> list[Hotspot]:
+    hotspots = rank_hotspots(load_trace(traces[0]), device)  # TP ranks run the same layers at the same shapes
+    write_record(run_dir / name, hotspots)
+    return hotspots
+
+
+def optimize_served(opts: ServeOptions, console: Console | None = None) -> ServedReport:
+    """A new run against a served model; a SIGTERM stops the server it has up before the run ends."""
+    if threading.current_thread() is not threading.main_thread():
+        return _optimize_served(opts, console)
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        return _optimize_served(opts, console)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)  # unwinds through `with server:`, which stops the server's process group
+
+
+def _optimize_served(opts: ServeOptions, console: Console | None) -> ServedReport:
+    t_start = time.perf_counter()
+    run_id, run_dir = new_run_dir(opts.run_dir)
+    console = console or Console(soft_wrap=True)
+    stages = Stages(console, run_dir)
+    config = sg.model_config(opts.model_path)
+    stages.say(f"[bold]kernelbot optimize --engine sglang[/bold] {opts.model_path} (tp {opts.tp}) → {run_dir}")
+    device = _device()
+    write_record(run_dir / "device.json", device)
+    notes = sg.native_switches(sg.ServerConfig(model_path=opts.model_path, extra_args=opts.server_args))
+    serving = _Serving(opts, run_dir, stages, int(config.get("vocab_size", 1000)))
+
+    stages.say("[1/6] baseline: serving rounds, greedy probe and per-rank traces without the pack")
+    before, probe_before, traces, command = serving.session("baseline", None)
+    hotspots = _rank(traces, device, run_dir, "hotspots.json")
+    for h in hotspots[:6]:
+        stages.say(f"      {h.id} {h.module_class:28s} {h.share:6.1%}  headroom {h.score_us / 1e3:8.1f} ms")
+
+    stages.say("[2/6] tasks: hotspots the plugin can route → KernelBench-format references")
+    tasks = _plan(hotspots, config, opts, run_dir, notes)
+    stages.say(f"      {len(tasks)} tasks: {', '.join(t.id for t in tasks) or 'none'}")
+
+    stages.say("[3/6] generate + verify + benchmark (built-in proposer; candidates run in the sandbox)")
+    kernels: list[KernelResult] = []
+    accepted: list[Accepted] = []
+    backends = available_backends(device.kind)
+    by_id = {h.id: h for h in hotspots}
+    for task in tasks:
+        rows, best = try_candidates(task, run_dir / "tasks" / task.id, backends, device.kind, opts.candidate,
+                                    stages, hotspot=by_id.get(task.hotspot_id))
+        kernels += rows
+        if best is not None:
+            accepted.append(best)
+    pack = build_pack(accepted, run_id, device.name, run_dir / "pack")
+    stages.say(f"[4/6] pack: {len(pack.entries)} kernels ({pack.version})")
+
+    after = None
+    fid: Fidelity | None = None
+    engaged = sg.Engagement(engaged=False, per_rank={}, notes=["no kernel was accepted: nothing to serve"])
+    hits: dict[str, int] = {}
+    hotspots_after: list[Hotspot] = []
+    if pack.entries:
+        stages.say("[5/6] with the pack: the plugin in every rank, the same rounds, probe and traces")
+        after, probe_after, traces_after, command = serving.session("with_pack", run_dir / "pack")
+        try:
+            hotspots_after = _rank(traces_after, device, run_dir, "hotspots_after.json")
+        except KernelbotError as exc:  # the serving numbers and counters stand without it
+            notes.append(f"the profile with the pack could not be ranked: {exc}")
+        counts = read_counts(serving.dir / "with_pack" / "counts")
+        names = sorted({n for c in counts for ns in c.get("device_kernels", {}).values() for n in ns})
+        hits = sg.trace_kernel_hits(traces_after, names) if names else {}
+        engaged = sg.engagement(counts, opts.tp, hits)
+        fid = sg.served_fidelity(probe_before, probe_after)
+        _count_calls(kernels, counts)
+    stages.say("[6/6] report")
+    gains = sg.compare(before, after, engaged, []) if after is not None else {}
+    notes += gains.get("notes", engaged.notes)
+    if fid is not None and (not fid.greedy_match or fid.repetition_collapse):
+        notes.append("fidelity: the served model's greedy outputs changed with the pack; do not ship it")
+    report = ServedReport(
+        run_id=run_id, engine="sglang", model_path=opts.model_path, tp=opts.tp, device=device,
+        server_command=command, before=before, after=after, throughput_gain=gains.get("throughput_gain"),
+        itl_gain=gains.get("itl_gain"), beyond_noise=gains.get("beyond_noise", False), engaged=engaged.engaged,
+        per_rank={str(k): v for k, v in engaged.per_rank.items()}, trace_hits=hits, fidelity=fid, kernels=kernels,
+        hotspots_before=hotspots, hotspots_after=hotspots_after, pack_version=pack.version, notes=notes,
+        seconds=round(time.perf_counter() - t_start, 1))
+    write_served_report(report, run_dir, console)
+    return report
+
+
+def _count_calls(kernels: list[KernelResult], counts: list[dict]) -> None:
+    """Calls into each accepted kernel and fallbacks on its layer class, summed over ranks, from the plugin."""
+    calls: dict[str, int] = {}
+    fallbacks: dict[str, int] = {}
+    for c in counts:
+        for cid, n in c["custom"].items():
+            calls[cid] = calls.get(cid, 0) + n["calls"] + n["captured"]
+        for cls, reasons in c["fallback"].items():
+            fallbacks[cls] = fallbacks.get(cls, 0) + sum(reasons.values())
+    for row in kernels:
+        row.calls = calls.get(row.candidate_id.replace("/", "__"), 0)
+        if row.status == "accepted":
+            row.fallback_calls = fallbacks.get(row.module, 0)
