@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from kernelbot import KernelbotError
-from kernelbot.records import Bench, Candidate, Hotspot, KernelResult, Pack, Report, Verdict
+from kernelbot.records import Bench, Candidate, Hotspot, KernelResult, Pack, Report, ServedReport, Verdict
 
 DETAIL = 240  # characters of a check's detail in the description
 TOLERANCES = {  # relative L2, absolute (of max|ref|), per element; agent/numerics.py's table, kept torch-free here
@@ -131,6 +131,9 @@ def describe(run_dir: Path) -> tuple[str, str, Report, Pack]:
     """(title, markdown description, report, pack) for a finished run."""
     report: Report = _read(run_dir / "report.json", Report)
     pack: Pack = _read(run_dir / "pack" / "manifest.json", Pack)
+    if report is None and _read(run_dir / "report.json", ServedReport) is not None:
+        raise KernelbotError(f"{run_dir} is a served run (--engine sglang): kernelbot pr covers in-process runs; "
+                             "its evidence is report.md, and `kernelbot promote` ships it")
     if report is None or pack is None:
         raise KernelbotError(f"{run_dir}: no report.json or pack/manifest.json; finish the run first "
                              f"(kernelbot optimize --resume {run_dir})")

@@ -1,12 +1,13 @@
 """`kernelbot optimize --engine sglang`: the loop over a model served by SGLang.
 
-baseline server (no pack): serving rounds → greedy probe → /start_profile traces, one per rank; stop it →
-rank rank 0's trace → tasks for the layers the plugin can route → candidates verified and benchmarked here
-(the server is down, so they have the device to themselves) → pack → server with the plugin and the pack:
-the same rounds, probe and traces, plus each rank's counters → engagement, fidelity, serving gain → report.
+baseline server (no pack): serving rounds → greedy probe → /start_profile traces, one per rank (on a GPU from a
+second server without CUDA graphs, so kernels map back to layers); stop it → rank rank 0's trace → tasks for the
+layers the plugin can route → candidates verified and benchmarked here (no server holds the device meanwhile) →
+pack → server with the plugin and the pack: the same rounds, probe and traces, plus each rank's counters →
+engagement, fidelity, serving gain → report.
 
 Records land in the run directory as in the in-process loop (hotspots.json, tasks/, pack/, report.json), with
-the servers' logs and per-rank traces under serve/.
+the servers' logs, counters and per-rank traces under serve/<server>/.
 """
 
 from __future__ import annotations
@@ -76,46 +77,65 @@ def served_init_args(family: str, hotspot: Hotspot, config: dict) -> list | None
     return None
 
 
-class _Serving:
-    """One server after another on the same port, each measured the same way."""
+@dataclass
+class _Session:
+    metrics: ServingMetrics | None  # the median round, when this server was measured
+    probe: list[dict]
+    traces: list[Path]
+    command: list[str]
 
-    def __init__(self, opts: ServeOptions, run_dir: Path, stages: Stages, vocab: int) -> None:
-        self.opts, self.stages = opts, stages
+
+class _Serving:
+    """One server after another on the same port, each measured the same way.
+
+    Serving rounds run the server as the fleet would (CUDA graphs on, unless the user's --server-arg turns them
+    off). Under graphs a trace's kernels do not map back to the layers that launched them, so on a GPU the
+    trace that is ranked comes from a second baseline server started with --disable-cuda-graph. With the pack,
+    the graph server's own trace is what confirms replays (the pack's kernel names in each rank)."""
+
+    def __init__(self, opts: ServeOptions, run_dir: Path, stages: Stages, vocab: int, graphs: bool) -> None:
+        self.opts, self.stages, self.graphs = opts, stages, graphs
         self.dir = run_dir / "serve"
         self.prompts = sg.probe_prompts(opts.probe_prompts, 16, vocab)
         self.vocab = vocab
 
-    def config(self, name: str, pack_dir: Path | None) -> sg.ServerConfig:
+    def config(self, name: str, pack_dir: Path | None, disable_graphs: bool) -> sg.ServerConfig:
         o = self.opts
         config = sg.ServerConfig(model_path=o.model_path, tp=o.tp, port=o.port, extra_args=list(o.server_args),
                                  pack_dir=pack_dir, counts_dir=self.dir / name / "counts" if pack_dir else None,
-                                 ready_timeout=o.ready_timeout, disable_cuda_graph=True)
+                                 ready_timeout=o.ready_timeout, disable_cuda_graph=disable_graphs)
         if o.launch_cmd:
             config.launch_cmd = list(o.launch_cmd)
         return config
 
-    def session(self, name: str, pack_dir: Path | None) -> tuple[ServingMetrics, list[dict], list[Path], list[str]]:
-        """(median serving round, greedy probe, per-rank traces, the server's command)."""
-        config = self.config(name, pack_dir)
+    def session(self, name: str, pack_dir: Path | None, serve: bool = True, disable_graphs: bool = False) -> _Session:
+        """Start a server; measure it (serving rounds, greedy probe) when `serve`; trace it; stop it."""
+        config = self.config(name, pack_dir, disable_graphs or not self.graphs)
         server = sg.SGLangServer(config, self.dir / name / "server.log")
         t0 = time.perf_counter()
+        median, probe = None, []
         with server:
             self.stages.say(f"      {name}: server ready in {time.perf_counter() - t0:.0f} s "
                             f"({' '.join(server.command()[:4])} ...)")
             w = self.opts.workload
             sg.run_workload(config.url, replace(w, num_prompts=max(1, w.concurrency)), self.vocab)  # warm-up
-            rounds = [sg.run_workload(config.url, replace(w, seed=w.seed + i), self.vocab)
-                      for i in range(self.opts.serving_rounds)]
-            median = sorted(rounds, key=lambda m: m.output_throughput)[len(rounds) // 2]
-            median.round_throughputs = [m.output_throughput for m in rounds]
-            self.stages.say(f"      {name}: {median.output_throughput:.1f} tok/s, TTFT {median.mean_ttft_ms:.1f} ms, "
-                            f"ITL {median.mean_itl_ms:.2f} ms (median of {len(rounds)} rounds: "
-                            f"{', '.join(f'{m.output_throughput:.1f}' for m in rounds)} tok/s)")
-            probe = sg.greedy_probe(config.url, self.prompts, self.opts.probe_tokens)
+            if serve:
+                median = self._rounds(config, name)
+                probe = sg.greedy_probe(config.url, self.prompts, self.opts.probe_tokens)
             traces = sg.profile(config, replace(w, num_prompts=self.opts.profile_prompts), self.dir / name / "traces",
                                 vocab=self.vocab)
-            command = server.command()
-        return median, probe, traces, command
+            return _Session(median, probe, traces, server.command())
+
+    def _rounds(self, config: sg.ServerConfig, name: str) -> ServingMetrics:
+        w = self.opts.workload
+        rounds = [sg.run_workload(config.url, replace(w, seed=w.seed + i), self.vocab)
+                  for i in range(self.opts.serving_rounds)]
+        median = sorted(rounds, key=lambda m: m.output_throughput)[len(rounds) // 2]
+        median.round_throughputs = [m.output_throughput for m in rounds]
+        self.stages.say(f"      {name}: {median.output_throughput:.1f} tok/s, TTFT {median.mean_ttft_ms:.1f} ms, "
+                        f"ITL {median.mean_itl_ms:.2f} ms (median of {len(rounds)} rounds: "
+                        f"{', '.join(f'{m.output_throughput:.1f}' for m in rounds)} tok/s)")
+        return median
 
 
 def _plan(hotspots: list[Hotspot], config: dict, opts: ServeOptions, run_dir: Path,
@@ -174,11 +194,15 @@ def _optimize_served(opts: ServeOptions, console: Console | None) -> ServedRepor
     device = _device()
     write_record(run_dir / "device.json", device)
     notes = sg.native_switches(sg.ServerConfig(model_path=opts.model_path, extra_args=opts.server_args))
-    serving = _Serving(opts, run_dir, stages, int(config.get("vocab_size", 1000)))
+    graphs = device.kind == "cuda" and "--disable-cuda-graph" not in opts.server_args  # SGLang's default on GPUs
+    serving = _Serving(opts, run_dir, stages, int(config.get("vocab_size", 1000)), graphs)
 
     stages.say("[1/6] baseline: serving rounds, greedy probe and per-rank traces without the pack")
-    before, probe_before, traces, command = serving.session("baseline", None)
-    hotspots = _rank(traces, device, run_dir, "hotspots.json")
+    base = serving.session("baseline", None)
+    assert base.metrics is not None
+    if graphs:
+        base.traces = serving.session("baseline_eager", None, serve=False, disable_graphs=True).traces
+    hotspots = _rank(base.traces, device, run_dir, "hotspots.json")
     for h in hotspots[:6]:
         stages.say(f"      {h.id} {h.module_class:28s} {h.share:6.1%}  headroom {h.score_us / 1e3:8.1f} ms")
 
@@ -200,32 +224,33 @@ def _optimize_served(opts: ServeOptions, console: Console | None) -> ServedRepor
     pack = build_pack(accepted, run_id, device.name, run_dir / "pack")
     stages.say(f"[4/6] pack: {len(pack.entries)} kernels ({pack.version})")
 
-    after = None
+    after, command = None, base.command
     fid: Fidelity | None = None
     engaged = sg.Engagement(engaged=False, per_rank={}, notes=["no kernel was accepted: nothing to serve"])
     hits: dict[str, int] = {}
     hotspots_after: list[Hotspot] = []
     if pack.entries:
         stages.say("[5/6] with the pack: the plugin in every rank, the same rounds, probe and traces")
-        after, probe_after, traces_after, command = serving.session("with_pack", run_dir / "pack")
+        with_pack = serving.session("with_pack", run_dir / "pack")
+        after, command = with_pack.metrics, with_pack.command
         try:
-            hotspots_after = _rank(traces_after, device, run_dir, "hotspots_after.json")
+            hotspots_after = _rank(with_pack.traces, device, run_dir, "hotspots_after.json")
         except KernelbotError as exc:  # the serving numbers and counters stand without it
             notes.append(f"the profile with the pack could not be ranked: {exc}")
         counts = read_counts(serving.dir / "with_pack" / "counts")
         names = sorted({n for c in counts for ns in c.get("device_kernels", {}).values() for n in ns})
-        hits = sg.trace_kernel_hits(traces_after, names) if names else {}
+        hits = sg.trace_kernel_hits(with_pack.traces, names) if names else {}
         engaged = sg.engagement(counts, opts.tp, hits)
-        fid = sg.served_fidelity(probe_before, probe_after)
+        fid = sg.served_fidelity(base.probe, with_pack.probe)
         _count_calls(kernels, counts)
     stages.say("[6/6] report")
-    gains = sg.compare(before, after, engaged, []) if after is not None else {}
+    gains = sg.compare(base.metrics, after, engaged, []) if after is not None else {}
     notes += gains.get("notes", engaged.notes)
     if fid is not None and (not fid.greedy_match or fid.repetition_collapse):
         notes.append("fidelity: the served model's greedy outputs changed with the pack; do not ship it")
     report = ServedReport(
         run_id=run_id, engine="sglang", model_path=opts.model_path, tp=opts.tp, device=device,
-        server_command=command, before=before, after=after, throughput_gain=gains.get("throughput_gain"),
+        server_command=command, before=base.metrics, after=after, throughput_gain=gains.get("throughput_gain"),
         itl_gain=gains.get("itl_gain"), beyond_noise=gains.get("beyond_noise", False), engaged=engaged.engaged,
         per_rank={str(k): v for k, v in engaged.per_rank.items()}, trace_hits=hits, fidelity=fid, kernels=kernels,
         hotspots_before=hotspots, hotspots_after=hotspots_after, pack_version=pack.version, notes=notes,

@@ -170,7 +170,7 @@ class _Layer:
     params: tuple[str, ...]  # forward's parameters in order, the input first
     variant: Callable[[torch.nn.Module, dict[str, Any], str], str]  # why no kernel takes this call ("" if one may)
     fits: Callable[[Any, torch.nn.Module], bool]  # was this pack entry built with this layer's arguments?
-    run: Callable[[torch.nn.Module, dict[str, Any]], Any]  # the call, through the pack's kernel
+    run: Callable[[Callable[..., Any], dict[str, Any]], Any]  # the call, through the pack kernel's forward
 
 
 def _hook_for(spec: _Layer) -> Callable[..., Any]:
@@ -195,7 +195,7 @@ def _hook_for(spec: _Layer) -> Callable[..., Any]:
         if entry is None:
             _fallback(state, layer, reason, capturing)
             return original(layer, *args, **kwargs)
-        kernel = _kernel(state, entry, layer, x.device)
+        kernel = _kernel(state, entry, layer, x.device).forward  # not __call__: no module hooks to run
         counts = state.custom[entry.candidate_id]
         counts["captured" if capturing else "calls"] += 1
         state.write(force=counts["calls"] + counts["captured"] == 1)
@@ -278,7 +278,7 @@ def _rmsnorm_variant(layer: torch.nn.Module, call: dict[str, Any], dtype: str) -
     return ""
 
 
-def _rmsnorm_run(kernel: torch.nn.Module, call: dict[str, Any]) -> Any:
+def _rmsnorm_run(kernel: Callable[..., Any], call: dict[str, Any]) -> Any:
     x, residual = call["x"], call.get("residual")
     if residual is not None:  # SGLang's own order: x + residual (+ post addition), all in fp32
         x = x + residual

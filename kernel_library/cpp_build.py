@@ -10,7 +10,7 @@ from types import ModuleType
 
 from kernelbot.loading import load_module
 
-CFLAGS = ["-O3", "-mavx2", "-mfma", "-fno-math-errno", "-fopenmp"]
+CFLAGS = ["-O3", "-mavx2", "-mfma", "-fno-math-errno", "-fno-trapping-math", "-fopenmp"]  # no flag changes results
 _loaded: dict[str, ModuleType] = {}
 
 

@@ -76,6 +76,7 @@ def test_served_loop_profiles_packs_engages_and_keeps_outputs(tmp_path, one_cpp_
     assert "## Engagement per rank" in (run_dir / "report.md").read_text()
     assert len(list((run_dir / "serve" / "baseline" / "traces").glob("*.trace.json.gz"))) == 1
     assert _port_closed(port)  # both servers were stopped
+    assert main(["pr", str(run_dir), "--no-open"]) == 2  # a served run's evidence is its report, not a PR bundle
 
 
 @pytest.mark.slow

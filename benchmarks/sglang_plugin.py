@@ -1,0 +1,95 @@
+"""What a call through kernelbot's SGLang plugin costs next to SGLang's own path, per layer and shape.
+
+Run with the SGLang test environment's python (`.ci/sglang_env.sh`):
+
+    .venv-sglang/bin/python benchmarks/sglang_plugin.py
+
+It writes a pack of the library's C++ kernels (RMSNorm at hidden 256, SiluAndMul at width 2048, verified
+shapes of 4 and 32 rows), loads the plugin through SGLang's own `load_plugins()`, and times each call both
+ways in interleaved rounds on the CPU: the layer called as a model calls it (hook, routing, the pack's kernel)
+and `forward_native` (what SGLang runs on a CPU without AMX). Medians over rounds; µs per call.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+HIDDEN, WIDTH, EPS = 256, 2048, 1e-6
+
+
+def write_pack(pack_dir: Path) -> None:
+    from kernelbot.kernel_library import FAMILIES
+    from kernelbot.records import Pack, PackEntry
+
+    (pack_dir / "kernels").mkdir(parents=True)
+    entries = []
+    for family, module, width, init in (("rmsnorm", "RMSNorm", HIDDEN, [HIDDEN, EPS]),
+                                        ("silu_and_mul", "SiluAndMul", WIDTH, [])):
+        for rows in (4, 32):
+            cid = f"{family}_{rows}"
+            entries.append(PackEntry(task_id=cid, candidate_id=cid, family=family, module_class=module,
+                                     input_shapes=[[rows, width]], init_args=init, dtype="float32", backend="cpp",
+                                     config={"grain": 16}, source_file=f"kernels/{cid}.py", source_hash="bench",
+                                     verification="pass: benchmark", speedup=1.0))
+            (pack_dir / entries[-1].source_file).write_text(FAMILIES[family].candidate_source("cpp", {"grain": 16}))
+    pack = Pack(version="bench", run_id="bench", device="cpu", entries=entries)
+    (pack_dir / "manifest.json").write_text(pack.model_dump_json())
+
+
+def per_call_us(fn, iters: int) -> float:
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    return (time.perf_counter() - t0) / iters * 1e6
+
+
+def main(rounds: int = 15, iters: int = 300) -> None:
+    sys.path.insert(0, str(ROOT / "tests"))
+    from sglang_child import _torchvision_ops  # the CPU wheel's torchvision needs two schemas declared
+
+    import torch
+
+    pack_dir = Path(tempfile.mkdtemp(prefix="kb-bench-")) / "pack"
+    write_pack(pack_dir)
+    os.environ.update({"SGLANG_PLUGINS": "kernelbot_pack", "KERNELBOT_PACK_DIR": str(pack_dir)})
+    _torchvision_ops()
+    from sglang.srt.plugins import load_plugins
+
+    load_plugins()
+    from sglang.srt.layers.activation import SiluAndMul
+    from sglang.srt.layers.layernorm import RMSNorm
+
+    torch.manual_seed(0)
+    norm, silu = RMSNorm(HIDDEN, eps=EPS), SiluAndMul()
+    cases = []
+    for rows in (4, 32):
+        x, r, g = torch.randn(rows, HIDDEN), torch.randn(rows, HIDDEN), torch.randn(rows, WIDTH)
+        cases += [(f"RMSNorm [{rows}, {HIDDEN}]", lambda x=x: norm(x), lambda x=x: norm.forward_native(x)),
+                  (f"RMSNorm + residual [{rows}, {HIDDEN}]", lambda x=x, r=r: norm(x, r),
+                   lambda x=x, r=r: norm.forward_native(x, r)),
+                  (f"SiluAndMul [{rows}, {WIDTH}]", lambda g=g: silu(g), lambda g=g: silu.forward_native(g))]
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; median of {rounds} rounds x {iters} calls")
+    print(f"{'call':34s} {'plugin + pack µs':>17s} {'forward_native µs':>18s} {'ratio':>7s}")
+    with torch.inference_mode():
+        for name, hooked, native in cases:
+            hooked(), native()  # load the kernel, warm the caches
+            times: dict[str, list[float]] = {"hooked": [], "native": []}
+            for _ in range(rounds):
+                times["hooked"].append(per_call_us(hooked, iters))
+                times["native"].append(per_call_us(native, iters))
+            h, n = statistics.median(times["hooked"]), statistics.median(times["native"])
+            print(f"{name:34s} {h:17.1f} {n:18.1f} {n / h:6.2f}x")
+    from kernelbot.engine import sglang_plugin
+
+    custom = sglang_plugin._STATE.custom if sglang_plugin._STATE else {}
+    print("calls into the pack:", {k: v["calls"] for k, v in custom.items()})
+
+
+if __name__ == "__main__":
+    main()
