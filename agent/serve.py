@@ -96,7 +96,7 @@ class _Serving:
     def __init__(self, opts: ServeOptions, run_dir: Path, stages: Stages, vocab: int, graphs: bool) -> None:
         self.opts, self.stages, self.graphs = opts, stages, graphs
         self.dir = run_dir / "serve"
-        self.prompts = sg.probe_prompts(opts.probe_prompts, 16, vocab)
+        self.prompts = sg.random_prompts(opts.probe_prompts, 16, vocab, seed=1)
         self.vocab = vocab
 
     def config(self, name: str, pack_dir: Path | None, disable_graphs: bool) -> sg.ServerConfig:

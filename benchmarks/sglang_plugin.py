@@ -51,9 +51,8 @@ def per_call_us(fn, iters: int) -> float:
 
 def main(rounds: int = 15, iters: int = 300) -> None:
     sys.path.insert(0, str(ROOT / "tests"))
-    from sglang_child import _torchvision_ops  # the CPU wheel's torchvision needs two schemas declared
-
     import torch
+    from sglang_child import _torchvision_ops  # the CPU wheel's torchvision needs two schemas declared
 
     pack_dir = Path(tempfile.mkdtemp(prefix="kb-bench-")) / "pack"
     write_pack(pack_dir)

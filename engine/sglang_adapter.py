@@ -177,12 +177,9 @@ def _one_request(url: str, prompt: list[int], output_len: int) -> tuple[float, l
 def run_workload(url: str, workload: Workload, vocab: int = 1000) -> ServingMetrics:
     """The built-in request generator: random prompts of input_len tokens, output_len greedy tokens each,
     `concurrency` requests in flight."""
-    import random
-
     from kernelbot.engine.telemetry import snapshot
 
-    rng = random.Random(workload.seed)
-    prompts = [[rng.randrange(10, vocab) for _ in range(workload.input_len)] for _ in range(workload.num_prompts)]
+    prompts = random_prompts(workload.num_prompts, workload.input_len, vocab, workload.seed)
     results: list[tuple[float, list[float], int]] = []
     errors: list[str] = []
     lock = threading.Lock()
@@ -276,7 +273,8 @@ def greedy_probe(url: str, prompts: list[list[int]], max_new_tokens: int) -> lis
     return out
 
 
-def probe_prompts(n: int, length: int, vocab: int, seed: int = 1) -> list[list[int]]:
+def random_prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+    """n prompts of `length` token ids, seeded (ids below 10 are left out: special tokens in most vocabularies)."""
     import random
 
     rng = random.Random(seed)
