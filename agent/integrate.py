@@ -70,3 +70,23 @@ def time_end_to_end(engine: TorchEngine, pack: Pack, pack_dir: Path, rounds: int
 
 def median(xs: list[float]) -> float | None:
     return round(statistics.median(xs), 2) if xs else None
+
+
+def served_fidelity(before: list[dict[str, list]], after: list[dict[str, list]]) -> Fidelity:
+    """Greedy parity, token agreement, |Δ logprob| of the chosen tokens up to each output's first divergence,
+    and whether the outputs with the pack collapsed into repetition."""
+    agree = total = 0
+    worst = 0.0
+    for b, a in zip(before, after, strict=True):
+        total += len(b["ids"])
+        for tb, ta, lb, la in zip(b["ids"], a["ids"], b["logprobs"], a["logprobs"], strict=False):
+            if tb != ta:
+                break
+            agree += 1
+            worst = max(worst, abs(lb - la))
+    d_before = distinct_ngrams([b["ids"] for b in before])
+    d_after = distinct_ngrams([a["ids"] for a in after])
+    return Fidelity(max_abs_logit_diff=worst, greedy_match=agree == total and
+                    all(len(a["ids"]) == len(b["ids"]) for a, b in zip(after, before, strict=True)),
+                    token_agreement=agree / max(total, 1), distinct_3grams_before=d_before,
+                    distinct_3grams_after=d_after, repetition_collapse=d_after < 0.5 * d_before)

@@ -8,7 +8,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from kernelbot.records import Hotspot, LLMUsage, Report, ServedReport, ServingMetrics
+from kernelbot.records import Hotspot, KernelResult, LLMUsage, Report, ServedReport, ServingMetrics
 from kernelbot.rundir import write_record
 
 
@@ -25,6 +25,20 @@ def _hotspot_rows(hotspots: list[Hotspot], top: int = 12) -> list[str]:
                     f"{h.calls} | "
                     f"{h.total_us / 1e3:.1f} | {h.share:.1%} | {h.floor_us / 1e3:.2f} | {h.score_us / 1e3:.1f} |")
     return rows
+
+
+def _kernel_rows(kernels: list[KernelResult]) -> list[str]:
+    rows = ["| candidate | op | module | backend | shapes | status | speedup | calls | reason |",
+            "|---|---|---|---|---|---|---:|---:|---|"]
+    for k in kernels:
+        speed = f"{k.speedup:.2f}x" if k.speedup else "—"
+        rows.append(f"| {k.candidate_id} | {k.op} | {k.module} | {k.backend} | {k.shapes} | {k.status} | {speed} | "
+                    f"{k.calls} | {k.reason.replace('|', '/')} |")
+    return rows
+
+
+def _closing(notes: list[str], seconds: float) -> list[str]:
+    return (["", "## Notes", "", *[f"- {n}" for n in notes]] if notes else []) + ["", f"Run took {seconds:.0f} s.", ""]
 
 
 def llm_line(u: LLMUsage) -> str:
@@ -83,13 +97,8 @@ def render_markdown(r: Report, figures: Iterable[str] = ()) -> str:
         "",
         f"## Kernels ({len(accepted)} accepted of {len(r.kernels)} candidates)",
         "",
-        "| candidate | op | module | backend | shapes | status | speedup | calls | reason |",
-        "|---|---|---|---|---|---|---:|---:|---|",
+        *_kernel_rows(r.kernels),
     ]
-    for k in r.kernels:
-        speed = f"{k.speedup:.2f}x" if k.speedup else "—"
-        lines.append(f"| {k.candidate_id} | {k.op} | {k.module} | {k.backend} | {k.shapes} | {k.status} | {speed} | "
-                     f"{k.calls} | {k.reason.replace('|', '/')} |")
     lines += ["", "## Accepted kernels against the roofline", "",
               "Per call, from each candidate's benchmark; floor = max(FLOPs / peak FLOP/s, bytes / peak GB/s), with "
               "the bandwidth of a copy too large for the caches. Above 100% means the benchmark's working set "
@@ -111,10 +120,7 @@ def render_markdown(r: Report, figures: Iterable[str] = ()) -> str:
         lines += ["", "## Figures", "", *[f"![{name}](plots/{name}.png)" for name in figures]]
     if r.llm is not None:
         lines += _llm_section(r.llm)
-    if r.notes:
-        lines += ["", "## Notes", "", *[f"- {n}" for n in r.notes]]
-    lines += ["", f"Run took {r.seconds:.0f} s.", ""]
-    return "\n".join(lines)
+    return "\n".join(lines + _closing(r.notes, r.seconds))
 
 
 def write_report(report: Report, run_dir: Path, console: Console | None = None) -> None:
@@ -187,18 +193,10 @@ def render_served_markdown(r: ServedReport) -> str:
         lines += ["", "Pack kernel launches in each rank's trace: "
                   + ", ".join(f"{k}: {v}" for k, v in r.trace_hits.items())]
     lines += ["", f"## Kernels ({len(accepted)} accepted of {len(r.kernels)} candidates; pack {r.pack_version})", "",
-              "| candidate | module | backend | shapes | status | speedup | calls | reason |",
-              "|---|---|---|---|---|---:|---:|---|"]
-    for k in r.kernels:
-        speed = f"{k.speedup:.2f}x" if k.speedup else "—"
-        lines.append(f"| {k.candidate_id} | {k.module} | {k.backend} | {k.shapes} | {k.status} | {speed} | "
-                     f"{k.calls} | {k.reason.replace('|', '/')} |")
+              *_kernel_rows(r.kernels)]
     lines += ["", "## Hotspots before (rank 0)", "", *_hotspot_rows(r.hotspots_before),
               "", "## Hotspots with the pack (rank 0)", "", *_hotspot_rows(r.hotspots_after)]
-    if r.notes:
-        lines += ["", "## Notes", "", *[f"- {n}" for n in r.notes]]
-    lines += ["", f"Run took {r.seconds:.0f} s.", ""]
-    return "\n".join(lines)
+    return "\n".join(lines + _closing(r.notes, r.seconds))
 
 
 def write_served_report(report: ServedReport, run_dir: Path, console: Console | None = None) -> None:

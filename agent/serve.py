@@ -21,6 +21,7 @@ from pathlib import Path
 from rich.console import Console
 
 from kernelbot import KernelbotError
+from kernelbot.agent.integrate import served_fidelity
 from kernelbot.agent.optimize import OptimizeOptions, Stages, try_candidates
 from kernelbot.agent.pack import Accepted, build_pack
 from kernelbot.agent.proposer import available_backends
@@ -241,7 +242,7 @@ def _optimize_served(opts: ServeOptions, console: Console | None) -> ServedRepor
         names = sorted({n for c in counts for ns in c.get("device_kernels", {}).values() for n in ns})
         hits = sg.trace_kernel_hits(with_pack.traces, names) if names else {}
         engaged = sg.engagement(counts, opts.tp, hits)
-        fid = sg.served_fidelity(base.probe, with_pack.probe)
+        fid = served_fidelity(base.probe, with_pack.probe)
         _count_calls(kernels, counts)
     stages.say("[6/6] report")
     gains = sg.compare(base.metrics, after, engaged, []) if after is not None else {}

@@ -20,7 +20,7 @@ from typing import Any
 
 from kernelbot import KernelbotError
 from kernelbot.engine.sglang_plugin import COUNTS_ENV, PACK_ENV, PLUGIN_NAME
-from kernelbot.records import Fidelity, ServingMetrics
+from kernelbot.records import ServingMetrics
 
 
 @dataclass
@@ -281,28 +281,6 @@ def random_prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]
     return [[rng.randrange(10, vocab) for _ in range(length)] for _ in range(n)]
 
 
-def served_fidelity(before: list[dict[str, list]], after: list[dict[str, list]]) -> Fidelity:
-    """Greedy parity, token agreement, |Δ logprob| of the chosen tokens up to each output's first divergence,
-    and whether the outputs with the pack collapsed into repetition."""
-    from kernelbot.agent.integrate import distinct_ngrams
-
-    agree = total = 0
-    worst = 0.0
-    for b, a in zip(before, after, strict=True):
-        total += len(b["ids"])
-        for tb, ta, lb, la in zip(b["ids"], a["ids"], b["logprobs"], a["logprobs"], strict=False):
-            if tb != ta:
-                break
-            agree += 1
-            worst = max(worst, abs(lb - la))
-    d_before = distinct_ngrams([b["ids"] for b in before])
-    d_after = distinct_ngrams([a["ids"] for a in after])
-    return Fidelity(max_abs_logit_diff=worst, greedy_match=agree == total and
-                    all(len(a["ids"]) == len(b["ids"]) for a, b in zip(after, before, strict=True)),
-                    token_agreement=agree / max(total, 1), distinct_3grams_before=d_before,
-                    distinct_3grams_after=d_after, repetition_collapse=d_after < 0.5 * d_before)
-
-
 def model_config(model_path: str) -> dict[str, Any]:
     """The served model's config.json (hidden size, norm epsilon...), or {} when the path is not local."""
     path = Path(model_path) / "config.json"
@@ -363,8 +341,7 @@ def engagement(counts: list[dict[str, Any]], expected_ranks: int,
 def compare(before: ServingMetrics, after: ServingMetrics, engaged: Engagement,
             switches: list[str]) -> dict[str, Any]:
     """Serving numbers before and after; a gain is claimed only when the pack engaged in every rank."""
-    result: dict[str, Any] = {"before": before.model_dump(), "after": after.model_dump(),
-                              "engaged": engaged.engaged, "notes": [*engaged.notes, *switches]}
+    result: dict[str, Any] = {"notes": [*engaged.notes, *switches]}
     if engaged.engaged:
         result["throughput_gain"] = after.output_throughput / before.output_throughput
         result["itl_gain"] = before.mean_itl_ms / after.mean_itl_ms if after.mean_itl_ms else None

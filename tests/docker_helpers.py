@@ -12,6 +12,7 @@ import socket
 import subprocess
 import tarfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -55,17 +56,13 @@ def start_dockerd(tmp: Path) -> tuple[subprocess.Popen, Any]:
             ["dockerd", f"--host=unix://{sock}", f"--data-root={tmp}/data", f"--exec-root={tmp}/x",
              f"--pidfile={tmp}/docker.pid", "--storage-driver=vfs", "--iptables=false", "--ip6tables=false",
              "--bridge=none"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    for _ in range(120):
-        try:
-            client = docker.DockerClient(base_url=f"unix://{sock}", timeout=300)  # contacts the daemon
-            client.ping()
-            return proc, client
-        except Exception:
-            if proc.poll() is not None:
-                break
-            time.sleep(0.5)
-    stop(proc)
-    raise RuntimeError(f"dockerd did not come up: {(tmp / 'dockerd.log').read_text()[-2000:]}")
+
+    def connect() -> Any:
+        client = docker.DockerClient(base_url=f"unix://{sock}", timeout=300)  # contacts the daemon
+        client.ping()
+        return client
+
+    return proc, _when_up(proc, connect, tmp / "dockerd.log")
 
 
 def start_registry(tmp: Path) -> tuple[subprocess.Popen, str]:
@@ -76,16 +73,25 @@ def start_registry(tmp: Path) -> tuple[subprocess.Popen, str]:
     with open(tmp / "registry.log", "wb") as log:
         proc = subprocess.Popen(["docker-registry", "serve", str(tmp / "registry.yml")], stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
+
+    def connect() -> str:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return f"127.0.0.1:{port}"
+
+    return proc, _when_up(proc, connect, tmp / "registry.log")
+
+
+def _when_up(proc: subprocess.Popen, connect: Callable[[], Any], log: Path) -> Any:
+    """connect()'s result once it stops raising (up to a minute); else stop the service and raise with its log."""
     for _ in range(120):
         try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                return proc, f"127.0.0.1:{port}"
-        except OSError:
+            return connect()
+        except Exception:
             if proc.poll() is not None:
                 break
             time.sleep(0.5)
     stop(proc)
-    raise RuntimeError(f"docker-registry did not come up: {(tmp / 'registry.log').read_text()[-2000:]}")
+    raise RuntimeError(f"{Path(proc.args[0]).name} did not come up: {log.read_text()[-2000:]}")
 
 
 _PYTHON_PATHS = """

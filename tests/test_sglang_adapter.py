@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 
+from kernelbot.agent.integrate import served_fidelity
 from kernelbot.cli import main
 from kernelbot.engine import telemetry
 from kernelbot.engine.sglang_adapter import (
@@ -13,7 +14,6 @@ from kernelbot.engine.sglang_adapter import (
     ServingMetrics,
     compare,
     native_switches,
-    served_fidelity,
     trace_kernel_hits,
 )
 

@@ -24,6 +24,8 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 sys.path.insert(0, str(Path(__file__).parent))
 from sglang_child import _torchvision_ops  # noqa: E402
 from standin_sglang_server import Emit, parse_args, serve  # noqa: E402
@@ -38,7 +40,6 @@ class Request:
 
 
 def build_model(config: dict, seed: int = 0):
-    import torch
     from sglang.srt.layers.activation import SiluAndMul
     from sglang.srt.layers.layernorm import RMSNorm
 
@@ -116,8 +117,6 @@ class Scheduler:
         done.wait()
 
     def _loop(self) -> None:
-        import torch
-
         with torch.no_grad():
             while True:
                 try:
@@ -135,8 +134,6 @@ class Scheduler:
                         job[1][1].set()
 
     def _handle(self, what: str, arg) -> None:
-        import torch
-
         if what == "generate":
             self._prefill(arg)
             return
@@ -155,16 +152,12 @@ class Scheduler:
         done.set()
 
     def _prefill(self, req: Request) -> None:
-        import torch
-
         logprobs = self.model(torch.tensor(req.tokens))[-1]
         self._emit(req, logprobs)
         if req.left:
             self.running.append(req)
 
     def _decode_step(self) -> None:
-        import torch
-
         batch = list(self.running)
         logprobs = self.model(torch.tensor([r.tokens[-1] for r in batch]))
         for req, row in zip(batch, logprobs, strict=True):
@@ -186,8 +179,6 @@ class Scheduler:
 
 def main() -> None:
     args = parse_args()
-    import torch
-
     _torchvision_ops()
     from sglang.srt.plugins import load_plugins
 
