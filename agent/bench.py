@@ -7,14 +7,11 @@ from pathlib import Path
 
 import torch
 
+from kernelbot.agent.cases import inputs_at
 from kernelbot.agent.verify import load_reference
 from kernelbot.kernel_library.cpp_build import prebuild_library
 from kernelbot.records import Bench, Task
 from kernelbot.sandbox import run_job
-
-
-def make_inputs(shapes: list[list[int]], dtype: torch.dtype, gen: torch.Generator) -> list[torch.Tensor]:
-    return [torch.randn(s, generator=gen, dtype=torch.float64).to(dtype) for s in shapes]
 
 
 def _quantile(xs: list[float], q: float) -> float:
@@ -25,10 +22,10 @@ def bench(task: Task, reference_path: Path, candidate_path: Path, workdir: Path,
           seed: int = 0, timeout: float = 300.0) -> Bench:
     """Accept only what is faster beyond the noise: at least 3 in 4 paired rounds faster, median gain over 3%."""
     workdir.mkdir(parents=True, exist_ok=True)
+    reference = load_reference(reference_path)
     torch.manual_seed(seed)
-    torch.save(load_reference(reference_path).Model(*task.init_args).state_dict(), workdir / "state_dict.pt")
-    torch.save([make_inputs(task.input_shapes, getattr(torch, task.dtype), torch.Generator().manual_seed(seed))],
-               workdir / "inputs.pt")
+    torch.save(reference.Model(*task.init_args).state_dict(), workdir / "state_dict.pt")
+    torch.save([inputs_at(reference, task, seed)], workdir / "inputs.pt")
     job = {"kind": "bench", "reference": str(reference_path.resolve()), "candidate": str(candidate_path.resolve()),
            "init_args": task.init_args, "state_dict": str((workdir / "state_dict.pt").resolve()),
            "inputs": str((workdir / "inputs.pt").resolve()), "rounds": rounds}

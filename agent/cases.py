@@ -240,6 +240,12 @@ def _complete(module: ModuleType, task: Task) -> None:
         module.get_init_inputs = lambda: list(task.init_args)
 
 
+def inputs_at(module: ModuleType, task: Task, seed: int) -> list[Any]:
+    """One draw of inputs at the task's own sizes (the benchmark's), from the reference's get_inputs()."""
+    _complete(module, task)
+    return draw(module, {"INPUT_SHAPES": task.input_shapes} if hasattr(module, "INPUT_SHAPES") else {}, seed)[1]
+
+
 def plan(module: ModuleType, task: Task, seed: int, trials: int = 1) -> Plan:
     """Models and input sets; raises WeakTask for references a constant or an input could pass."""
     _complete(module, task)

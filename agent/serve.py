@@ -69,13 +69,33 @@ def _device() -> Device:
                   peak_gbps=peaks.gbps, peaks_source=peaks.source)
 
 
-def served_init_args(family: str, hotspot: Hotspot, config: dict) -> list | None:
-    """A layer's constructor arguments, from the profiled shapes and the served model's config."""
+def served_init_args(family: str, hotspot: Hotspot, config: dict, device_kind: str) -> list | str:
+    """A layer's constructor arguments, from the profiled shapes and the served model's config; or why they
+    cannot be known."""
     if family == "rmsnorm" and "rms_norm_eps" in config:
         return [hotspot.input_dims[0][-1], float(config["rms_norm_eps"])]
     if family == "silu_and_mul":
         return []
-    return None
+    if family == "rotary_embedding":
+        if config.get("rope_scaling"):
+            return "rope_scaling in config.json: SGLang builds a scaled RoPE subclass, which has no kernel here"
+        args = _rope_args(hotspot, config, device_kind)
+        if args is not None:
+            return args
+    return f"the model's config.json does not give the {family} layer's arguments"
+
+
+def _rope_args(hotspot: Hotspot, config: dict, device_kind: str) -> list | None:
+    """RotaryEmbedding as SGLang's Llama-family models build it (get_rope): NeoX style, rotary dims the head's
+    (times partial_rotary_factor), one cache row per position up to max_position_embeddings, kept in fp32 on
+    GPUs and in the model's dtype on the CPU. The plugin checks every one of these against the live layer."""
+    heads = config.get("num_attention_heads")
+    head_dim = config.get("head_dim") or (config.get("hidden_size", 0) // heads if heads else 0)
+    if not head_dim or "max_position_embeddings" not in config:
+        return None
+    return [int(head_dim), int(head_dim * config.get("partial_rotary_factor", 1.0)),
+            int(config["max_position_embeddings"]), float(config.get("rope_theta", 10000)), True,
+            "float32" if device_kind == "cuda" else hotspot.dtype]
 
 
 @dataclass
@@ -139,7 +159,7 @@ class _Serving:
         return median
 
 
-def _plan(hotspots: list[Hotspot], config: dict, opts: ServeOptions, run_dir: Path,
+def _plan(hotspots: list[Hotspot], config: dict, device_kind: str, opts: ServeOptions, run_dir: Path,
           notes: list[str]) -> list[Task]:
     tasks: list[Task] = []
     c = opts.candidate
@@ -149,9 +169,9 @@ def _plan(hotspots: list[Hotspot], config: dict, opts: ServeOptions, run_dir: Pa
             reason = f"the SGLang plugin routes no layer to the {h.family} family"
         if reason is None and c.families is not None and h.family not in c.families:
             reason = f"family {h.family} not selected (--families)"
-        init_args = served_init_args(h.family, h, config) if reason is None else None
-        if reason is None and init_args is None:
-            reason = f"the model's config.json does not give the {h.family} layer's arguments"
+        init_args = served_init_args(h.family or "", h, config, device_kind) if reason is None else []
+        if isinstance(init_args, str):
+            reason = init_args
         if reason is None and len(tasks) >= c.max_tasks:
             reason = f"over the --max-tasks {c.max_tasks} budget"
         if reason:
@@ -208,7 +228,7 @@ def _optimize_served(opts: ServeOptions, console: Console | None) -> ServedRepor
         stages.say(f"      {h.id} {h.module_class:28s} {h.share:6.1%}  headroom {h.score_us / 1e3:8.1f} ms")
 
     stages.say("[2/6] tasks: hotspots the plugin can route → KernelBench-format references")
-    tasks = _plan(hotspots, config, opts, run_dir, notes)
+    tasks = _plan(hotspots, config, device.kind, opts, run_dir, notes)
     stages.say(f"      {len(tasks)} tasks: {', '.join(t.id for t in tasks) or 'none'}")
 
     stages.say("[3/6] generate + verify + benchmark (built-in proposer; candidates run in the sandbox)")

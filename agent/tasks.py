@@ -16,6 +16,8 @@ def skip_reason(hotspot: Hotspot, min_share: float) -> str | None:
     if hotspot.family is None:
         return "no kernel family covers this module yet"
     family = FAMILIES[hotspot.family]
+    if len(hotspot.input_dims) < family.inputs:
+        return f"the profile does not show the {family.name} call's {family.inputs} inputs"
     if hotspot.share < min_share:
         return f"share {hotspot.share:.1%} below the {min_share:.1%} threshold"
     if family.max_rows is not None and rows(hotspot.input_dims[0]) > family.max_rows:
@@ -38,23 +40,32 @@ def task_for(hotspot: Hotspot, init_args: list) -> Task:
     """The task for a hotspot whose module is built with init_args (read from a live module, or from the
     served model's config when the model runs in another process)."""
     family = FAMILIES[hotspot.family or ""]
-    x = hotspot.input_dims[0]
+    shapes = hotspot.input_dims[:family.inputs]
     return Task(
-        id=f"{hotspot.id}-{family.name}-{'x'.join(map(str, x))}", hotspot_id=hotspot.id, family=family.name,
-        module_class=hotspot.module_class, dtype=hotspot.dtype, input_shapes=[x],
-        free_dims=[list(range(len(x) - 1))],  # leading dims (batch, tokens) vary; the feature dim is the weights'
+        id=f"{hotspot.id}-{family.name}-{'x'.join(map(str, shapes[0]))}", hotspot_id=hotspot.id, family=family.name,
+        module_class=hotspot.module_class, dtype=hotspot.dtype, input_shapes=shapes, free_dims=family.free_dims(shapes),
         init_args=init_args, share=hotspot.share, floor_us=hotspot.floor_us / max(hotspot.calls, 1),
         profiled_dims=hotspot.input_dims)
 
 
+DEFAULT_INPUTS = """
+
+def get_inputs():
+    return [torch.randn(s, dtype=DTYPE) for s in INPUT_SHAPES]
+
+
+def get_init_inputs():
+    return list(INIT_ARGS)
+"""
+
+
 def reference_source(task: Task) -> str:
-    """The family's reference Model plus the task's observed shapes, KernelBench style."""
+    """The family's reference Model plus the task's observed shapes, KernelBench style. A family whose inputs are
+    not all random floats (positions, ids) defines get_inputs() in its reference, reading these constants."""
     body = FAMILIES[task.family].reference_path.read_text()
-    return body + (
-        f"\n\nINPUT_SHAPES = {task.input_shapes!r}\nDTYPE = torch.{task.dtype}\nINIT_ARGS = {task.init_args!r}\n\n\n"
-        "def get_inputs():\n    return [torch.randn(s, dtype=DTYPE) for s in INPUT_SHAPES]\n\n\n"
-        "def get_init_inputs():\n    return list(INIT_ARGS)\n"
-    )
+    constants = (f"\n\nINPUT_SHAPES = {task.input_shapes!r}\nDTYPE = torch.{task.dtype}\n"
+                 f"INIT_ARGS = {task.init_args!r}\n")
+    return body + constants + ("" if "\ndef get_inputs(" in body else DEFAULT_INPUTS)
 
 
 def write_task(task: Task, task_dir: Path) -> None:

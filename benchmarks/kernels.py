@@ -8,37 +8,45 @@ import time
 
 import torch
 
+from kernelbot.agent.cases import overrides
 from kernelbot.agent.verify import load_reference
 from kernelbot.kernel_library import FAMILIES
 
-CASES = {  # family -> (init args, input shape): llama-tiny at decode, batch 8
-    "rmsnorm": ([512, 1e-6], [8, 1, 512]),
-    "linear": ([512, 512, False], [8, 1, 512]),
-    "gated_mlp": ([512, 1376], [8, 1, 512]),
-    "silu_and_mul": ([], [8, 1, 2 * 1376]),  # SGLang's activation between gate_up and down
+CASES = {  # family -> (init args, input shapes): llama-tiny at decode, batch 8
+    "rmsnorm": ([512, 1e-6], [[8, 1, 512]]),
+    "linear": ([512, 512, False], [[8, 1, 512]]),
+    "gated_mlp": ([512, 1376], [[8, 1, 512]]),
+    "silu_and_mul": ([], [[8, 1, 2 * 1376]]),  # SGLang's activation between gate_up and down
+    # SGLang's RotaryEmbedding: 8 heads of 64, positions, query, key
+    "rotary_embedding": ([64, 64, 2048, 10000.0, True, "float32"], [[8], [8, 512], [8, 512]]),
 }
 
 
-def per_call_us(fn, x, iters: int) -> float:
+def per_call_us(fn, xs, iters: int) -> float:
     t0 = time.perf_counter()
     for _ in range(iters):
-        fn(x)
+        fn(*xs)
     return (time.perf_counter() - t0) / iters * 1e6
 
 
 def main(rounds: int = 15) -> None:
     torch.manual_seed(0)
-    for name, (init, shape) in CASES.items():
+    for name, (init, shapes) in CASES.items():
         family = FAMILIES[name]
-        reference = load_reference(family.reference_path).Model(*init).eval()
+        source = load_reference(family.reference_path)
+        reference = source.Model(*init).eval()
         module, cls = family.wrappers["cpp"].split(":")
         kernel = getattr(importlib.import_module(f"kernelbot.kernel_library.{name}.{module}"), cls)(*init).eval()
         kernel.load_state_dict(reference.state_dict())
-        x = torch.randn(shape)
+        if hasattr(source, "get_inputs"):  # inputs that are not all random floats (positions)
+            with overrides(source, {"INPUT_SHAPES": shapes, "INIT_ARGS": init}):
+                x = source.get_inputs()
+        else:
+            x = [torch.randn(s) for s in shapes]
         with torch.inference_mode():
             for m in (reference, kernel):
                 for _ in range(5):
-                    m(x)
+                    m(*x)
             iters = max(1, int(0.01 / (per_call_us(reference, x, 3) / 1e6)))
             ref_t, new_t = [], []
             for r in range(rounds):
@@ -46,7 +54,7 @@ def main(rounds: int = 15) -> None:
                 for ts, m in pair if r % 2 == 0 else pair[::-1]:
                     ts.append(per_call_us(m, x, iters))
         ref, new = statistics.median(ref_t), statistics.median(new_t)
-        print(f"{name:10s} {str(shape):14s} torch {ref:8.1f} us   kernelbot cpp {new:8.1f} us   {ref / new:5.2f}x")
+        print(f"{name:16s} {str(shapes):26s} torch {ref:8.1f} us   kernelbot cpp {new:8.1f} us   {ref / new:5.2f}x")
 
 
 if __name__ == "__main__":

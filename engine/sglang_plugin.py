@@ -30,12 +30,14 @@ PACK_ENV = "KERNELBOT_PACK_DIR"
 COUNTS_ENV = "KERNELBOT_COUNTS_DIR"
 KERNEL_LABEL = "kernelbot::"  # profiler/trace.py reads these labels (not imported: it needs pandas)
 
-# pack family -> the SGLang layer classes whose forward its kernels stand in for. RotaryEmbedding gets a hook
-# once a family with a kernel for it exists; the pack's gated_mlp and linear kernels replace whole
-# transformers modules that SGLang builds differently (merged, parallel linears), so they are reported as
-# not routed.
-TARGETS: dict[str, tuple[str, ...]] = {"rmsnorm": ("sglang.srt.layers.layernorm.RMSNorm",),
-                                       "silu_and_mul": ("sglang.srt.layers.activation.SiluAndMul",)}
+# pack family -> the SGLang layer classes whose forward its kernels stand in for. The pack's gated_mlp and linear
+# kernels replace whole transformers modules that SGLang builds differently (merged, parallel linears), so they
+# are reported as not routed.
+TARGETS: dict[str, tuple[str, ...]] = {
+    "rmsnorm": ("sglang.srt.layers.layernorm.RMSNorm",),
+    "silu_and_mul": ("sglang.srt.layers.activation.SiluAndMul",),
+    "rotary_embedding": ("sglang.srt.layers.rotary_embedding.base.RotaryEmbedding",),
+}
 
 
 @dataclass
@@ -100,7 +102,7 @@ def register() -> None:
             state.unrouted.append({"candidate_id": entry.candidate_id, "family": entry.family,
                                    "reason": "no SGLang layer takes this family's kernel"})
             continue
-        key = (entry.input_shapes[0][-1], entry.dtype)
+        key = (entry.input_shapes[LAYERS[entry.family].main][-1], entry.dtype)
         state.routes.setdefault(entry.family, {}).setdefault(key, []).append(entry)
         state.custom[entry.candidate_id] = {"calls": 0, "captured": 0}
     for family in state.routes:
@@ -167,10 +169,14 @@ class _Layer:
     """How the plugin stands in for one family's SGLang layer."""
 
     family: str
-    params: tuple[str, ...]  # forward's parameters in order, the input first
+    params: tuple[str, ...]  # forward's parameters in order: the kernel's inputs first, then optional ones
     variant: Callable[[torch.nn.Module, dict[str, Any], str], str]  # why no kernel takes this call ("" if one may)
-    fits: Callable[[Any, torch.nn.Module], bool]  # was this pack entry built with this layer's arguments?
+    # was this pack entry built with this layer's arguments (and, for several inputs, the call's other widths)?
+    fits: Callable[[Any, torch.nn.Module, dict[str, Any]], bool]
     run: Callable[[Callable[..., Any], dict[str, Any]], Any]  # the call, through the pack kernel's forward
+    main: int = 0  # the input whose width and dtype pick the pack's kernels and whose leading dims are rows
+    numerics: tuple[str, ...] = ("forward_native", "forward_cuda", "forward_cpu", "forward_hip")  # a subclass
+    # overriding any of these computes something the kernel was not verified against
 
 
 def _hook_for(spec: _Layer) -> Callable[..., Any]:
@@ -179,15 +185,17 @@ def _hook_for(spec: _Layer) -> Callable[..., Any]:
         if state is None:
             return original(layer, *args, **kwargs)
         call = _named(spec.params, args, kwargs)
-        x = call.get(spec.params[0]) if call is not None else None
+        x = call.get(spec.params[spec.main]) if call is not None else None
         if not isinstance(x, torch.Tensor):
             _fallback(state, layer, "signature", False)
             return original(layer, *args, **kwargs)
         capturing = _capturing(x)
         # A layer's variant is fixed once built, so the decision depends only on what changes between calls;
         # the cache keeps the hook's own cost below that of the ops it replaces.
-        key = (id(layer), x.shape, x.dtype, x.device, kwargs.get("backend") is not None,
-               getattr(layer, "is_torch_compile", False), *(call.get(k) is not None for k in spec.params[1:]))
+        key = (id(layer), x.dtype, x.device, kwargs.get("backend") is not None,
+               getattr(layer, "is_torch_compile", False),
+               *((v.shape, v.dtype) if isinstance(v := call.get(k), torch.Tensor) else v is not None
+                 for k in spec.params))
         decision = state.decisions.get(key)
         if decision is None:
             decision = state.decisions[key] = _route(state, spec, layer, x, call, kwargs)
@@ -203,8 +211,8 @@ def _hook_for(spec: _Layer) -> Callable[..., Any]:
             return spec.run(kernel, call)
         # names the custom path in traces as engine/patching.py does (id, dtype, the dims the call came with),
         # so a re-profile ranks it as the pack's
-        with torch.profiler.record_function(f"{KERNEL_LABEL}{entry.candidate_id} {entry.dtype} "
-                                            f"{json.dumps([list(x.shape)])}"):
+        shapes = [list(call[p].shape) for p in spec.params[:len(entry.input_shapes)]]
+        with torch.profiler.record_function(f"{KERNEL_LABEL}{entry.candidate_id} {entry.dtype} {json.dumps(shapes)}"):
             return spec.run(kernel, call)
 
     return hook
@@ -227,8 +235,9 @@ def _route(state: _State, spec: _Layer, layer: torch.nn.Module, x: torch.Tensor,
         return None, "explicit backend"
     if getattr(layer, "is_torch_compile", False):
         return None, "torch.compile (layer runs forward_native)"
-    if _own_numerics(layer, spec.family):
-        return None, f"subclass {type(layer).__name__} with its own forward paths"
+    overridden = _own_numerics(layer, spec)
+    if overridden:
+        return None, f"subclass {type(layer).__name__} overrides {overridden}"
     dtype = str(x.dtype).removeprefix("torch.")
     reason = spec.variant(layer, call, dtype)
     if reason:
@@ -236,11 +245,12 @@ def _route(state: _State, spec: _Layer, layer: torch.nn.Module, x: torch.Tensor,
     entries = state.routes[spec.family].get((x.shape[-1], dtype))
     if not entries:
         return None, "width/dtype not in pack"
-    fits = [e for e in entries if spec.fits(e, layer)]
+    fits = [e for e in entries if spec.fits(e, layer, call)]
     if not fits:
         return None, "layer arguments not in pack"
     rows = _rows(list(x.shape))
-    fits = sorted((e for e in fits if _rows(e.input_shapes[0]) >= rows), key=lambda e: _rows(e.input_shapes[0]))
+    fits = sorted((e for e in fits if _rows(e.input_shapes[spec.main]) >= rows),
+                  key=lambda e: _rows(e.input_shapes[spec.main]))
     if not fits:
         return None, "more rows than the pack's kernels were verified on"
     if not _device_ok(fits[0].backend, x):
@@ -248,15 +258,15 @@ def _route(state: _State, spec: _Layer, layer: torch.nn.Module, x: torch.Tensor,
     return fits[0], ""
 
 
-def _own_numerics(layer: torch.nn.Module, family: str) -> bool:
-    """Does the layer's class override the computation of the class the kernel was verified against?"""
-    for target in TARGETS[family]:
+def _own_numerics(layer: torch.nn.Module, spec: _Layer) -> str | None:
+    """The first method of the class the kernel was verified against that the layer's class overrides."""
+    for target in TARGETS[spec.family]:
         module, _, name = target.rpartition(".")
         base = getattr(sys.modules.get(module), name, None)
         if base is not None and isinstance(layer, base):
-            return any(getattr(type(layer), m, None) is not getattr(base, m, None)
-                       for m in ("forward_native", "forward_cuda", "forward_cpu", "forward_hip"))
-    return False
+            return next((m for m in spec.numerics if getattr(type(layer), m, None) is not getattr(base, m, None)),
+                        None)
+    return None
 
 
 def _rmsnorm_variant(layer: torch.nn.Module, call: dict[str, Any], dtype: str) -> str:
@@ -293,12 +303,41 @@ def _silu_variant(layer: torch.nn.Module, call: dict[str, Any], dtype: str) -> s
     return "odd width" if call["x"].shape[-1] % 2 else ""
 
 
+def _rotary_variant(layer: torch.nn.Module, call: dict[str, Any], dtype: str) -> str:
+    if call.get("offsets") is not None:
+        return "position offsets"
+    if call.get("fused_set_kv_buffer_arg") is not None:
+        return "fused KV-cache write"
+    if hasattr(layer, "sin_cos_cache") or getattr(layer, "position_start", 0):
+        return "layer variant"
+    positions, query, key = call.get("positions"), call["query"], call.get("key")
+    if not isinstance(positions, torch.Tensor) or not isinstance(key, torch.Tensor) or key.dtype != query.dtype:
+        return "signature"
+    if positions.dim() != 1 or positions.dtype != torch.int64 or query.dim() != 2 or key.dim() != 2:
+        return "not int64 [tokens] positions with [tokens, heads * head_size] query and key"
+    return ""
+
+
+def _rotary_fits(entry: Any, layer: torch.nn.Module, call: dict[str, Any]) -> bool:
+    """Same layer arguments (head and rotary sizes, cache rows and dtype, base, style) and the same key width:
+    the kernel loads this layer's own cos/sin cache, which must have the shape it was verified with."""
+    from kernelbot.kernel_library.rotary_embedding import FAMILY
+
+    return entry.init_args == FAMILY.init_args(layer) and entry.input_shapes[2][-1] == call["key"].shape[-1]
+
+
 LAYERS: dict[str, _Layer] = {
     "rmsnorm": _Layer("rmsnorm", ("x", "residual", "post_residual_addition", "quant_linear"), _rmsnorm_variant,
-                      lambda e, layer: int(e.init_args[0]) == layer.weight.shape[0]
+                      lambda e, layer, call: int(e.init_args[0]) == layer.weight.shape[0]
                       and float(e.init_args[1]) == float(layer.variance_epsilon), _rmsnorm_run),
-    "silu_and_mul": _Layer("silu_and_mul", ("x",), _silu_variant, lambda e, layer: True,
+    "silu_and_mul": _Layer("silu_and_mul", ("x",), _silu_variant, lambda e, layer, call: True,
                            lambda kernel, call: kernel(call["x"])),
+    "rotary_embedding": _Layer(
+        "rotary_embedding", ("positions", "query", "key", "offsets", "fused_set_kv_buffer_arg"), _rotary_variant,
+        _rotary_fits, lambda kernel, call: kernel(call["positions"], call["query"], call["key"]), main=1,
+        # a subclass with its own cache (scaled RoPE: linear, Llama 3, YaRN...) rotates by other angles
+        numerics=("forward_native", "forward_cuda", "forward_cpu", "forward_hip", "_compute_cos_sin_cache",
+                  "_compute_inv_freq")),
 }
 
 

@@ -7,11 +7,23 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 ROOT = Path(__file__).parent
+
+
+class OpCall(NamedTuple):
+    """One profiled op: its name and its inputs' dims and type names, as the trace records them."""
+
+    name: str
+    dims: list[list[int]]
+    types: list[str]
+
+
+def _leading_dims(shapes: list[list[int]]) -> list[list[int]]:
+    return [list(range(len(s) - 1)) for s in shapes]
 
 
 @dataclass(frozen=True)
@@ -27,6 +39,11 @@ class Family:
     # does this live module produce these dims (same weights' shapes, supported variant)?
     matches: Callable[[torch.nn.Module, list[list[int]]], bool]
     max_rows: int | None = None  # kernels built for small M (decode); larger inputs are left alone
+    inputs: int = 1  # how many of the call's dims are forward()'s inputs (the rest are weights)
+    # per input, the dims that change between calls; by default every dim but the feature dim
+    free_dims: Callable[[list[list[int]]], list[list[int]]] = _leading_dims
+    # the call's (dims, type names) from the ops the module ran, where its first op does not show them
+    call_dims: Callable[[list[OpCall]], tuple[list[list[int]], list[str]] | None] | None = None
 
     @property
     def reference_path(self) -> Path:

@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 
 from kernelbot.kernel_library import family_for
+from kernelbot.kernel_library.base import OpCall
 from kernelbot.profiler.roofline import DTYPE_NAMES
 from kernelbot.profiler.trace import KERNEL_LABEL, Trace
 from kernelbot.records import Device, Hotspot
@@ -27,13 +28,30 @@ def _is_unit(path: str, has_children: set[str]) -> bool:
     return family_for(_class_of(labels[-1])) is not None or path not in has_children
 
 
-def _first_op(ops: pd.DataFrame, ts: np.ndarray, start: float, end: float, tid) -> pd.Series | None:
+def _ops_within(ops: pd.DataFrame, ts: np.ndarray, start: float, end: float, tid, limit: int) -> list[OpCall]:
+    """The first `limit` ops a module ran (same thread, inside its time span), in order."""
+    found: list[OpCall] = []
     i = int(np.searchsorted(ts, start, "left"))
-    while i < len(ts) and ts[i] <= end:
+    while i < len(ts) and ts[i] <= end and len(found) < limit:
         if ops.at[i, "tid"] == tid:
-            return ops.iloc[i]
+            found.append(OpCall(ops.at[i, "name"], [list(d) for d in ops.at[i, "input_dims"]],
+                                list(ops.at[i, "input_types"])))
         i += 1
-    return None
+    return found
+
+
+def _describe(ops: pd.DataFrame, ts: np.ndarray, row, family) -> tuple[str, list, list]:
+    """(first op's name, the call's dims, their type names): from the module's first op (or the pack kernel's
+    label standing in for it), or from the ops its family reads the call from."""
+    first = _ops_within(ops, ts, row.ts, row.ts + row.dur, row.tid, 1)
+    if not first:
+        return "", [], []
+    name, dims, types = first[0]
+    if family is not None and family.call_dims is not None and not name.startswith(KERNEL_LABEL):
+        found = family.call_dims(_ops_within(ops, ts, row.ts, row.ts + row.dur, row.tid, 64))
+        if found is not None:
+            dims, types = found
+    return name, [d for d in dims if d], [t for t in types if t]
 
 
 def _fits(family, dims: list[list[int]]) -> bool:
@@ -64,12 +82,10 @@ def rank_hotspots(trace: Trace, device: Device) -> list[Hotspot]:
             g["paths"].append(path)
 
     for row in units.itertuples():
-        op = _first_op(ops, ts, row.ts, row.ts + row.dur, row.tid)
-        dims = [list(d) for d in op.input_dims if d] if op is not None else []
-        types = [t for t in op.input_types if t] if op is not None else []
-        name = op["name"] if op is not None else ""
+        name, dims, types = _describe(ops, ts, row, family_for(row.cls))
         kernel = name.removeprefix(KERNEL_LABEL) if name.startswith(KERNEL_LABEL) else None
-        add(row.cls, dims, DTYPE_NAMES.get(types[0], types[0]) if types else "unknown", row.dur, row.path, kernel)
+        dtype = next((DTYPE_NAMES[t] for t in types if t in DTYPE_NAMES), types[0] if types else "unknown")
+        add(row.cls, dims, dtype, row.dur, row.path, kernel)
     # Glue: what enclosing modules (attention, decoder layer) spend outside their child modules.
     own = self_time(mods)
     for row in mods[mods["path"].isin(has_children) & ~mods["path"].isin(units["path"])].itertuples():

@@ -47,10 +47,11 @@ def _rank_main(rank: int, world: int, port: int, spec: dict) -> dict:
                                              world_size=world)
     from sglang.srt.layers.activation import SiluAndMul
     from sglang.srt.layers.layernorm import RMSNorm
+    from sglang.srt.layers.rotary_embedding.base import LinearScalingRotaryEmbedding, RotaryEmbedding
 
     torch.manual_seed(rank + 1)
     hidden, eps = spec["hidden"], spec["eps"]
-    out: dict = {"hooked": hasattr(RMSNorm.forward, "__wrapped__") and hasattr(SiluAndMul.forward, "__wrapped__"),
+    out: dict = {"hooked": all(hasattr(c.forward, "__wrapped__") for c in (RMSNorm, SiluAndMul, RotaryEmbedding)),
                  "max_diff": {}}
 
     def check(name: str, layer: torch.nn.Module, *args, **kwargs) -> None:
@@ -88,6 +89,26 @@ def _rank_main(rank: int, world: int, port: int, spec: dict) -> dict:
         check("pack_fp32_silu", silu, torch.randn(3, spec["silu_width"]))
         check("silu_more_rows", silu, torch.randn(9, spec["silu_width"]))
         check("silu_other_width", silu, torch.randn(3, 16))
+
+        rope = spec["rope"]
+        head, q_width, k_width = rope["head"], rope["q_heads"] * rope["head"], rope["kv_heads"] * rope["head"]
+        args = (head, head, rope["max_pos"], rope["base"], True)
+
+        def qkv(tokens: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            # as SGLang's attention calls it: q and k are column slices of one qkv projection
+            fused = torch.randn(tokens, q_width + 2 * k_width)
+            positions = torch.randint(0, rope["max_pos"], (tokens,))
+            return positions, fused[:, :q_width], fused[:, q_width:q_width + k_width]
+
+        rotary = RotaryEmbedding(*args, torch.float32)
+        check("pack_fp32_rope", rotary, *qkv(rope["tokens"]))
+        check("pack_fp32_rope_fewer_rows", rotary, *qkv(1))
+        check("rope_more_rows", rotary, *qkv(rope["tokens"] + 1))
+        check("rope_offsets", rotary, *qkv(2), offsets=torch.ones(2, dtype=torch.long))
+        check("rope_other_base", RotaryEmbedding(head, head, rope["max_pos"], 500000, True, torch.float32),
+              *qkv(2))
+        scaled = LinearScalingRotaryEmbedding(*args, 2.0, torch.float32)  # its own cache: other angles
+        check("rope_scaled", scaled, *qkv(2))
     from kernelbot.engine import sglang_plugin
 
     sglang_plugin.flush()

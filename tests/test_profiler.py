@@ -2,6 +2,7 @@ import gzip
 import json
 
 import pytest
+import torch
 
 from kernelbot import KernelbotError
 from kernelbot.engine import TorchEngine, builtin_spec
@@ -82,3 +83,37 @@ def test_real_gpu_trace_loads(shared_data):
     assert len(trace.ops) > 0
     assert trace.modules.empty  # no python_function events in this trace: nothing to rank by module
     assert rank_hotspots(trace, DEVICE) == []
+
+
+class RotaryEmbedding(torch.nn.Module):
+    """The op order of SGLang's RotaryEmbedding: forward_native (positions flattened, cache rows picked, then
+    query and key viewed as heads) or, with `cuda_like`, forward_cuda's (the views, then one fused op)."""
+
+    def __init__(self, cuda_like: bool) -> None:
+        super().__init__()
+        self.cuda_like, self.head_size = cuda_like, 16
+        self.register_buffer("cos_sin_cache", torch.randn(64, 16))
+
+    def forward(self, positions, query, key):
+        if self.cuda_like:
+            q, k = query.view(len(positions), -1, 16), key.view(len(positions), -1, 16)
+            return torch.add(q, 1).flatten(1), torch.add(k, 1).flatten(1)
+        cos, sin = self.cos_sin_cache.index_select(0, positions.flatten()).chunk(2, dim=-1)
+        q = query.view(len(positions), -1, 16) * cos[:, None, :].repeat(1, 1, 2)
+        k = key.view(len(positions), -1, 16) * sin[:, None, :].repeat(1, 1, 2)
+        return q.flatten(1), k.flatten(1)
+
+
+@pytest.mark.parametrize("cuda_like", [False, True])
+def test_rotary_calls_are_read_from_their_query_and_key_views(tmp_path, cuda_like):
+    from kernelbot.profiler.capture import profile_callable
+
+    rope = RotaryEmbedding(cuda_like)
+    qkv = torch.randn(5, 4 * 16 + 2 * 2 * 16)
+    args = (torch.arange(5), qkv[:, :64], qkv[:, 64:96])  # q and k: column slices, as SGLang passes them
+    profile_callable(lambda: rope(*args), tmp_path / "rope.json.gz")
+    [hotspot] = [h for h in rank_hotspots(load_trace(tmp_path / "rope.json.gz"), DEVICE)
+                 if h.module_class == "RotaryEmbedding"]
+    assert hotspot.family == "rotary_embedding"
+    assert hotspot.input_dims == [[5], [5, 64], [5, 32]] and hotspot.dtype == "float32"
+    assert hotspot.bytes == 2 * 5 * 96 * 4 + 8 * 5  # query and key read and written, one int64 per token

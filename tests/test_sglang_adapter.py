@@ -5,7 +5,11 @@ from __future__ import annotations
 import gzip
 import json
 
+import torch
+
 from kernelbot.agent.integrate import served_fidelity
+from kernelbot.agent.serve import served_init_args
+from kernelbot.agent.tasks import skip_reason, task_for, write_task
 from kernelbot.cli import main
 from kernelbot.engine import telemetry
 from kernelbot.engine.sglang_adapter import (
@@ -16,6 +20,7 @@ from kernelbot.engine.sglang_adapter import (
     native_switches,
     trace_kernel_hits,
 )
+from kernelbot.records import Hotspot
 
 
 def test_telemetry_is_absent_without_a_gpu_not_faked():
@@ -98,3 +103,36 @@ def test_optimize_engine_sglang_without_gpu_is_one_line(capsys):
     assert main(["optimize", "--engine", "sglang", "--model", "/models/llama"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "needs a CUDA GPU" in err
+
+
+def _rope_hotspot(dtype: str = "bfloat16") -> Hotspot:
+    return Hotspot(id="h00", module_class="RotaryEmbedding", module_paths=["m"], family="rotary_embedding",
+                   input_dims=[[6], [6, 512], [6, 128]], dtype=dtype, calls=1, total_us=10.0, share=0.5, flops=0.0,
+                   bytes=0.0, floor_us=0.0, score_us=10.0)
+
+
+def test_rotary_layer_arguments_come_from_the_config_as_sglang_builds_the_layer():
+    llama = {"hidden_size": 512, "num_attention_heads": 8, "max_position_embeddings": 4096, "rope_theta": 500000.0}
+    # the cache is fp32 on GPUs, the model's dtype on the CPU
+    assert served_init_args("rotary_embedding", _rope_hotspot(), llama, "cuda") == [64, 64, 4096, 500000.0, True,
+                                                                                     "float32"]
+    assert served_init_args("rotary_embedding", _rope_hotspot(), llama, "cpu")[-1] == "bfloat16"
+    partial = {**llama, "head_dim": 80, "partial_rotary_factor": 0.5}
+    assert served_init_args("rotary_embedding", _rope_hotspot(), partial, "cuda")[:2] == [80, 40]
+    scaled = {**llama, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}}
+    assert "scaled RoPE subclass" in served_init_args("rotary_embedding", _rope_hotspot(), scaled, "cuda")
+    assert "does not give" in served_init_args("rotary_embedding", _rope_hotspot(), {"hidden_size": 512}, "cuda")
+
+
+def test_a_rotary_task_draws_positions_inside_the_cache(tmp_path):
+    from kernelbot.agent.cases import inputs_at
+    from kernelbot.agent.verify import load_reference
+
+    hotspot = _rope_hotspot("float32")
+    assert skip_reason(hotspot.model_copy(update={"input_dims": [[6]]}), 0.01) is not None  # no query, key
+    task = task_for(hotspot, [64, 64, 32, 10000.0, True, "float32"])
+    assert task.input_shapes == hotspot.input_dims and task.free_dims == [[0], [0], [0]]
+    write_task(task, tmp_path)
+    positions, query, key = inputs_at(load_reference(tmp_path / "reference.py"), task, seed=0)
+    assert positions.dtype == torch.int64 and 0 <= int(positions.min()) and int(positions.max()) < 32
+    assert [list(query.shape), list(key.shape)] == [[6, 512], [6, 128]] and query.dtype == torch.float32

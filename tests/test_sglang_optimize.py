@@ -23,7 +23,9 @@ from kernelbot.records import ServedReport
 ROOT = Path(__file__).resolve().parents[1]
 SERVER = ROOT / "tests" / "tiny_sglang_server.py"
 CONFIG = {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 4, "vocab_size": 512,
-          "rms_norm_eps": 1e-6, "torch_dtype": "float32"}
+          "rms_norm_eps": 1e-6, "torch_dtype": "float32", "num_attention_heads": 4, "num_key_value_heads": 2,
+          "max_position_embeddings": 2048, "rope_theta": 10000.0}
+LAYERS = {"RMSNorm", "SiluAndMul", "RotaryEmbedding"}
 
 pytestmark = pytest.mark.skipif(not SGLANG_PY.exists(), reason=f"no SGLang test environment at "
                                 f"{SGLANG_PY.parent.parent} (create it with .ci/sglang_env.sh)")
@@ -46,7 +48,7 @@ def _run(tmp_path: Path, launch: str, port: int, *extra: str) -> tuple[int, Path
     code = main(["optimize", "--engine", "sglang", "--model", str(model), "--launch-cmd", launch,
                  "--port", str(port), "--num-prompts", "8", "--input-len", "32", "--output-len", "16",
                  "--concurrency", "4", "--serving-rounds", "1", "--run-dir", str(run_dir),
-                 "--families", "rmsnorm,silu_and_mul", *extra])
+                 "--families", "rmsnorm,silu_and_mul,rotary_embedding", *extra])
     return code, run_dir
 
 
@@ -57,19 +59,22 @@ def _port_closed(port: int) -> bool:
 
 def test_served_loop_profiles_packs_engages_and_keeps_outputs(tmp_path, one_cpp_candidate):
     port = free_port()
-    code, run_dir = _run(tmp_path, f"{SGLANG_PY} {SERVER}", port, "--max-tasks", "3")
+    # each layer is profiled at decode (4 rows) and prefill (32 rows): five tasks cover all three families
+    code, run_dir = _run(tmp_path, f"{SGLANG_PY} {SERVER}", port, "--max-tasks", "5")
     assert code == 0
     report = ServedReport.model_validate_json((run_dir / "report.json").read_text())
     # the baseline trace came from the server's own profiler, with SGLang's layer classes in it
-    assert {"RMSNorm", "SiluAndMul"} <= {h.module_class for h in report.hotspots_before}
+    assert LAYERS <= {h.module_class for h in report.hotspots_before}
+    rope = next(h for h in report.hotspots_before if h.module_class == "RotaryEmbedding")
+    assert [len(d) for d in rope.input_dims] == [1, 2, 2]  # positions, query, key: read from its views
     accepted = [k for k in report.kernels if k.status == "accepted"]
     assert accepted and all(k.backend == "cpp" and k.calls > 0 for k in accepted)
     manifest = json.loads((run_dir / "pack" / "manifest.json").read_text())
-    assert {e["family"] for e in manifest["entries"]} == {"rmsnorm", "silu_and_mul"}
+    assert {e["family"] for e in manifest["entries"]} == {"rmsnorm", "silu_and_mul", "rotary_embedding"}
     # the plugin ran in the server: counters from rank 0, and the pack's labels in the server's trace
     assert report.engaged and report.per_rank["0"]["custom_calls"] > 0
     labelled = {h.module_class for h in report.hotspots_after if h.kernel}
-    assert labelled == {"RMSNorm", "SiluAndMul"}, [(h.module_class, h.kernel) for h in report.hotspots_after]
+    assert labelled == LAYERS, [(h.module_class, h.kernel) for h in report.hotspots_after]
     assert report.fidelity is not None and report.fidelity.greedy_match and not report.fidelity.repetition_collapse
     assert report.fidelity.max_abs_logit_diff < 1e-3
     assert report.after is not None and report.throughput_gain is not None  # claimed, since it engaged

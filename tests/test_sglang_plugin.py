@@ -23,24 +23,30 @@ SGLANG_PY = Path(os.environ.get("KERNELBOT_SGLANG_VENV", ROOT / ".venv-sglang"))
 HIDDEN, EPS = 64, 1e-6
 FP32_SHAPE, BF16_SHAPE = [2, 3, HIDDEN], [5, HIDDEN]  # the shapes the test pack's kernels were "verified" on
 SILU_SHAPE = [5, 32]
+ROPE = {"head": 32, "q_heads": 4, "kv_heads": 2, "tokens": 6, "max_pos": 256, "base": 10000.0}
+ROPE_SHAPES = [[ROPE["tokens"]], [ROPE["tokens"], ROPE["q_heads"] * ROPE["head"]],
+               [ROPE["tokens"], ROPE["kv_heads"] * ROPE["head"]]]
 
 pytestmark = pytest.mark.skipif(not SGLANG_PY.exists(), reason=f"no SGLang test environment at "
                                 f"{SGLANG_PY.parent.parent} (create it with .ci/sglang_env.sh)")
 
 
-def _entry(cid: str, family: str, shape: list[int], dtype: str, init_args: list) -> PackEntry:
-    module_class = {"rmsnorm": "RMSNorm", "silu_and_mul": "SiluAndMul"}.get(family, "LlamaMLP")
-    return PackEntry(task_id=cid, candidate_id=cid, family=family, module_class=module_class, input_shapes=[shape],
+def _entry(cid: str, family: str, shapes: list[list[int]], dtype: str, init_args: list) -> PackEntry:
+    module_class = {"rmsnorm": "RMSNorm", "silu_and_mul": "SiluAndMul",
+                    "rotary_embedding": "RotaryEmbedding"}.get(family, "LlamaMLP")
+    return PackEntry(task_id=cid, candidate_id=cid, family=family, module_class=module_class, input_shapes=shapes,
                      init_args=init_args, dtype=dtype, backend="cpp", config={"grain": 8},
                      source_file=f"kernels/{cid}.py", source_hash="test", verification="pass: test", speedup=1.2)
 
 
 def _pack(pack_dir: Path) -> Pack:
     (pack_dir / "kernels").mkdir(parents=True)
-    entries = [_entry("rms_fp32", "rmsnorm", FP32_SHAPE, "float32", [HIDDEN, EPS]),
-               _entry("rms_bf16", "rmsnorm", BF16_SHAPE, "bfloat16", [HIDDEN, EPS]),
-               _entry("mlp", "gated_mlp", [2, 3, HIDDEN], "float32", [HIDDEN, 128]),
-               _entry("silu", "silu_and_mul", SILU_SHAPE, "float32", [])]
+    entries = [_entry("rms_fp32", "rmsnorm", [FP32_SHAPE], "float32", [HIDDEN, EPS]),
+               _entry("rms_bf16", "rmsnorm", [BF16_SHAPE], "bfloat16", [HIDDEN, EPS]),
+               _entry("mlp", "gated_mlp", [[2, 3, HIDDEN]], "float32", [HIDDEN, 128]),
+               _entry("silu", "silu_and_mul", [SILU_SHAPE], "float32", []),
+               _entry("rope", "rotary_embedding", ROPE_SHAPES, "float32",
+                      [ROPE["head"], ROPE["head"], ROPE["max_pos"], ROPE["base"], True, "float32"])]
     for e in entries:
         (pack_dir / e.source_file).write_text(FAMILIES[e.family].candidate_source("cpp", e.config))
     pack = Pack(version="0.1.0+test", run_id="sglang-test", device="cpu", entries=entries)
@@ -58,9 +64,10 @@ def sglang_run(tmp_path_factory) -> tuple[dict, list[dict]]:
     prebuild_library()  # the C++ kernels, built once here; the child loads the cached build
     spec = {"pack_dir": str(tmp / "pack"), "counts_dir": str(tmp / "counts"), "out": str(tmp / "out.json"),
             "world": 2, "port": free_port(), "hidden": HIDDEN, "eps": EPS, "fp32_shape": FP32_SHAPE,
-            "bf16_shape": BF16_SHAPE, "silu_width": SILU_SHAPE[-1]}
+            "bf16_shape": BF16_SHAPE, "silu_width": SILU_SHAPE[-1], "rope": ROPE}
     (tmp / "spec.json").write_text(json.dumps(spec))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_", "KERNELBOT_PACK", "PYTHON"))}
+    env["SGLANG_USE_CPU_ENGINE"] = "1"  # SGLang's CPU platform (its rotary layer needs it to build here)
     start = time.monotonic()
     proc = subprocess.run([str(SGLANG_PY), str(ROOT / "tests" / "sglang_child.py"), str(tmp / "spec.json")],
                           env=env, capture_output=True, text=True, timeout=900)
@@ -77,7 +84,8 @@ def test_plugin_loads_through_sglang_load_plugins_in_every_rank(sglang_run):
     assert results["0"]["hooked"] and results["1"]["hooked"]
     assert sorted(c["rank"] for c in counts) == [0, 1]  # one counters file per rank, from torch.distributed
     for c in counts:
-        assert c["hooked"] == ["sglang.srt.layers.layernorm.RMSNorm", "sglang.srt.layers.activation.SiluAndMul"]
+        assert c["hooked"] == ["sglang.srt.layers.layernorm.RMSNorm", "sglang.srt.layers.activation.SiluAndMul",
+                               "sglang.srt.layers.rotary_embedding.base.RotaryEmbedding"]
         assert c["unrouted"] == [{"candidate_id": "mlp", "family": "gated_mlp",
                                   "reason": "no SGLang layer takes this family's kernel"}]
 
@@ -110,14 +118,18 @@ def test_custom_and_fallback_counters_count_per_rank(sglang_run):
         # check() calls each layer once through the hook (forward_native bypasses it)
         # r+1 calls at the pack's shape, one with fewer rows, one with a fused residual add
         assert c["custom"] == {"rms_fp32": {"calls": r + 3, "captured": 0}, "rms_bf16": {"calls": 1, "captured": 0},
-                               "silu": {"calls": 1, "captured": 0}}
+                               "silu": {"calls": 1, "captured": 0}, "rope": {"calls": 2, "captured": 0}}
         assert c["fallback"] == {
             "RMSNorm": {"more rows than the pack's kernels were verified on": 1,
                         "fused residual add (outside fp32 the norm of the unrounded sum)": 1,
                         "numerics (weight multiplied before the cast)": 1,
                         "torch.compile (layer runs forward_native)": 1},
-            "OwnNorm": {"subclass OwnNorm with its own forward paths": 1},
+            "OwnNorm": {"subclass OwnNorm overrides forward_native": 1},
             "SiluAndMul": {"more rows than the pack's kernels were verified on": 1, "width/dtype not in pack": 1},
+            "RotaryEmbedding": {"more rows than the pack's kernels were verified on": 1, "position offsets": 1,
+                                "layer arguments not in pack": 1},
+            "LinearScalingRotaryEmbedding": {
+                "subclass LinearScalingRotaryEmbedding overrides _compute_cos_sin_cache": 1},
         }
 
 
@@ -127,8 +139,8 @@ def test_engagement_summary_reads_the_counters(sglang_run):
     _, counts = sglang_run
     summary = engagement(counts, expected_ranks=2)
     assert summary.engaged, summary.notes
-    assert summary.per_rank[0]["custom_calls"] == 5 and summary.per_rank[1]["custom_calls"] == 6
-    assert summary.per_rank[0]["fallback_calls"] == 7
+    assert summary.per_rank[0]["custom_calls"] == 7 and summary.per_rank[1]["custom_calls"] == 8
+    assert summary.per_rank[0]["fallback_calls"] == 11
     assert not engagement(counts[:1], expected_ranks=2).engaged  # a rank that reported nothing is not proof
     idle = [dict(c, custom={k: {"calls": 0, "captured": 0} for k in c["custom"]}) for c in counts]
     assert not engagement(idle, expected_ranks=2).engaged

@@ -71,6 +71,29 @@ def test_library_triton_kernel_passes_in_the_interpreter(tmp_path):
     assert "Triton launch" in details["reference_fallback"][1]
 
 
+ROPE_TASK = Task(id="rope", hotspot_id="h", family="rotary_embedding", module_class="RotaryEmbedding",
+                 dtype="bfloat16", input_shapes=[[6], [6, 128], [6, 64]], free_dims=[[0], [0], [0]],
+                 init_args=[32, 32, 256, 10000.0, True, "float32"], share=0.1, floor_us=1.0)
+
+
+@pytest.mark.parametrize(("body", "verdict_"), [
+    ("", "pass"),
+    # the cache row of each token's index rather than its position: right only where the two agree
+    ("    def forward(self, positions, query, key):\n"
+     "        return super().forward(torch.arange(len(positions)), query, key)\n", "fail"),
+])
+def test_rotary_candidates_are_checked_at_random_positions(tmp_path, body, verdict_):
+    ref = write_module(tmp_path / "reference.py", reference_source(ROPE_TASK))
+    cand = write_module(tmp_path / "cand" / "candidate.py",
+                        "import torch\nfrom kernelbot.kernel_library.rotary_embedding.cpu import RotaryEmbeddingCpp\n\n"
+                        f"class ModelNew(RotaryEmbeddingCpp):\n    pass\n{body}")
+    verdict = verify(ROPE_TASK, ref, cand, tmp_path / "work")
+    assert verdict.verdict == verdict_, verdict.checks
+    assert verdict.shapes[1] == [[1], [1, 128], [1, 64]]  # all three inputs fuzzed along their tokens dim
+    if verdict_ == "fail":
+        assert "correctness" in verdict.failed
+
+
 def test_rmsnorm_without_eps_is_rejected(tmp_path):
     verdict = _verify_rms(tmp_path, """
         def forward(self, x):

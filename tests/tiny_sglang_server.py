@@ -4,9 +4,12 @@ Run under the SGLang test environment's python (.ci/sglang_env.sh) in place of `
 it takes the same arguments, and does what kernelbot relies on SGLang's scheduler doing. `load_plugins()` runs
 first, before the model is built; one thread owns the model and the profiler; requests are batched
 continuously (each new request's prefill, then one decode step for every running request), so the layers see
-the changing row counts a server sees. The model follows SGLang's Llama: RMSNorm with its fused residual add,
-a token-mixing linear where attention would be, gate_up → SiluAndMul → down. Weights are seeded from
---model-path's config.json (hidden_size, intermediate_size, num_hidden_layers, vocab_size, rms_norm_eps).
+the changing row counts a server sees. The model follows SGLang's Llama: RMSNorm with its fused residual add;
+where attention would be, a qkv projection split into q, k, v, SGLang's RotaryEmbedding (from its get_rope, at
+each token's position) on q and k, and an output projection of the three (no mixing across tokens); then
+gate_up → SiluAndMul → down. Weights are seeded; sizes come from --model-path's config.json (hidden_size,
+intermediate_size, num_hidden_layers, vocab_size, rms_norm_eps, num_attention_heads, num_key_value_heads,
+max_position_embeddings, rope_theta). SGLang runs on its CPU platform (SGLANG_USE_CPU_ENGINE=1).
 /start_profile runs torch.profiler with shapes and Python stacks, as SGLang's does, and writes
 `<profile_id>-TP-0.trace.json.gz`. One TP rank only.
 """
@@ -42,25 +45,34 @@ class Request:
 def build_model(config: dict, seed: int = 0):
     from sglang.srt.layers.activation import SiluAndMul
     from sglang.srt.layers.layernorm import RMSNorm
+    from sglang.srt.layers.rotary_embedding import get_rope
 
     h, inter, eps = config["hidden_size"], config["intermediate_size"], config["rms_norm_eps"]
+    heads = config.get("num_attention_heads", 4)
+    head_dim = h // heads
+    q_size, kv_size = heads * head_dim, config.get("num_key_value_heads", heads) * head_dim
 
     class Layer(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
             self.input_layernorm = RMSNorm(h, eps=eps)
-            self.mix = torch.nn.Linear(h, h, bias=False)
+            self.qkv_proj = torch.nn.Linear(h, q_size + 2 * kv_size, bias=False)
+            self.rotary_emb = get_rope(head_dim, head_dim, config.get("max_position_embeddings", 2048),
+                                       config.get("rope_theta", 10000), is_neox_style=True)
+            self.o_proj = torch.nn.Linear(q_size + 2 * kv_size, h, bias=False)
             self.post_attention_layernorm = RMSNorm(h, eps=eps)
             self.gate_up_proj = torch.nn.Linear(h, 2 * inter, bias=False)
             self.act_fn = SiluAndMul()
             self.down_proj = torch.nn.Linear(inter, h, bias=False)
 
-        def forward(self, x, residual):
+        def forward(self, positions, x, residual):
             if residual is None:
                 residual, x = x, self.input_layernorm(x)
             else:
                 x, residual = self.input_layernorm(x, residual)
-            x, residual = self.post_attention_layernorm(self.mix(x), residual)
+            q, k, v = self.qkv_proj(x).split([q_size, kv_size, kv_size], dim=-1)
+            q, k = self.rotary_emb(positions, q, k)
+            x, residual = self.post_attention_layernorm(self.o_proj(torch.cat([q, k, v], dim=-1)), residual)
             return self.down_proj(self.act_fn(self.gate_up_proj(x))), residual
 
     class TinyModel(torch.nn.Module):
@@ -71,10 +83,10 @@ def build_model(config: dict, seed: int = 0):
             self.norm = RMSNorm(h, eps=eps)
             self.lm_head = torch.nn.Linear(h, config["vocab_size"], bias=False)
 
-        def forward(self, ids):
+        def forward(self, ids, positions):
             x, residual = self.embed_tokens(ids), None
             for layer in self.layers:
-                x, residual = layer(x, residual)
+                x, residual = layer(positions, x, residual)
             x, _ = self.norm(x, residual)
             return torch.log_softmax(self.lm_head(x).float(), dim=-1)
 
@@ -152,14 +164,15 @@ class Scheduler:
         done.set()
 
     def _prefill(self, req: Request) -> None:
-        logprobs = self.model(torch.tensor(req.tokens))[-1]
+        logprobs = self.model(torch.tensor(req.tokens), torch.arange(len(req.tokens)))[-1]
         self._emit(req, logprobs)
         if req.left:
             self.running.append(req)
 
     def _decode_step(self) -> None:
         batch = list(self.running)
-        logprobs = self.model(torch.tensor([r.tokens[-1] for r in batch]))
+        logprobs = self.model(torch.tensor([r.tokens[-1] for r in batch]),
+                              torch.tensor([len(r.tokens) - 1 for r in batch]))
         for req, row in zip(batch, logprobs, strict=True):
             self._emit(req, row)
         self.running = [r for r in self.running if r.left]
@@ -179,6 +192,7 @@ class Scheduler:
 
 def main() -> None:
     args = parse_args()
+    os.environ["SGLANG_USE_CPU_ENGINE"] = "1"  # before SGLang's layers are imported: they read it then
     _torchvision_ops()
     from sglang.srt.plugins import load_plugins
 
