@@ -163,8 +163,7 @@ def describe(run_dir: Path) -> tuple[str, str, Report, Pack]:
         f"- noise: eager {_spread(timings.get('eager', []))}; kernelbot {_spread(timings.get('kernelbot', []))}",
         f"- torch.compile: {f'{report.compiled_ms:.1f} ms' if report.compiled_ms else 'not measured'}",
         "", "## Fidelity", "",
-        f"- max |Δlogit| {f.max_abs_logit_diff:.2e}; greedy tokens identical: **{f.greedy_match}**; token agreement "
-        f"{f.token_agreement:.1%}",
+        f"- {f.summary()}; passed: **{f.passed}**",
         "", "## Spend", "", f"- {spend}; run wall time {report.seconds:.0f} s, {report.iterations} iteration(s)"
         + (f"; stopped early by the {report.stop_reason}" if report.stop_reason else ""),
         "", f"## Kernels ({len(accepted)} accepted of {len(report.kernels)} candidates)", "",
@@ -174,8 +173,8 @@ def describe(run_dir: Path) -> tuple[str, str, Report, Pack]:
     rejected = [k for k in report.kernels if k.status == "rejected"]
     lines += ["## Rejected candidates", "", *[f"- `{k.candidate_id}`: {' '.join(k.reason.split())[:200]}"
                                               for k in rejected], ""]
-    if not report.fidelity.greedy_match:
-        lines.insert(2, "> **Do not merge:** greedy tokens changed with this pack.\n")
+    if not report.fidelity.passed:
+        lines.insert(2, "> **Do not merge:** the pack changed the model's outputs beyond its dtype's own error.\n")
     return title, "\n".join(lines), report, pack
 
 

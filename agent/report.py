@@ -91,9 +91,8 @@ def render_markdown(r: Report, figures: Iterable[str] = ()) -> str:
         f"| torch.compile (dynamic) | {_ms(r.compiled_ms)} | "
         f"{(r.baseline_ms / r.compiled_ms if r.compiled_ms else 0):.2f}x |",
         "",
-        f"kernelbot vs torch.compile: {r.speedup_vs_compiled or 0:.2f}x. Fidelity: max |Δlogit| "
-        f"{r.fidelity.max_abs_logit_diff:.2e}, greedy tokens identical: **{r.fidelity.greedy_match}** "
-        f"({r.fidelity.token_agreement:.1%} agreement).",
+        f"kernelbot vs torch.compile: {r.speedup_vs_compiled or 0:.2f}x. Fidelity: {r.fidelity.summary()}; "
+        f"passed: **{r.fidelity.passed}**.",
         "",
         f"## Kernels ({len(accepted)} accepted of {len(r.kernels)} candidates)",
         "",

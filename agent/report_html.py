@@ -87,8 +87,8 @@ def render_html(r: Report, figures: dict[str, bytes]) -> str:
         f" {len(accepted)} kernels accepted of {len(r.kernels)} candidates</p>",
         f"<p>Model <b>{escape(m.name)}</b> ({m.layers} layers, hidden {m.hidden}, {escape(m.dtype)}), batch {m.batch},"
         f" {m.prompt_len}-token prompts, {m.decode_steps} decode steps. Device: {escape(r.device.name)}, "
-        f"{r.device.threads} threads ({r.device.peak_gflops} GFLOP/s, {r.device.peak_gbps} GB/s). Fidelity: max "
-        f"|Δlogit| {r.fidelity.max_abs_logit_diff:.2e}, greedy tokens identical: <b>{r.fidelity.greedy_match}</b>."
+        f"{r.device.threads} threads ({r.device.peak_gflops} GFLOP/s, {r.device.peak_gbps} GB/s). Fidelity: "
+        f"{escape(r.fidelity.summary())}; passed: <b>{r.fidelity.passed}</b>."
         "</p>",
         "<h2 id='end-to-end'>End to end, before and after</h2>", e2e,
         "<h2 id='figures'>Figures</h2>", figs,

@@ -73,7 +73,7 @@ def served_init_args(family: str, hotspot: Hotspot, config: dict, device_kind: s
     """A layer's constructor arguments, from the profiled shapes and the served model's config; or why they
     cannot be known."""
     if family == "rmsnorm" and "rms_norm_eps" in config:
-        return [hotspot.input_dims[0][-1], float(config["rms_norm_eps"])]
+        return [hotspot.input_dims[0][-1], float(config["rms_norm_eps"]), hotspot.dtype]  # weights in the model's dtype
     if family == "silu_and_mul":
         return []
     if family == "rotary_embedding":
@@ -267,7 +267,7 @@ def _optimize_served(opts: ServeOptions, console: Console | None) -> ServedRepor
     stages.say("[6/6] report")
     gains = sg.compare(base.metrics, after, engaged, []) if after is not None else {}
     notes += gains.get("notes", engaged.notes)
-    if fid is not None and (not fid.greedy_match or fid.repetition_collapse):
+    if fid is not None and not fid.passed:
         notes.append("fidelity: the served model's greedy outputs changed with the pack; do not ship it")
     report = ServedReport(
         run_id=run_id, engine="sglang", model_path=opts.model_path, tp=opts.tp, device=device,

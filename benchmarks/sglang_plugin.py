@@ -32,7 +32,7 @@ def write_pack(pack_dir: Path) -> None:
 
     (pack_dir / "kernels").mkdir(parents=True)
     entries = []
-    for family, module, widths, init in (("rmsnorm", "RMSNorm", [HIDDEN], [HIDDEN, EPS]),
+    for family, module, widths, init in (("rmsnorm", "RMSNorm", [HIDDEN], [HIDDEN, EPS, "float32"]),
                                          ("silu_and_mul", "SiluAndMul", [WIDTH], []),
                                          ("rotary_embedding", "RotaryEmbedding", [None, Q_WIDTH, K_WIDTH], ROPE_INIT)):
         for rows in (4, 32):

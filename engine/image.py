@@ -17,7 +17,7 @@ from typing import Any
 
 from kernelbot import KernelbotError, __version__
 from kernelbot.engine.sglang_plugin import PACK_ENV, PLUGIN_NAME
-from kernelbot.records import Pack
+from kernelbot.records import Fidelity, Pack
 
 PACK_PATH = "/opt/kernelbot/pack"
 LABEL = "org.kernelbot."
@@ -64,8 +64,8 @@ def read_run(run_dir: Path) -> RunInfo:
         data = json.loads(report.read_text())
         fid = data.get("fidelity") or {}
         fidelity = (f"greedy_match={fid.get('greedy_match')} max_abs_logit_diff={fid.get('max_abs_logit_diff')} "
-                    f"token_agreement={fid.get('token_agreement')}")
-        if not fid.get("greedy_match") or fid.get("repetition_collapse"):
+                    f"token_agreement={fid.get('token_agreement')} within_dtype_noise={fid.get('within_noise')}")
+        if not fid or not Fidelity.model_validate(fid).passed:
             problems.append(f"fidelity check failed: {fidelity} repetition_collapse={fid.get('repetition_collapse')}")
         if data.get("engaged") is False:  # a served run whose engine never ran the pack proves nothing
             problems.append("the pack did not engage in every rank of the served model (see report.json notes)")

@@ -318,20 +318,23 @@ def _rotary_variant(layer: torch.nn.Module, call: dict[str, Any], dtype: str) ->
     return ""
 
 
+def _same_args(entry: Any, layer: torch.nn.Module, call: dict[str, Any]) -> bool:
+    """Was the entry verified on a layer built with this layer's arguments (sizes, eps, weights' dtype...)?"""
+    from kernelbot.kernel_library import FAMILIES
+
+    return entry.init_args == FAMILIES[entry.family].init_args(layer)
+
+
 def _rotary_fits(entry: Any, layer: torch.nn.Module, call: dict[str, Any]) -> bool:
     """Same layer arguments (head and rotary sizes, cache rows and dtype, base, style) and the same key width:
     the kernel loads this layer's own cos/sin cache, which must have the shape it was verified with."""
-    from kernelbot.kernel_library.rotary_embedding import FAMILY
-
-    return entry.init_args == FAMILY.init_args(layer) and entry.input_shapes[2][-1] == call["key"].shape[-1]
+    return _same_args(entry, layer, call) and entry.input_shapes[2][-1] == call["key"].shape[-1]
 
 
 LAYERS: dict[str, _Layer] = {
     "rmsnorm": _Layer("rmsnorm", ("x", "residual", "post_residual_addition", "quant_linear"), _rmsnorm_variant,
-                      lambda e, layer, call: int(e.init_args[0]) == layer.weight.shape[0]
-                      and float(e.init_args[1]) == float(layer.variance_epsilon), _rmsnorm_run),
-    "silu_and_mul": _Layer("silu_and_mul", ("x",), _silu_variant, lambda e, layer, call: True,
-                           lambda kernel, call: kernel(call["x"])),
+                      _same_args, _rmsnorm_run),
+    "silu_and_mul": _Layer("silu_and_mul", ("x",), _silu_variant, _same_args, lambda kernel, call: kernel(call["x"])),
     "rotary_embedding": _Layer(
         "rotary_embedding", ("positions", "query", "key", "offsets", "fused_set_kv_buffer_arg"), _rotary_variant,
         _rotary_fits, lambda kernel, call: kernel(call["positions"], call["query"], call["key"]), main=1,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import functools
 from pathlib import Path
 
@@ -89,19 +90,21 @@ class TorchEngine:
         self.patcher = PackPatcher(self.model)
 
     @torch.inference_mode()
-    def generate(self, record_logits: bool = False) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    def generate(self, record_logits: bool = False,
+                 forced: torch.Tensor | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Greedy decoding; with `forced` ([batch, decode_steps + 1] tokens), each step is fed the forced token
+        instead of its own choice (teacher forcing), so logits compare in the same contexts."""
         out = self.model(input_ids=self.prompts, use_cache=True)
         cache = out[cache_kwarg()]
-        logits = [out.logits[:, -1].float()] if record_logits else []
-        token = out.logits[:, -1].argmax(-1, keepdim=True)
-        tokens = [token]
-        for _ in range(self.spec.decode_steps):
-            out = self.model(input_ids=token, use_cache=True, **{cache_kwarg(): cache})
+        logits = [out.logits[:, -1].double()] if record_logits else []
+        tokens = [out.logits[:, -1].argmax(-1, keepdim=True)]
+        for step in range(self.spec.decode_steps):
+            fed = tokens[-1] if forced is None else forced[:, step:step + 1]
+            out = self.model(input_ids=fed, use_cache=True, **{cache_kwarg(): cache})
             cache = out[cache_kwarg()]
             if record_logits:
-                logits.append(out.logits[:, -1].float())
-            token = out.logits[:, -1].argmax(-1, keepdim=True)
-            tokens.append(token)
+                logits.append(out.logits[:, -1].double())
+            tokens.append(out.logits[:, -1].argmax(-1, keepdim=True))
         return torch.cat(tokens, dim=1), logits
 
     def run_workload(self) -> torch.Tensor:
@@ -118,6 +121,14 @@ class TorchEngine:
 
     def remove_pack(self) -> None:
         self.patcher.remove()
+
+    def in_float64(self) -> TorchEngine:
+        """The same model and prompts in float64: how far the model's own dtype is from exact arithmetic."""
+        twin = object.__new__(TorchEngine)
+        twin.spec, twin.prompts = self.spec, self.prompts
+        twin.model = copy.deepcopy(self.model).to(torch.float64)
+        twin.patcher = PackPatcher(twin.model)
+        return twin
 
     def compiled(self) -> TorchEngine:
         """The same engine with the model under torch.compile (dynamic shapes: decode grows the cache)."""

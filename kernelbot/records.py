@@ -135,7 +135,9 @@ class Pack(BaseModel):
 
 
 class Fidelity(BaseModel):
-    max_abs_logit_diff: float  # served runs: |Δ logprob| of the greedy tokens up to the first divergence
+    # in-process runs: max |Δlogit| with both runs fed eager's tokens; served runs: |Δ logprob| of the greedy
+    # tokens up to the first divergence
+    max_abs_logit_diff: float
     greedy_match: bool
     token_agreement: float
     # share of distinct 3-grams in the greedy outputs, without and with the pack: a collapse into repetition
@@ -143,6 +145,21 @@ class Fidelity(BaseModel):
     distinct_3grams_before: float | None = None
     distinct_3grams_after: float | None = None
     repetition_collapse: bool = False
+    # in-process runs: max |Δlogit| of eager in its own dtype against float64 on the same tokens, and whether the
+    # pack's change stays within it (then changed tokens are near ties the model's dtype cannot decide)
+    dtype_noise: float | None = None
+    within_noise: bool | None = None
+
+    @property
+    def passed(self) -> bool:
+        return (self.greedy_match or bool(self.within_noise)) and not self.repetition_collapse
+
+    def summary(self) -> str:
+        noise = "" if self.dtype_noise is None else (
+            f" (the model's own dtype error: {self.dtype_noise:.2e}; pack {'within' if self.within_noise else 'beyond'}"
+            " it)")
+        return (f"max |Δlogit| {self.max_abs_logit_diff:.2e}{noise}, greedy tokens identical: {self.greedy_match} "
+                f"({self.token_agreement:.1%} agreement)")
 
 
 class KernelResult(BaseModel):

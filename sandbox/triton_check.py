@@ -14,6 +14,7 @@ order programs run in show up as differing bits.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -179,6 +180,26 @@ def _check_races(launch: _Launch) -> None:
     _conflict(launch, "atomic vs plain read", atomic_owners, *reads)
 
 
+def _bf16_as_fp32(handle: Any) -> Any:
+    """The interpreter keeps bfloat16 as its uint16 bits; widening them is exact."""
+    import triton.language as tl
+
+    return type(handle)((handle.data.astype(np.uint32) << 16).view(np.float32), tl.float32)
+
+
+def _dot_with_bf16(dot: Callable[..., Any]) -> Callable[..., Any]:
+    """Triton's interpreter multiplies the raw bits of bfloat16 operands in tl.dot (triton-lang/triton#11584,
+    unsupported upstream), so every bf16 matmul kernel would fail verification here. Products of bf16 values are
+    exact in fp32 and a GPU accumulates them in fp32, which is what this computes."""
+
+    def create_dot(self, a, b, d, *rest):
+        if str(a.dtype) == str(b.dtype) == "bf16":
+            a, b = _bf16_as_fp32(a), _bf16_as_fp32(b)
+        return dot(self, a, b, d, *rest)
+
+    return create_dot
+
+
 def install() -> None:
     """Instrument the interpreter. Call before any candidate code is imported; TRITON_INTERPRET must be 1."""
     import inspect
@@ -206,6 +227,7 @@ def install() -> None:
 
     builder_cls.create_masked_load, builder_cls.create_masked_store = masked_load, masked_store
     builder_cls.create_atomic_rmw, builder_cls.create_atomic_cas = atomic_rmw, atomic_cas
+    builder_cls.create_dot = _dot_with_bf16(builder_cls.create_dot)
 
     def call(self, *args_dev, **kwargs):
         # Mirrors GridExecutor.__call__ of the pinned Triton, with a recorded launch and a chosen program order.

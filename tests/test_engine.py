@@ -45,7 +45,7 @@ def test_pack_routes_only_verified_shapes_and_counts_both_ways(tmp_path):
     (tmp_path / "kernels" / "norm.py").write_text(
         "from kernelbot.kernel_library.rmsnorm.cpu import RMSNormCpp as ModelNew\n")
     decode_entry = PackEntry(task_id="t", candidate_id="norm", family="rmsnorm", module_class="LlamaRMSNorm",
-                             input_shapes=[[2, 1, 128]], init_args=[128, 1e-6],
+                             input_shapes=[[2, 1, 128]], init_args=[128, 1e-6, "float32"],
                              profiled_dims=[[2, 1, 128]], dtype="float32", backend="cpp",
                              config={}, source_file="kernels/norm.py", source_hash="x", verification="pass",
                              speedup=2.0)
@@ -65,3 +65,31 @@ def test_pack_routes_only_verified_shapes_and_counts_both_ways(tmp_path):
     engine.remove_pack()
     assert not any("forward" in vars(m) for m in engine.model.modules())
     assert torch.equal(engine.run_workload(), expected)
+
+
+def _norm_pack(tmp_path, source: str, dtype: str, hidden: int) -> tuple:
+    from kernelbot.records import Pack, PackEntry
+
+    (tmp_path / "kernels").mkdir(exist_ok=True)
+    (tmp_path / "kernels" / "norm.py").write_text(source)
+    entry = PackEntry(task_id="t", candidate_id="norm", family="rmsnorm", module_class="LlamaRMSNorm",
+                      input_shapes=[[2, 5, hidden]], init_args=[hidden, 1e-6, dtype], profiled_dims=[[2, 5, hidden]],
+                      dtype=dtype, backend="cpp", config={}, source_file="kernels/norm.py", source_hash="x",
+                      verification="pass", speedup=2.0)
+    return Pack(version="test", run_id="r", device="cpu", entries=[entry]), tmp_path
+
+
+@pytest.mark.parametrize(("dtype", "scale", "within"), [("bfloat16", None, True), ("float32", "1.01", False)])
+def test_fidelity_sets_the_packs_logit_change_beside_the_dtypes_own_error(tmp_path, dtype, scale, within):
+    from kernelbot.agent.integrate import fidelity
+
+    spec, _ = builtin_spec("llama-micro", dtype=dtype, batch=2, prompt_len=5, decode_steps=6)
+    engine = TorchEngine(spec)
+    source = "from kernelbot.kernel_library.rmsnorm.cpu import RMSNormCpp as ModelNew\n"
+    if scale:  # verified-looking but 1% off: far beyond fp32's own error
+        source = ("from kernelbot.kernel_library.rmsnorm.cpu import RMSNormCpp\n\n\nclass ModelNew(RMSNormCpp):\n"
+                  f"    def forward(self, x):\n        return super().forward(x) * {scale}\n")
+    fid = fidelity(engine, *_norm_pack(tmp_path, source, dtype, spec.hidden))
+    assert fid.dtype_noise is not None and fid.dtype_noise > 0
+    assert fid.within_noise is within and (fid.max_abs_logit_diff <= fid.dtype_noise) is within
+    assert fid.passed is (within or fid.greedy_match)

@@ -22,7 +22,7 @@ def _run_dir(root: Path, verification: str = "pass: allclose on 9 input sets", g
     run = root / "run1"
     (run / "pack" / "kernels").mkdir(parents=True)
     entry = PackEntry(task_id="t0", candidate_id="t0__rmsnorm_cpp", family="rmsnorm", module_class="LlamaRMSNorm",
-                      input_shapes=[[8, 32, 512]], init_args=[512, 1e-6], dtype="float32", backend="cpp",
+                      input_shapes=[[8, 32, 512]], init_args=[512, 1e-6, "float32"], dtype="float32", backend="cpp",
                       config={"grain": 8}, source_file="kernels/t0__rmsnorm_cpp.py", source_hash="abc",
                       verification=verification, speedup=1.3)
     (run / "pack" / entry.source_file).write_text(FAMILIES["rmsnorm"].candidate_source("cpp", {"grain": 8}))

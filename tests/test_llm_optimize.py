@@ -47,7 +47,7 @@ def test_optimize_with_a_local_llm_endpoint(tmp_path, monkeypatch, capsys):
     assert llm["prompt_tokens"] + llm["completion_tokens"] <= 60000 and llm["cost_usd"] <= 0.5 and llm["cost_known"]
     accepted = [k for k in report["kernels"] if k["status"] == "accepted"]
     assert accepted and all(k["candidate_id"].endswith("llm-r2-s0") and k["calls"] > 0 for k in accepted)
-    assert report["fidelity"]["greedy_match"] is True
+    assert report["fidelity"]["greedy_match"] is True or report["fidelity"]["within_noise"] is True
     assert len((run_dir / "llm" / "calls.jsonl").read_text().splitlines()) == llm["calls"]
     out = capsys.readouterr().out
     assert "LLM openai/kb-scripted-coder:" in out and SECRET not in out

@@ -17,7 +17,10 @@ KERNEL_KEYS = {"op", "module", "backend", "shapes", "status", "reason", "speedup
 def _check_run(run_dir, report: dict) -> list[dict]:
     assert REPORT_KEYS <= set(report)
     assert {"max_abs_logit_diff", "greedy_match"} <= set(report["fidelity"])
-    assert report["fidelity"]["greedy_match"] is True
+    fid = report["fidelity"]
+    # identical greedy tokens, or changes only where the pack moved logits less than the dtype's own error
+    assert fid["greedy_match"] is True or fid["within_noise"] is True, fid
+    assert fid["dtype_noise"] is not None and fid["max_abs_logit_diff"] <= max(fid["dtype_noise"], 1e-3)
     assert report["kernels"] and all(KERNEL_KEYS <= set(k) for k in report["kernels"])
     for name in ("trace.json.gz", "trace_after.json.gz", "hotspots.json", "hotspots_after.json", "report.md",
                  "log.txt", "pack/manifest.json"):
@@ -50,6 +53,11 @@ def test_optimize_micro_rmsnorm(tmp_path):
     assert data["compiled_ms"] is None
     # decode and prefill RMSNorm are separate tasks; at most one winner each
     assert len(accepted) <= 2
+    # whatever the timings, the library's own kernels verify in the model's dtype (bf16 where the CPU has it)
+    for task_dir in (run_dir / "tasks").iterdir():
+        verdicts = [Verdict.model_validate_json((c / "verdict.json").read_text())
+                    for c in (task_dir / "candidates").iterdir()]
+        assert verdicts and all(v.verdict == "pass" for v in verdicts), (task_dir.name, [v.failed for v in verdicts])
 
 
 @pytest.mark.slow

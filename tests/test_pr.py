@@ -46,7 +46,7 @@ def test_pr_branch_and_description_carry_the_evidence(tmp_path, capsys):
             "[1, 1, 128]", "relative L2 1e-05",  # shapes and tolerances
             "reference 10.00 µs (±4.0%)", "speedup 3.200x", "faster beyond noise: True",  # benchmark + noise
             "min 29.5 / max 31.0 ms",  # end-to-end noise
-            "max |Δlogit| 2.00e-06", "greedy tokens identical: **True**",  # fidelity
+            "max |Δlogit| 2.00e-06", "greedy tokens identical: True", "passed: **True**",  # fidelity
             "LLM `openai/test-coder`", "1200 prompt + 800 completion tokens, $0.0028",  # provenance
             "built-in proposer", "failed race: program 1"):  # the built-in one, and a rejected candidate
         assert needle in body, needle

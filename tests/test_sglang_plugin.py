@@ -41,9 +41,9 @@ def _entry(cid: str, family: str, shapes: list[list[int]], dtype: str, init_args
 
 def _pack(pack_dir: Path) -> Pack:
     (pack_dir / "kernels").mkdir(parents=True)
-    entries = [_entry("rms_fp32", "rmsnorm", [FP32_SHAPE], "float32", [HIDDEN, EPS]),
-               _entry("rms_bf16", "rmsnorm", [BF16_SHAPE], "bfloat16", [HIDDEN, EPS]),
-               _entry("mlp", "gated_mlp", [[2, 3, HIDDEN]], "float32", [HIDDEN, 128]),
+    entries = [_entry("rms_fp32", "rmsnorm", [FP32_SHAPE], "float32", [HIDDEN, EPS, "float32"]),
+               _entry("rms_bf16", "rmsnorm", [BF16_SHAPE], "bfloat16", [HIDDEN, EPS, "bfloat16"]),
+               _entry("mlp", "gated_mlp", [[2, 3, HIDDEN]], "float32", [HIDDEN, 128, "float32"]),
                _entry("silu", "silu_and_mul", [SILU_SHAPE], "float32", []),
                _entry("rope", "rotary_embedding", ROPE_SHAPES, "float32",
                       [ROPE["head"], ROPE["head"], ROPE["max_pos"], ROPE["base"], True, "float32"])]

@@ -6,11 +6,13 @@ import textwrap
 import pytest
 import torch
 from helpers import write_module
+from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 from kernelbot.agent import cases
 from kernelbot.agent.cases import WeakTask
 from kernelbot.agent.tasks import reference_source
 from kernelbot.agent.verify import CHECK_IDS, shape_sets, task_from_reference, verify
+from kernelbot.kernel_library import FAMILIES
 from kernelbot.loading import load_module
 from kernelbot.records import Task
 
@@ -69,6 +71,27 @@ def test_library_triton_kernel_passes_in_the_interpreter(tmp_path):
     assert details["race"][0] == "pass" and "reversed and shuffled" in details["race"][1]
     assert "Triton launches" in details["out_of_bounds"][1]
     assert "Triton launch" in details["reference_fallback"][1]
+
+
+@pytest.mark.parametrize(("family", "live", "shape", "wrapper"), [
+    ("rmsnorm", lambda: LlamaRMSNorm(64), [4, 1, 64], "rmsnorm.cpu:RMSNormCpp"),
+    ("linear", lambda: torch.nn.Linear(48, 40), [4, 1, 48], "linear.triton_kernel:LinearTriton"),
+])
+def test_a_bf16_models_task_keeps_its_weights_in_bf16(tmp_path, family, live, shape, wrapper):
+    """A model served in bf16 has bf16 weights: its tasks' references must be built so, or no kernel that
+    computes in the model's dtype can pass."""
+    module = live().to(torch.bfloat16)
+    init_args = FAMILIES[family].init_args(module)
+    assert init_args[-1] == "bfloat16"
+    task = Task(id=family, hotspot_id="h", family=family, module_class=type(module).__name__, dtype="bfloat16",
+                input_shapes=[shape], free_dims=[[0, 1]], init_args=init_args, share=0.1, floor_us=1.0)
+    ref = write_module(tmp_path / "reference.py", reference_source(task))
+    assert all(p.dtype == torch.bfloat16 for p in load_module(ref, "bf16_ref").Model(*init_args).parameters())
+    path, cls = wrapper.split(":")
+    cand = write_module(tmp_path / "cand" / "candidate.py",
+                        f"from kernelbot.kernel_library.{path} import {cls} as ModelNew\n")
+    verdict = verify(task, ref, cand, tmp_path / "work")
+    assert verdict.verdict == "pass", verdict.checks
 
 
 ROPE_TASK = Task(id="rope", hotspot_id="h", family="rotary_embedding", module_class="RotaryEmbedding",

@@ -1,4 +1,4 @@
-from kernelbot.kernel_library.base import Family, rows
+from kernelbot.kernel_library.base import Family, dtype_name, rows
 
 
 def _uses_silu(module) -> bool:
@@ -18,7 +18,8 @@ FAMILY = Family(
     configs={"cpp": [{"grain": 1}, {"grain": 4}, {"grain": 16}],
              "triton": [{"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 64}]},
     dtypes={"cpp": ("float32",), "triton": ("float32", "bfloat16", "float16")},
-    init_args=lambda m: [int(m.gate_proj.in_features), int(m.gate_proj.out_features)],
+    init_args=lambda m: [int(m.gate_proj.in_features), int(m.gate_proj.out_features),
+                         dtype_name(m.gate_proj.weight.dtype)],
     cost=_cost,
     matches=lambda m, dims: _uses_silu(m) and len(dims) > 1 and list(m.gate_proj.weight.shape) == dims[1],
     max_rows=64,

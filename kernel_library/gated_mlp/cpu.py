@@ -14,8 +14,8 @@ class GatedMLPCpp(Model):
 
     CONFIG: dict[str, Any] = {"grain": 4}
 
-    def __init__(self, hidden_size: int, intermediate_size: int):
-        super().__init__(hidden_size, intermediate_size)
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
         self._ext = load_cpp(SOURCE)
         self._gate_up = PackedWeights()
         self._down = PackedWeights()

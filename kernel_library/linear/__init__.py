@@ -1,4 +1,4 @@
-from kernelbot.kernel_library.base import Family, rows
+from kernelbot.kernel_library.base import Family, dtype_name, rows
 
 
 def _cost(dims, itemsize):
@@ -13,7 +13,7 @@ FAMILY = Family(
     configs={"cpp": [{"grain": 1}, {"grain": 4}, {"grain": 16}],
              "triton": [{"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 64}]},
     dtypes={"cpp": ("float32",), "triton": ("float32", "bfloat16", "float16")},
-    init_args=lambda m: [int(m.in_features), int(m.out_features), m.bias is not None],
+    init_args=lambda m: [int(m.in_features), int(m.out_features), m.bias is not None, dtype_name(m.weight.dtype)],
     cost=_cost,
     matches=lambda m, dims: len(dims) > 1 and list(m.weight.shape) == dims[1],
     max_rows=64,

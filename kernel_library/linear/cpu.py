@@ -39,8 +39,8 @@ class PackedWeights:
 class LinearCpp(Model):
     CONFIG: dict[str, Any] = {"grain": 4}
 
-    def __init__(self, in_features: int, out_features: int, bias: bool):
-        super().__init__(in_features, out_features, bias)
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
         self._ext = load_cpp(SOURCE)
         self._packed = PackedWeights()
 

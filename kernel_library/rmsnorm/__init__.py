@@ -1,4 +1,4 @@
-from kernelbot.kernel_library.base import Family, rows
+from kernelbot.kernel_library.base import Family, dtype_name, rows
 
 FAMILY = Family(
     name="rmsnorm",
@@ -6,7 +6,8 @@ FAMILY = Family(
     wrappers={"cpp": "cpu:RMSNormCpp", "triton": "triton_kernel:RMSNormTriton"},
     configs={"cpp": [{"grain": 1}, {"grain": 8}, {"grain": 64}], "triton": [{"num_warps": 4}]},
     dtypes={"cpp": ("float32", "bfloat16", "float16"), "triton": ("float32", "bfloat16", "float16")},
-    init_args=lambda m: [int(m.weight.shape[0]), float(getattr(m, "variance_epsilon", getattr(m, "eps", 1e-6)))],
+    init_args=lambda m: [int(m.weight.shape[0]), float(getattr(m, "variance_epsilon", getattr(m, "eps", 1e-6))),
+                         dtype_name(m.weight.dtype)],
     # read x, write out, read the weight once
     cost=lambda dims, itemsize: (4.0 * rows(dims[0]) * dims[0][-1], (2 * rows(dims[0]) + 1) * dims[0][-1] * itemsize),
     matches=lambda m, dims: list(m.weight.shape) == dims[0][-1:],

@@ -12,8 +12,8 @@ from kernelbot.kernel_library.rmsnorm.reference import Model
 class RMSNormCpp(Model):
     CONFIG: dict[str, Any] = {"grain": 8}
 
-    def __init__(self, hidden_size: int, eps: float):
-        super().__init__(hidden_size, eps)
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
         self._ext = load_cpp(Path(__file__).with_name("rmsnorm.cpp"))
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:

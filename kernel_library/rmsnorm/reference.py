@@ -3,11 +3,11 @@ from torch import nn
 
 
 class Model(nn.Module):
-    """RMSNorm as Llama computes it: fp32 statistics, cast back, then the weight."""
+    """RMSNorm as Llama computes it: fp32 statistics, cast back, then the weight (in the model's dtype)."""
 
-    def __init__(self, hidden_size: int, eps: float):
+    def __init__(self, hidden_size: int, eps: float, dtype: str = "float32"):
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.weight = nn.Parameter(torch.ones(hidden_size, dtype=getattr(torch, dtype)))
         self.variance_epsilon = eps
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:

@@ -7,13 +7,13 @@ from typing import Any
 
 import torch
 
-from kernelbot.kernel_library.base import Family, OpCall
+from kernelbot.kernel_library.base import Family, OpCall, dtype_name
 from kernelbot.profiler.roofline import DTYPE_NAMES
 
 
 def _init_args(m: torch.nn.Module) -> list[Any]:
     return [int(m.head_size), int(m.rotary_dim), int(m.cos_sin_cache.shape[0]), float(m.base),
-            bool(m.is_neox_style), str(m.cos_sin_cache.dtype).removeprefix("torch.")]
+            bool(m.is_neox_style), dtype_name(m.cos_sin_cache.dtype)]
 
 
 def _cost(dims: list[list[int]], itemsize: int) -> tuple[float, float]:
