@@ -500,8 +500,8 @@ def _measure_and_report(engine: TorchEngine, spec: ModelSpec, device: Device, pa
         report_notes.append("fidelity: the pack changed the model's outputs beyond its dtype's own error; "
                             "do not ship it")
     elif not fid.greedy_match:
-        report_notes.append("fidelity: some greedy tokens changed, at near ties: with eager's tokens fed to both, the "
-                            "pack moved logits less than the model's dtype itself does (against float64)")
+        report_notes.append("fidelity: some greedy tokens changed, at near ties: on eager's tokens the pack is within "
+                            "twice eager's own distance from float64")
     if night.stop_reason:
         stages.say(f"stopped early by the {night.stop_reason}", style="yellow")
         report_notes.append(f"stopped early by the {night.stop_reason}")

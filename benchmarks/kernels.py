@@ -1,7 +1,9 @@
-"""Each family's C++ kernel vs its PyTorch reference at the default model's decode shapes (fp32)."""
+"""Each family's C++ kernel vs its PyTorch reference at the default model's decode shapes, in fp32 or bf16
+(`python benchmarks/kernels.py [--dtype bfloat16]`)."""
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import statistics
 import time
@@ -12,6 +14,7 @@ from kernelbot.agent.cases import overrides
 from kernelbot.agent.verify import load_reference
 from kernelbot.kernel_library import FAMILIES
 
+WEIGHTED = ("rmsnorm", "linear", "gated_mlp")  # their last init arg is the weights' dtype
 CASES = {  # family -> (init args, input shapes): llama-tiny at decode, batch 8
     "rmsnorm": ([512, 1e-6], [[8, 1, 512]]),
     "linear": ([512, 512, False], [[8, 1, 512]]),
@@ -29,20 +32,24 @@ def per_call_us(fn, xs, iters: int) -> float:
     return (time.perf_counter() - t0) / iters * 1e6
 
 
-def main(rounds: int = 15) -> None:
+def main(rounds: int = 15, dtype: str = "float32") -> None:
     torch.manual_seed(0)
     for name, (init, shapes) in CASES.items():
         family = FAMILIES[name]
+        if dtype not in family.dtypes["cpp"]:
+            print(f"{name:16s} no {dtype} C++ kernel")
+            continue
+        init = [*init, dtype] if name in WEIGHTED else init
         source = load_reference(family.reference_path)
         reference = source.Model(*init).eval()
         module, cls = family.wrappers["cpp"].split(":")
         kernel = getattr(importlib.import_module(f"kernelbot.kernel_library.{name}.{module}"), cls)(*init).eval()
         kernel.load_state_dict(reference.state_dict())
         if hasattr(source, "get_inputs"):  # inputs that are not all random floats (positions)
-            with overrides(source, {"INPUT_SHAPES": shapes, "INIT_ARGS": init}):
+            with overrides(source, {"INPUT_SHAPES": shapes, "INIT_ARGS": init, "DTYPE": getattr(torch, dtype)}):
                 x = source.get_inputs()
         else:
-            x = [torch.randn(s) for s in shapes]
+            x = [torch.randn(s).to(getattr(torch, dtype)) for s in shapes]
         with torch.inference_mode():
             for m in (reference, kernel):
                 for _ in range(5):
@@ -54,8 +61,13 @@ def main(rounds: int = 15) -> None:
                 for ts, m in pair if r % 2 == 0 else pair[::-1]:
                     ts.append(per_call_us(m, x, iters))
         ref, new = statistics.median(ref_t), statistics.median(new_t)
-        print(f"{name:16s} {str(shapes):26s} torch {ref:8.1f} us   kernelbot cpp {new:8.1f} us   {ref / new:5.2f}x")
+        print(f"{name:16s} {str(shapes):26s} {dtype} torch {ref:8.1f} us   kernelbot cpp {new:8.1f} us   "
+              f"{ref / new:5.2f}x")
 
 
 if __name__ == "__main__":
-    main()
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--rounds", type=int, default=15)
+    args = parser.parse_args()
+    main(args.rounds, args.dtype)

@@ -20,7 +20,9 @@ def cache_root() -> Path:
 
 
 def source_hash(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes() + " ".join(CFLAGS).encode()).hexdigest()[:16]
+    """Of the source, the library's shared headers (which sources include by relative path) and the flags."""
+    headers = b"".join(h.read_bytes() for h in sorted(Path(__file__).parent.glob("*.h")))
+    return hashlib.sha256(path.read_bytes() + headers + " ".join(CFLAGS).encode()).hexdigest()[:16]
 
 
 def prebuild_library() -> dict[str, str]:

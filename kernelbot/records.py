@@ -145,9 +145,11 @@ class Fidelity(BaseModel):
     distinct_3grams_before: float | None = None
     distinct_3grams_after: float | None = None
     repetition_collapse: bool = False
-    # in-process runs: max |Δlogit| of eager in its own dtype against float64 on the same tokens, and whether the
-    # pack's change stays within it (then changed tokens are near ties the model's dtype cannot decide)
+    # in-process runs: max |Δlogit| against the same weights in float64 on the same tokens, of eager (the dtype's own
+    # error) and with the pack; within_noise when the pack is no more than twice as far off as eager (then changed
+    # tokens are near ties the model's dtype cannot decide)
     dtype_noise: float | None = None
+    pack_error: float | None = None
     within_noise: bool | None = None
 
     @property
@@ -156,8 +158,8 @@ class Fidelity(BaseModel):
 
     def summary(self) -> str:
         noise = "" if self.dtype_noise is None else (
-            f" (the model's own dtype error: {self.dtype_noise:.2e}; pack {'within' if self.within_noise else 'beyond'}"
-            " it)")
+            f" (against float64: eager {self.dtype_noise:.2e}, with the pack {self.pack_error:.2e}, "
+            f"{'within' if self.within_noise else 'beyond'} the dtype's noise)")
         return (f"max |Δlogit| {self.max_abs_logit_diff:.2e}{noise}, greedy tokens identical: {self.greedy_match} "
                 f"({self.token_agreement:.1%} agreement)")
 

@@ -91,5 +91,5 @@ def test_fidelity_sets_the_packs_logit_change_beside_the_dtypes_own_error(tmp_pa
                   f"    def forward(self, x):\n        return super().forward(x) * {scale}\n")
     fid = fidelity(engine, *_norm_pack(tmp_path, source, dtype, spec.hidden))
     assert fid.dtype_noise is not None and fid.dtype_noise > 0
-    assert fid.within_noise is within and (fid.max_abs_logit_diff <= fid.dtype_noise) is within
+    assert fid.within_noise is within and (fid.pack_error <= 2 * fid.dtype_noise) is within
     assert fid.passed is (within or fid.greedy_match)

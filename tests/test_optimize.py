@@ -20,7 +20,7 @@ def _check_run(run_dir, report: dict) -> list[dict]:
     fid = report["fidelity"]
     # identical greedy tokens, or changes only where the pack moved logits less than the dtype's own error
     assert fid["greedy_match"] is True or fid["within_noise"] is True, fid
-    assert fid["dtype_noise"] is not None and fid["max_abs_logit_diff"] <= max(fid["dtype_noise"], 1e-3)
+    assert fid["dtype_noise"] is not None and fid["pack_error"] <= max(2 * fid["dtype_noise"], 1e-3)
     assert report["kernels"] and all(KERNEL_KEYS <= set(k) for k in report["kernels"])
     for name in ("trace.json.gz", "trace_after.json.gz", "hotspots.json", "hotspots_after.json", "report.md",
                  "log.txt", "pack/manifest.json"):

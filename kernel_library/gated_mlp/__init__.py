@@ -17,7 +17,7 @@ FAMILY = Family(
     wrappers={"cpp": "cpu:GatedMLPCpp", "triton": "triton_kernel:GatedMLPTriton"},
     configs={"cpp": [{"grain": 1}, {"grain": 4}, {"grain": 16}],
              "triton": [{"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 64}]},
-    dtypes={"cpp": ("float32",), "triton": ("float32", "bfloat16", "float16")},
+    dtypes={"cpp": ("float32", "bfloat16"), "triton": ("float32", "bfloat16", "float16")},
     init_args=lambda m: [int(m.gate_proj.in_features), int(m.gate_proj.out_features),
                          dtype_name(m.gate_proj.weight.dtype)],
     cost=_cost,

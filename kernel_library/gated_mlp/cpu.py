@@ -6,7 +6,7 @@ import torch
 
 from kernelbot.kernel_library.cpp_build import load_cpp
 from kernelbot.kernel_library.gated_mlp.reference import Model
-from kernelbot.kernel_library.linear.cpu import SOURCE, PackedWeights
+from kernelbot.kernel_library.linear.cpu import SOURCE, PackedWeights, bf16_path, even_k, pack_panels_bf16
 
 
 class GatedMLPCpp(Model):
@@ -24,6 +24,12 @@ class GatedMLPCpp(Model):
         inter, hidden = self.gate_proj.weight.shape
         grain = self.CONFIG["grain"]
         x2 = x.reshape(-1, hidden).contiguous()
-        h = self._ext.gate_up_silu(x2, self._gate_up.get([self.gate_proj.weight, self.up_proj.weight]), inter, grain)
-        out = self._ext.small_m_linear(h, self._down.get([self.down_proj.weight]), None, hidden, grain)
-        return out.view(*x.shape[:-1], hidden)
+        gate_up = [self.gate_proj.weight, self.up_proj.weight]
+        if bf16_path(self._ext, x2):  # h rounded to bf16 once, where eager rounds gate, up, silu and the product
+            h = self._ext.gate_up_silu_bf16(even_k(x2), self._gate_up.get(gate_up, pack_panels_bf16), inter, grain)
+            out = self._ext.small_m_linear_bf16(even_k(h), self._down.get([self.down_proj.weight], pack_panels_bf16),
+                                                None, hidden, grain)
+        else:
+            h = self._ext.gate_up_silu(x2.float(), self._gate_up.get(gate_up), inter, grain)
+            out = self._ext.small_m_linear(h, self._down.get([self.down_proj.weight]), None, hidden, grain)
+        return out.to(x.dtype).view(*x.shape[:-1], hidden)

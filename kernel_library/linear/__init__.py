@@ -12,7 +12,7 @@ FAMILY = Family(
     wrappers={"cpp": "cpu:LinearCpp", "triton": "triton_kernel:LinearTriton"},
     configs={"cpp": [{"grain": 1}, {"grain": 4}, {"grain": 16}],
              "triton": [{"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 64}]},
-    dtypes={"cpp": ("float32",), "triton": ("float32", "bfloat16", "float16")},
+    dtypes={"cpp": ("float32", "bfloat16"), "triton": ("float32", "bfloat16", "float16")},
     init_args=lambda m: [int(m.in_features), int(m.out_features), m.bias is not None, dtype_name(m.weight.dtype)],
     cost=_cost,
     matches=lambda m, dims: len(dims) > 1 and list(m.weight.shape) == dims[1],

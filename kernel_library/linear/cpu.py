@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -13,12 +14,32 @@ SOURCE = Path(__file__).with_name("linear.cpp")
 
 
 def pack_panels(weights: list[torch.Tensor]) -> torch.Tensor:
-    """[N,K] weights (G of them, same shape) -> [ceil(N/8), G, K, 8] panels, zero-padded in N."""
+    """[N,K] weights (G of them, same shape) -> [ceil(N/8), G, K, 8] fp32 panels, zero-padded in N."""
     n, k = weights[0].shape
     n_panels = -(-n // 8)
     panels = [F.pad(w.detach().float(), (0, 0, 0, n_panels * 8 - n)).view(n_panels, 8, k).transpose(1, 2)
               for w in weights]
     return torch.stack(panels, 1).contiguous()
+
+
+def pack_panels_bf16(weights: list[torch.Tensor]) -> torch.Tensor:
+    """[N,K] weights (G of them) -> [ceil(N/16), G, ceil(K/2), 16, 2] bf16 panels (pairs of k per output column,
+    as vdpbf16ps takes them), zero-padded in N and K."""
+    n, k = weights[0].shape
+    n_panels, k2 = -(-n // 16), -(-k // 2)
+    panels = [F.pad(w.detach().to(torch.bfloat16), (0, 2 * k2 - k, 0, n_panels * 16 - n))
+              .view(n_panels, 16, k2, 2).transpose(1, 2) for w in weights]
+    return torch.stack(panels, 1).contiguous()
+
+
+def even_k(x2: torch.Tensor) -> torch.Tensor:
+    """[M,K] with a zero column appended when K is odd (the bf16 kernels consume k in pairs)."""
+    return F.pad(x2, (0, 1)) if x2.shape[1] % 2 else x2
+
+
+def bf16_path(ext: Any, x: torch.Tensor) -> bool:
+    """bf16 activations on a CPU with avx512_bf16 run the bf16 kernels; elsewhere bf16 goes through fp32."""
+    return x.dtype == torch.bfloat16 and ext.has_avx512_bf16()
 
 
 class PackedWeights:
@@ -28,10 +49,11 @@ class PackedWeights:
         self._key: tuple | None = None
         self._panels: torch.Tensor | None = None
 
-    def get(self, weights: list[torch.Tensor]) -> torch.Tensor:
-        key = tuple((w.data_ptr(), w._version) for w in weights)
+    def get(self, weights: list[torch.Tensor], pack: Callable[[list[torch.Tensor]], torch.Tensor] = pack_panels,
+            ) -> torch.Tensor:
+        key = (pack, *((w.data_ptr(), w._version) for w in weights))
         if key != self._key:
-            self._panels, self._key = pack_panels(weights), key
+            self._panels, self._key = pack(weights), key
         assert self._panels is not None
         return self._panels
 
@@ -46,7 +68,12 @@ class LinearCpp(Model):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         n, k = self.weight.shape
-        x2 = x.reshape(-1, k).contiguous()
-        bias = None if self.bias is None else self.bias.detach().contiguous()
-        out = self._ext.small_m_linear(x2, self._packed.get([self.weight]), bias, n, self.CONFIG["grain"])
+        x2, grain = x.reshape(-1, k).contiguous(), self.CONFIG["grain"]
+        bias = None if self.bias is None else self.bias.detach().to(x.dtype).contiguous()
+        if bf16_path(self._ext, x2):
+            out = self._ext.small_m_linear_bf16(even_k(x2), self._packed.get([self.weight], pack_panels_bf16), bias,
+                                                n, grain)
+        else:
+            out = self._ext.small_m_linear(x2.float(), self._packed.get([self.weight]),
+                                           None if bias is None else bias.float(), n, grain).to(x.dtype)
         return out.view(*x.shape[:-1], n)

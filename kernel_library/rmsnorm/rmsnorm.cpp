@@ -3,46 +3,19 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <cmath>
-#include <cstdint>
-#include <cstring>
 
-// Element access as float. bf16 goes through its raw bits with c10::BFloat16's rounding (nearest even, NaN to
-// 0x7fc0): the same results, in a form the compiler vectorises (c10's own conversion has a branch per element).
-template <typename T>
-struct Lanes {
-  using raw = T;
-  static float in(T v) { return static_cast<float>(v); }
-  static T out(float f) { return static_cast<T>(f); }
-};
-
-template <>
-struct Lanes<c10::BFloat16> {
-  using raw = uint16_t;
-  static float in(uint16_t b) {
-    const uint32_t u = static_cast<uint32_t>(b) << 16;
-    float f;
-    std::memcpy(&f, &u, sizeof f);
-    return f;
-  }
-  static uint16_t out(float f) {
-    uint32_t u;
-    std::memcpy(&u, &f, sizeof u);
-    const uint16_t rounded = static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-    return f != f ? static_cast<uint16_t>(0x7fc0) : rounded;
-  }
-};
+#include "../lanes.h"
 
 template <typename T>
 static void rmsnorm_rows(const T* xt, const T* wt, T* outt, int64_t rows, int64_t n, double eps, int64_t grain) {
   using L = Lanes<T>;
-  using R = typename L::raw;
-  const R* x = reinterpret_cast<const R*>(xt);
-  const R* w = reinterpret_cast<const R*>(wt);
-  R* out = reinterpret_cast<R*>(outt);
+  const auto* x = raw_ptr<T>(xt);
+  const auto* w = raw_ptr<T>(wt);
+  auto* out = raw_ptr<T>(outt);
   at::parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
-      const R* xr = x + r * n;
-      R* o = out + r * n;
+      const auto* xr = x + r * n;
+      auto* o = out + r * n;
       float ss = 0.f;
 #pragma omp simd reduction(+ : ss)
       for (int64_t i = 0; i < n; ++i) {

@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "../lanes.h"
+
 // exp(x) = 2^n * exp(r) with n = round(x / ln 2) and r = x - n ln 2 (ln 2 split in two for precision), exp(r)
 // by Cephes' degree-6 polynomial: within about an ulp of expf, and plain arithmetic the compiler vectorises
 // (libm's expf is a scalar call). Inputs past the float range saturate to 0 or inf; NaN stays NaN.
@@ -29,17 +31,20 @@ static inline float exp_approx(float x) {
 }
 
 template <typename T>
-static void silu_and_mul_rows(const T* x, T* out, int64_t rows, int64_t d, int64_t grain) {
+static void silu_and_mul_rows(const T* xt, T* outt, int64_t rows, int64_t d, int64_t grain) {
+  using L = Lanes<T>;
+  const auto* x = raw_ptr<T>(xt);
+  auto* out = raw_ptr<T>(outt);
   at::parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
-      const T* gate = x + r * 2 * d;
-      const T* up = gate + d;
-      T* o = out + r * d;
+      const auto* gate = x + r * 2 * d;
+      const auto* up = gate + d;
+      auto* o = out + r * d;
 #pragma omp simd
       for (int64_t i = 0; i < d; ++i) {
-        const float g = static_cast<float>(gate[i]);
-        const T act = static_cast<T>(g / (1.f + exp_approx(-g)));
-        o[i] = static_cast<T>(static_cast<float>(act) * static_cast<float>(up[i]));
+        const float g = L::in(gate[i]);
+        const float act = L::in(L::out(g / (1.f + exp_approx(-g))));  // silu rounded to the input dtype
+        o[i] = L::out(act * L::in(up[i]));
       }
     }
   });
