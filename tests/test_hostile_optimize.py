@@ -24,9 +24,9 @@ from torch import nn
 
 
 class ModelNew(nn.Module):
-    def __init__(self, hidden_size, eps):
+    def __init__(self, hidden_size, eps, dtype="float32"):
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.weight = nn.Parameter(torch.ones(hidden_size, dtype=getattr(torch, dtype)))
         self.variance_epsilon = eps
 
     def forward(self, x):
@@ -47,7 +47,7 @@ from torch import nn
 
 
 class ModelNew(nn.Module):
-    def __init__(self, hidden_size, eps):
+    def __init__(self, hidden_size, eps, dtype="float32"):
         super().__init__()
 
     def forward(self, x):
@@ -70,9 +70,9 @@ def test_hostile_llm_candidates_are_rejected_and_the_run_goes_on(tmp_path, monke
         with ScriptedServer(Script({"rmsnorm": answers})) as endpoint:
             args = build_parser().parse_args(["optimize", "--llm", "openai/kb-scripted-coder", "--api-base",
                                               endpoint.api_base, "--samples", "1", "--repair-rounds", "2"])
-            optimize(OptimizeOptions(model="llama-micro", batch=4, prompt_len=8, decode_steps=4, run_dir=run_dir,
-                                     e2e_rounds=3, compile=False, families=["rmsnorm"], min_share=0.0, max_tasks=1,
-                                     timeout=40, llm=llm_options(args)))
+            optimize(OptimizeOptions(model="llama-micro", dtype="float32", batch=4, prompt_len=8, decode_steps=4,
+                                     run_dir=run_dir, e2e_rounds=3, compile=False, families=["rmsnorm"],
+                                     min_share=0.0, max_tasks=1, timeout=40, llm=llm_options(args)))
     report = json.loads((run_dir / "report.json").read_text())
     reasons = {k["candidate_id"].rsplit("/", 1)[-1]: k["reason"] for k in report["kernels"]}
     assert "sandbox_violation" in reasons["llm-r0-s0"], reasons

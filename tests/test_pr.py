@@ -75,8 +75,9 @@ def test_pr_bad_input_is_one_line(tmp_path, capsys, case, message):
 def test_pr_for_a_real_run_of_the_builtin_model(tmp_path):
     run_dir = tmp_path / "real"
     env_store = str(tmp_path / "store")
-    proc = subprocess.run([sys.executable, "-m", "kernelbot.cli", "optimize", "--model", "llama-micro", "--batch", "4",
-                           "--prompt-len", "8", "--decode-steps", "4", "--families", "rmsnorm", "--no-compile",
+    proc = subprocess.run([sys.executable, "-m", "kernelbot.cli", "optimize", "--model", "llama-micro",
+                           "--dtype", "float32", "--batch", "4", "--prompt-len", "8", "--decode-steps", "4",
+                           "--families", "rmsnorm", "--no-compile",
                            "--rounds", "3", "--iterations", "2", "--store", env_store, "--run-dir", str(run_dir)],
                           capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-2000:]

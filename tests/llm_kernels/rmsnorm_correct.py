@@ -61,9 +61,9 @@ def _build(source):
 
 
 class ModelNew(nn.Module):
-    def __init__(self, hidden_size, eps):
+    def __init__(self, hidden_size, eps, dtype="float32"):
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.weight = nn.Parameter(torch.ones(hidden_size, dtype=getattr(torch, dtype)))
         self.variance_epsilon = eps
         self._ext = _build(SOURCE)
 
