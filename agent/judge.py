@@ -12,6 +12,7 @@ import torch
 
 from kernelbot.agent import cases as casemod
 from kernelbot.agent.numerics import LOWER_PRECISIONS, compare, downcast_finding, rel_l2, same_bits
+from kernelbot.kernel_library.base import dtype_name
 from kernelbot.records import Check, Task
 from kernelbot.sandbox.probes import OpLog
 
@@ -206,7 +207,7 @@ class Judge:
                     model = copy.deepcopy(self.native[main.model]).to(dtype)
                     low = outs(model(*[x.to(dtype) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
                                         for x in main.inputs]))[0]
-                errs[str(dtype).removeprefix("torch.")] = rel_l2(low.to(exact[0].dtype), exact[0])
+                errs[dtype_name(dtype)] = rel_l2(low.to(exact[0].dtype), exact[0])
             except Exception:
                 continue
         finding = downcast_finding(rel_l2(run["out"][0], exact[0]), rel_l2(native[0], exact[0]), errs)

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import torch
 
+from kernelbot.kernel_library.base import dtype_name
+
 TOLERANCES = {
     "float32": (1e-5, 1e-5, 1e-4),
     "float16": (1e-3, 1e-3, 5e-3),
@@ -53,7 +55,7 @@ def compare(out: object, native: torch.Tensor, exact: torch.Tensor) -> str | Non
     o, n, e = o[finite], n[finite], e[finite]
     if e.numel() == 0:
         return None
-    rel_tol, atol, rtol = TOLERANCES.get(str(native.dtype).removeprefix("torch."), TOLERANCES["float32"])
+    rel_tol, atol, rtol = TOLERANCES.get(dtype_name(native.dtype), TOLERANCES["float32"])
     ref_err, err = (n - e).abs(), (o - e).abs()
     norm = e.norm().clamp_min(1e-300)
     rel = float(err.norm() / norm)

@@ -35,6 +35,7 @@ from kernelbot import KernelbotError
 from kernelbot.agent import cases as casemod
 from kernelbot.agent.judge import Judge, guard, not_run
 from kernelbot.agent.sanitizer import sanitize
+from kernelbot.kernel_library.base import dtype_name
 from kernelbot.kernel_library.cpp_build import prebuild_library
 from kernelbot.loading import load_module
 from kernelbot.records import Check, Task, Verdict
@@ -70,7 +71,7 @@ def task_from_reference(path: Path) -> Task:
     if not tensors:
         raise KernelbotError(f"{path}: get_inputs() returns no tensors")
     dtype = next((x.dtype for x in tensors if x.is_floating_point()), tensors[0].dtype)
-    return Task(id=path.stem, hotspot_id="", family="", module_class="Model", dtype=str(dtype).removeprefix("torch."),
+    return Task(id=path.stem, hotspot_id="", family="", module_class="Model", dtype=dtype_name(dtype),
                 input_shapes=[list(x.shape) for x in tensors], free_dims=[], init_args=init_args, share=0.0,
                 floor_us=0.0)
 

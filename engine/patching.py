@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from kernelbot.kernel_library import FAMILIES
+from kernelbot.kernel_library.base import dtype_name
 from kernelbot.loading import load_module
 from kernelbot.profiler.trace import KERNEL_LABEL
 from kernelbot.records import Pack, PackEntry
@@ -23,7 +24,7 @@ class CallCounts:
 def _signature(args: tuple, kwargs: dict) -> tuple | None:
     if kwargs or not args or not all(isinstance(a, torch.Tensor) for a in args):
         return None
-    return tuple((tuple(a.shape), str(a.dtype).removeprefix("torch.")) for a in args)
+    return tuple((tuple(a.shape), dtype_name(a.dtype)) for a in args)
 
 
 def kernel_label(entry: PackEntry) -> str:

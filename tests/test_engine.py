@@ -3,6 +3,20 @@ import torch
 
 from kernelbot import KernelbotError
 from kernelbot.engine import TorchEngine, builtin_spec
+from kernelbot.records import Pack, PackEntry
+
+LIBRARY_NORM = "from kernelbot.kernel_library.rmsnorm.cpu import RMSNormCpp as ModelNew\n"
+
+
+def _norm_pack(tmp_path, source: str, dtype: str, shape: list[int]) -> tuple:
+    """A one-kernel RMSNorm pack in tmp_path, verified (as the records say) at `shape`."""
+    (tmp_path / "kernels").mkdir(exist_ok=True)
+    (tmp_path / "kernels" / "norm.py").write_text(source)
+    entry = PackEntry(task_id="t", candidate_id="norm", family="rmsnorm", module_class="LlamaRMSNorm",
+                      input_shapes=[shape], init_args=[shape[-1], 1e-6, dtype], profiled_dims=[shape], dtype=dtype,
+                      backend="cpp", config={}, source_file="kernels/norm.py", source_hash="x", verification="pass",
+                      speedup=2.0)
+    return Pack(version="test", run_id="r", device="cpu", entries=[entry]), tmp_path
 
 
 def test_default_spec_is_the_fixed_benchmark_workload():
@@ -36,20 +50,12 @@ def test_micro_engine_generates_deterministically():
 def test_pack_routes_only_verified_shapes_and_counts_both_ways(tmp_path):
     from kernelbot.profiler.hotspots import rank_hotspots
     from kernelbot.profiler.trace import load_trace
-    from kernelbot.records import Device, Pack, PackEntry
+    from kernelbot.records import Device
 
     spec, _ = builtin_spec("llama-micro", dtype="float32", batch=2, prompt_len=5, decode_steps=3)
     engine = TorchEngine(spec)
     expected = engine.run_workload()
-    (tmp_path / "kernels").mkdir()
-    (tmp_path / "kernels" / "norm.py").write_text(
-        "from kernelbot.kernel_library.rmsnorm.cpu import RMSNormCpp as ModelNew\n")
-    decode_entry = PackEntry(task_id="t", candidate_id="norm", family="rmsnorm", module_class="LlamaRMSNorm",
-                             input_shapes=[[2, 1, 128]], init_args=[128, 1e-6, "float32"],
-                             profiled_dims=[[2, 1, 128]], dtype="float32", backend="cpp",
-                             config={}, source_file="kernels/norm.py", source_hash="x", verification="pass",
-                             speedup=2.0)
-    pack = Pack(version="test", run_id="r", device="cpu", entries=[decode_entry])
+    pack, _ = _norm_pack(tmp_path, LIBRARY_NORM, "float32", [2, 1, 128])  # decode shape: prefill falls back
     engine.apply_pack(pack, tmp_path)
     tokens = engine.run_workload()
     norms_per_step = 2 * spec.layers + 1
@@ -67,16 +73,6 @@ def test_pack_routes_only_verified_shapes_and_counts_both_ways(tmp_path):
     assert torch.equal(engine.run_workload(), expected)
 
 
-def _norm_pack(tmp_path, source: str, dtype: str, hidden: int) -> tuple:
-    from kernelbot.records import Pack, PackEntry
-
-    (tmp_path / "kernels").mkdir(exist_ok=True)
-    (tmp_path / "kernels" / "norm.py").write_text(source)
-    entry = PackEntry(task_id="t", candidate_id="norm", family="rmsnorm", module_class="LlamaRMSNorm",
-                      input_shapes=[[2, 5, hidden]], init_args=[hidden, 1e-6, dtype], profiled_dims=[[2, 5, hidden]],
-                      dtype=dtype, backend="cpp", config={}, source_file="kernels/norm.py", source_hash="x",
-                      verification="pass", speedup=2.0)
-    return Pack(version="test", run_id="r", device="cpu", entries=[entry]), tmp_path
 
 
 @pytest.mark.parametrize(("dtype", "scale", "within"), [("bfloat16", None, True), ("float32", "1.01", False)])
@@ -85,11 +81,11 @@ def test_fidelity_sets_the_packs_logit_change_beside_the_dtypes_own_error(tmp_pa
 
     spec, _ = builtin_spec("llama-micro", dtype=dtype, batch=2, prompt_len=5, decode_steps=6)
     engine = TorchEngine(spec)
-    source = "from kernelbot.kernel_library.rmsnorm.cpu import RMSNormCpp as ModelNew\n"
+    source = LIBRARY_NORM
     if scale:  # verified-looking but 1% off: far beyond fp32's own error
         source = ("from kernelbot.kernel_library.rmsnorm.cpu import RMSNormCpp\n\n\nclass ModelNew(RMSNormCpp):\n"
                   f"    def forward(self, x):\n        return super().forward(x) * {scale}\n")
-    fid = fidelity(engine, *_norm_pack(tmp_path, source, dtype, spec.hidden))
+    fid = fidelity(engine, *_norm_pack(tmp_path, source, dtype, [2, 5, spec.hidden]))
     assert fid.dtype_noise is not None and fid.dtype_noise > 0
     assert fid.within_noise is within and (fid.pack_error <= 2 * fid.dtype_noise) is within
     assert fid.passed is (within or fid.greedy_match)

@@ -1,6 +1,6 @@
 // Small-M GEMM for decode: y[M,N] = x[M,K] @ W[N,K]^T (+ bias); fp32 with AVX2/FMA, bf16 with AVX512-BF16.
 // At decode M is the batch (a handful of rows), so the work is streaming W once: W is pre-packed
-// into panels of 8 output columns laid out K-major ([NP, G, K, 8]); each panel is read once per
+// into panels of output columns laid out K-major (per precision, below); each panel is read once per
 // block of rows while the rows of x stay in L1. G = 2 interleaves a gate and an up projection so
 // the SiLU-and-mul epilogue of a gated MLP is applied in registers, never written out twice.
 #include <torch/extension.h>
@@ -11,56 +11,99 @@
 
 #include "../lanes.h"
 
-template <int MB, int G>
-static inline void tile(const float* x, int64_t K, const float* panel, float* out /*[G][MB][8]*/) {
-  __m256 acc[G][MB];
-  for (int g = 0; g < G; ++g)
-    for (int m = 0; m < MB; ++m) acc[g][m] = _mm256_setzero_ps();
-  for (int64_t k = 0; k < K; ++k) {
-    __m256 w[G];
-    for (int g = 0; g < G; ++g) w[g] = _mm256_loadu_ps(panel + g * K * 8 + k * 8);
-    for (int m = 0; m < MB; ++m) {
-      const __m256 b = _mm256_broadcast_ss(x + m * K + k);
-      for (int g = 0; g < G; ++g) acc[g][m] = _mm256_fmadd_ps(b, w[g], acc[g][m]);
+// fp32: W packed as [NP, G, K, 8]; one FMA per k multiplies x's k (broadcast) into 8 output columns.
+struct F32 {
+  static constexpr int W = 8;     // output columns per panel
+  static constexpr int STEP = 8;  // panel elements per k step and projection
+  using X = float;                // one k step of a row of x
+  using P = float;                // panel element
+  using L = Lanes<float>;         // output element
+
+  template <int MB, int G>
+  static void tile(const float* x, int64_t K, const float* panel, float* out /*[G][MB][8]*/) {
+    __m256 acc[G][MB];
+    for (int g = 0; g < G; ++g)
+      for (int m = 0; m < MB; ++m) acc[g][m] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < K; ++k) {
+      __m256 w[G];
+      for (int g = 0; g < G; ++g) w[g] = _mm256_loadu_ps(panel + g * K * 8 + k * 8);
+      for (int m = 0; m < MB; ++m) {
+        const __m256 b = _mm256_broadcast_ss(x + m * K + k);
+        for (int g = 0; g < G; ++g) acc[g][m] = _mm256_fmadd_ps(b, w[g], acc[g][m]);
+      }
     }
+    for (int g = 0; g < G; ++g)
+      for (int m = 0; m < MB; ++m) _mm256_storeu_ps(out + (g * MB + m) * 8, acc[g][m]);
   }
-  for (int g = 0; g < G; ++g)
-    for (int m = 0; m < MB; ++m) _mm256_storeu_ps(out + (g * MB + m) * 8, acc[g][m]);
-}
+};
 
-template <int G, int MBMAX>
-static void tile_dispatch(int64_t mb, const float* x, int64_t K, const float* panel, float* buf) {
+// bf16: W packed as [NP, G, K/2, 16, 2] (16 output columns per panel, each lane holding a pair of k), so one
+// vdpbf16ps multiplies a pair of x's k (broadcast) into 16 columns and accumulates in fp32 (x and W products are
+// exact in fp32; subnormal bf16 inputs count as zero, as on the instruction). Built for this ISA per function, run
+// only where the CPU has it (has_avx512_bf16), so the file still builds and loads on AVX2-only machines.
+bool has_avx512_bf16() { return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512f"); }
+
+struct BF16 {
+  static constexpr int W = 16;
+  static constexpr int STEP = 32;
+  using X = uint32_t;  // a pair of k
+  using P = uint16_t;
+  using L = Lanes<c10::BFloat16>;
+
+  template <int MB, int G>
+  __attribute__((target("avx512f,avx512bf16"))) static void tile(const uint32_t* x, int64_t K2,
+                                                                 const uint16_t* panel, float* out) {
+    __m512 acc[G][MB];
+    for (int g = 0; g < G; ++g)
+      for (int m = 0; m < MB; ++m) acc[g][m] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < K2; ++k) {
+      __m512bh w[G];
+      for (int g = 0; g < G; ++g) w[g] = (__m512bh)_mm512_loadu_si512(panel + (g * K2 + k) * 32);
+      for (int m = 0; m < MB; ++m) {
+        const __m512bh b = (__m512bh)_mm512_set1_epi32(static_cast<int>(x[m * K2 + k]));
+        for (int g = 0; g < G; ++g) acc[g][m] = _mm512_dpbf16_ps(acc[g][m], b, w[g]);
+      }
+    }
+    for (int g = 0; g < G; ++g)
+      for (int m = 0; m < MB; ++m) _mm512_storeu_ps(out + (g * MB + m) * 16, acc[g][m]);
+  }
+};
+
+// The tile instantiation for a block of mb rows (tiles keep MB accumulators per projection in registers).
+template <typename Isa, int G, int MBMAX>
+static void tile_rows(int64_t mb, const typename Isa::X* x, int64_t steps, const typename Isa::P* panel,
+                      float* buf) {
   if constexpr (MBMAX > 1) {
-    if (mb == MBMAX) return tile<MBMAX, G>(x, K, panel, buf);
-    return tile_dispatch<G, MBMAX - 1>(mb, x, K, panel, buf);
+    if (mb == MBMAX) return Isa::template tile<MBMAX, G>(x, steps, panel, buf);
+    return tile_rows<Isa, G, MBMAX - 1>(mb, x, steps, panel, buf);
   } else {
-    return tile<1, G>(x, K, panel, buf);
+    return Isa::template tile<1, G>(x, steps, panel, buf);
   }
 }
 
-template <int G, int MBMAX>
-static void run(const at::Tensor& x, const at::Tensor& panels, const float* bias, int64_t N, at::Tensor& out,
-                int64_t grain) {
-  const int64_t M = x.size(0), K = x.size(1), NP = panels.size(0);
-  const float* xp = x.data_ptr<float>();
-  const float* pp = panels.data_ptr<float>();
-  float* op = out.data_ptr<float>();
+// Panels split over threads; per block of rows a tile sums into buf ([G][mb][W]), then the epilogue: + bias, or
+// SiLU(gate) * up for G = 2, rounded once to the output type.
+template <typename Isa, int G, int MBMAX>
+static void run(const typename Isa::X* xp, int64_t M, int64_t steps, const typename Isa::P* pp, int64_t NP,
+                const typename Isa::L::raw* bias, typename Isa::L::raw* op, int64_t N, int64_t grain) {
+  constexpr int W = Isa::W;
+  using L = typename Isa::L;
   at::parallel_for(0, NP, grain, [&](int64_t p0, int64_t p1) {
-    alignas(32) float buf[G * MBMAX * 8];
+    alignas(64) float buf[G * MBMAX * W];
     for (int64_t p = p0; p < p1; ++p) {
-      const float* panel = pp + p * G * K * 8;
-      const int64_t nv = std::min<int64_t>(8, N - p * 8);
+      const typename Isa::P* panel = pp + p * G * steps * Isa::STEP;
+      const int64_t nv = std::min<int64_t>(W, N - p * W);
       for (int64_t m0 = 0; m0 < M; m0 += MBMAX) {
         const int64_t mb = std::min<int64_t>(MBMAX, M - m0);
-        tile_dispatch<G, MBMAX>(mb, xp + m0 * K, K, panel, buf);
+        tile_rows<Isa, G, MBMAX>(mb, xp + m0 * steps, steps, panel, buf);
         for (int64_t m = 0; m < mb; ++m) {
-          float* o = op + (m0 + m) * N + p * 8;
+          auto* o = op + (m0 + m) * N + p * W;
           for (int64_t j = 0; j < nv; ++j) {
             if constexpr (G == 2) {
-              const float g = buf[m * 8 + j], u = buf[(mb + m) * 8 + j];
-              o[j] = g / (1.f + std::exp(-g)) * u;
+              const float g = buf[m * W + j], u = buf[(mb + m) * W + j];
+              o[j] = L::out(g / (1.f + std::exp(-g)) * u);
             } else {
-              o[j] = buf[m * 8 + j] + (bias ? bias[p * 8 + j] : 0.f);
+              o[j] = L::out(buf[m * W + j] + (bias ? L::in(bias[p * W + j]) : 0.f));
             }
           }
         }
@@ -86,82 +129,26 @@ at::Tensor small_m_linear(const at::Tensor& x, const at::Tensor& panels, const c
     b = bias->data_ptr<float>();
   }
   auto out = at::empty({x.size(0), N}, x.options());
-  run<1, 8>(x, panels, b, N, out, grain);
+  run<F32, 1, 8>(x.data_ptr<float>(), x.size(0), x.size(1), panels.data_ptr<float>(), panels.size(0), b,
+                 out.data_ptr<float>(), N, grain);
   return out;
 }
 
 at::Tensor gate_up_silu(const at::Tensor& x, const at::Tensor& panels, int64_t N, int64_t grain) {
   check(x, panels, 2, N);
   auto out = at::empty({x.size(0), N}, x.options());
-  run<2, 4>(x, panels, nullptr, N, out, grain);
+  run<F32, 2, 4>(x.data_ptr<float>(), x.size(0), x.size(1), panels.data_ptr<float>(), panels.size(0), nullptr,
+                 out.data_ptr<float>(), N, grain);
   return out;
 }
 
-// bf16: W packed as [NP, G, K/2, 16, 2] (16 output columns per panel, each lane holding a pair of k), so one
-// vdpbf16ps multiplies a pair of x's k (broadcast) into 16 columns and accumulates in fp32 (x and W products are
-// exact in fp32; subnormal bf16 inputs count as zero, as on the instruction). Built for this ISA per function, run
-// only where the CPU has it (has_avx512_bf16), so the file still builds and loads on AVX2-only machines.
-using BF16 = Lanes<c10::BFloat16>;
-
-bool has_avx512_bf16() { return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512f"); }
-
-template <int MB, int G>
-__attribute__((target("avx512f,avx512bf16"))) static void tile_bf16(const uint32_t* x, int64_t K2,
-                                                                    const uint16_t* panel, float* out) {
-  __m512 acc[G][MB];
-  for (int g = 0; g < G; ++g)
-    for (int m = 0; m < MB; ++m) acc[g][m] = _mm512_setzero_ps();
-  for (int64_t k = 0; k < K2; ++k) {
-    __m512bh w[G];
-    for (int g = 0; g < G; ++g) w[g] = (__m512bh)_mm512_loadu_si512(panel + (g * K2 + k) * 32);
-    for (int m = 0; m < MB; ++m) {
-      const __m512bh b = (__m512bh)_mm512_set1_epi32(static_cast<int>(x[m * K2 + k]));
-      for (int g = 0; g < G; ++g) acc[g][m] = _mm512_dpbf16_ps(acc[g][m], b, w[g]);
-    }
-  }
-  for (int g = 0; g < G; ++g)
-    for (int m = 0; m < MB; ++m) _mm512_storeu_ps(out + (g * MB + m) * 16, acc[g][m]);
-}
-
 template <int G, int MBMAX>
-static void tile_bf16_dispatch(int64_t mb, const uint32_t* x, int64_t K2, const uint16_t* panel, float* buf) {
-  if constexpr (MBMAX > 1) {
-    if (mb == MBMAX) return tile_bf16<MBMAX, G>(x, K2, panel, buf);
-    return tile_bf16_dispatch<G, MBMAX - 1>(mb, x, K2, panel, buf);
-  } else {
-    return tile_bf16<1, G>(x, K2, panel, buf);
-  }
-}
-
-template <int G, int MBMAX>
-static void run_bf16(const at::Tensor& x, const at::Tensor& panels, const uint16_t* bias, int64_t N, at::Tensor& out,
+static void run_bf16(const at::Tensor& x, const at::Tensor& panels, const uint16_t* bias, at::Tensor& out, int64_t N,
                      int64_t grain) {
-  const int64_t M = x.size(0), K2 = panels.size(2), NP = panels.size(0);
-  const uint32_t* xp = reinterpret_cast<const uint32_t*>(x.data_ptr<at::BFloat16>());  // pairs of k
-  const uint16_t* pp = reinterpret_cast<const uint16_t*>(panels.data_ptr<at::BFloat16>());
-  uint16_t* op = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
-  at::parallel_for(0, NP, grain, [&](int64_t p0, int64_t p1) {
-    alignas(64) float buf[G * MBMAX * 16];
-    for (int64_t p = p0; p < p1; ++p) {
-      const uint16_t* panel = pp + p * G * K2 * 32;
-      const int64_t nv = std::min<int64_t>(16, N - p * 16);
-      for (int64_t m0 = 0; m0 < M; m0 += MBMAX) {
-        const int64_t mb = std::min<int64_t>(MBMAX, M - m0);
-        tile_bf16_dispatch<G, MBMAX>(mb, xp + m0 * K2, K2, panel, buf);
-        for (int64_t m = 0; m < mb; ++m) {
-          uint16_t* o = op + (m0 + m) * N + p * 16;
-          for (int64_t j = 0; j < nv; ++j) {
-            if constexpr (G == 2) {
-              const float g = buf[m * 16 + j], u = buf[(mb + m) * 16 + j];
-              o[j] = BF16::out(g / (1.f + std::exp(-g)) * u);
-            } else {
-              o[j] = BF16::out(buf[m * 16 + j] + (bias ? BF16::in(bias[p * 16 + j]) : 0.f));
-            }
-          }
-        }
-      }
-    }
-  });
+  using R = uint16_t;
+  run<BF16, G, MBMAX>(reinterpret_cast<const uint32_t*>(x.data_ptr<at::BFloat16>()), x.size(0), panels.size(2),
+                      reinterpret_cast<const R*>(panels.data_ptr<at::BFloat16>()), panels.size(0), bias,
+                      reinterpret_cast<R*>(out.data_ptr<at::BFloat16>()), N, grain);
 }
 
 static void check_bf16(const at::Tensor& x, const at::Tensor& panels, int64_t G, int64_t N) {
@@ -185,14 +172,14 @@ at::Tensor small_m_linear_bf16(const at::Tensor& x, const at::Tensor& panels, co
     b = reinterpret_cast<const uint16_t*>(bias->data_ptr<at::BFloat16>());
   }
   auto out = at::empty({x.size(0), N}, x.options());
-  run_bf16<1, 8>(x, panels, b, N, out, grain);
+  run_bf16<1, 8>(x, panels, b, out, N, grain);
   return out;
 }
 
 at::Tensor gate_up_silu_bf16(const at::Tensor& x, const at::Tensor& panels, int64_t N, int64_t grain) {
   check_bf16(x, panels, 2, N);
   auto out = at::empty({x.size(0), N}, x.options());
-  run_bf16<2, 8>(x, panels, nullptr, N, out, grain);
+  run_bf16<2, 8>(x, panels, nullptr, out, N, grain);
   return out;
 }
 
