@@ -9,16 +9,15 @@ cd "$(dirname "$0")/.."
 VENV="${1:-.venv-sglang}"
 SGLANG_VERSION=0.5.23
 STAMP="$VENV/.kernelbot-sglang-env"
-want="$(sha256sum "$0" | cut -c1-16)"
+want="$(cat "$0" constraints/cpu.txt | sha256sum | cut -c1-16)"
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then
   echo "sglang test environment $VENV is up to date"; exit 0
 fi
 rm -rf "$VENV"
 python3 -m venv "$VENV"
 PIP="$VENV/bin/pip"
-constraints="$(mktemp)"; trap 'rm -f "$constraints"' EXIT
-printf 'torch==2.13.0\ntriton==3.7.1\n' > "$constraints"
-"$PIP" install -q torch==2.13.0 triton==3.7.1
+constraints=constraints/cpu.txt  # the CPU set-up's torch and triton, as the README's commands install them
+"$PIP" install -q -c "$constraints" torch triton
 "$PIP" install -q --no-deps "sglang==$SGLANG_VERSION" torchvision==0.28.0
 "$PIP" install -q -c "$constraints" numpy orjson psutil pybase64 requests packaging pillow starlette fastapi \
   uvicorn msgspec pydantic pyzmq tqdm IPython aiohttp "transformers==5.19.0" dill "sentencepiece==0.2.1" \

@@ -1,17 +1,29 @@
-"""Candidate vs the op it replaces on the task's shapes: warm-up, interleaved rounds, medians, noise."""
+"""Candidate vs the op it replaces on the task's shapes: warm-up, interleaved rounds, medians, noise.
+
+The reference and the candidate run in separate processes (neither can patch or slow the other, nor pick up
+memory the other freed), call by call. Every timed call sees inputs no earlier call saw (one element of each
+float input changes in place before it, among a few independent draws), so a cache of earlier results is
+stale, and some calls' outputs — picked at random, fetched only after the call returned — are checked against
+the reference here: a candidate that is right only while verified, or only for its first calls, is refused.
+"""
 
 from __future__ import annotations
 
+import copy
 import statistics
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from kernelbot.agent.cases import inputs_at
+from kernelbot.agent.numerics import compare
 from kernelbot.agent.verify import load_reference
 from kernelbot.kernel_library.cpp_build import prebuild_library
 from kernelbot.records import Bench, Task
 from kernelbot.sandbox import run_job
+
+POOL = 3  # independent input draws the timed calls rotate through
 
 
 def _quantile(xs: list[float], q: float) -> float:
@@ -19,21 +31,27 @@ def _quantile(xs: list[float], q: float) -> float:
 
 
 def bench(task: Task, reference_path: Path, candidate_path: Path, workdir: Path, *, rounds: int = 15,
-          seed: int = 0, timeout: float = 300.0) -> Bench:
-    """Accept only what is faster beyond the noise: at least 3 in 4 paired rounds faster, median gain over 3%."""
+          seed: int = 0, timeout: float = 300.0, device: str = "cpu") -> Bench:
+    """Accept only what is faster beyond the noise: at least 3 in 4 paired rounds faster, median gain over 3%.
+    Raises RuntimeError when the benchmark cannot be trusted: tampering, or a timed call's output is wrong."""
     workdir.mkdir(parents=True, exist_ok=True)
     reference = load_reference(reference_path)
     torch.manual_seed(seed)
-    torch.save(reference.Model(*task.init_args).state_dict(), workdir / "state_dict.pt")
-    torch.save([inputs_at(reference, task, seed)], workdir / "inputs.pt")
+    model = reference.Model(*task.init_args).eval()
+    torch.save(model.state_dict(), workdir / "state_dict.pt")
+    torch.save([inputs_at(reference, task, seed + k) for k in range(POOL)], workdir / "inputs.pt")
     job = {"kind": "bench", "reference": str(reference_path.resolve()), "candidate": str(candidate_path.resolve()),
            "init_args": task.init_args, "state_dict": str((workdir / "state_dict.pt").resolve()),
-           "inputs": str((workdir / "inputs.pt").resolve()), "rounds": rounds}
+           "inputs": str((workdir / "inputs.pt").resolve()), "rounds": rounds, "device": device}
     result = run_job(job, workdir, timeout=timeout, env=prebuild_library())
     if result.status != "ok" or not result.payload:
         raise RuntimeError(f"benchmark {result.status}: {result.detail[-300:]}")
-    if result.payload.get("timing_tamper"):
-        raise RuntimeError(f"benchmark refused: {'; '.join(result.payload['timing_tamper'])}")
+    refused = list(result.payload.get("timing_tamper") or []) + list(result.payload.get("tamper") or [])
+    if refused:
+        raise RuntimeError(f"benchmark refused: {'; '.join(str(r)[:200] for r in refused[:3])}")
+    wrong = _wrong_timed_outputs(model, workdir / "outputs.pt")
+    if wrong:
+        raise RuntimeError(f"benchmark refused: a timed call's output is wrong ({wrong})")
     ref, cand = result.payload["reference_us"], result.payload["candidate_us"]
     ratios = [r / c for r, c in zip(ref, cand, strict=True)]
     ref_med, cand_med = statistics.median(ref), statistics.median(cand)
@@ -46,3 +64,40 @@ def bench(task: Task, reference_path: Path, candidate_path: Path, workdir: Path,
                  candidate_us=round(cand_med, 2), reference_spread=round(spread(ref), 3),
                  candidate_spread=round(spread(cand), 3), speedup=round(speedup, 3),
                  significant=_quantile(ratios, 0.25) > 1.0 and speedup > 1.03)
+
+
+def _wrong_timed_outputs(model: torch.nn.Module, path: Path) -> str | None:
+    """The first problem with the timed calls' outputs the sandbox brought back, against the reference."""
+    try:
+        checked = torch.load(path, weights_only=True)["checked"]  # written by the sandbox: no code
+    except Exception as exc:
+        return f"the checked outputs are not readable safely: {type(exc).__name__}"
+    if not checked:
+        return "no timed call's output came back"
+    try:
+        exact_model = copy.deepcopy(model).double()
+    except Exception:
+        exact_model = None
+    for k, item in enumerate(checked):
+        inputs, got = item["inputs"], item["out"]
+        with torch.inference_mode():
+            native = _outs(model(*inputs))
+            exact = native
+            if exact_model is not None:
+                try:
+                    up = [x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs]
+                    exact = [e.to(n.dtype) if isinstance(e, torch.Tensor) and isinstance(n, torch.Tensor) else e
+                             for e, n in zip(_outs(exact_model(*up)), native, strict=True)]
+                except Exception:
+                    exact = native
+        if not isinstance(got, list) or len(got) != len(native):
+            return f"checked call {k + 1}: {len(got) if isinstance(got, list) else 0} outputs, expected {len(native)}"
+        for o, n, e in zip(got, native, exact, strict=True):
+            problem = compare(o, n, e) if isinstance(n, torch.Tensor) else (None if o == n else "differs")
+            if problem:
+                return f"checked call {k + 1} of {len(checked)}: {problem}"
+    return None
+
+
+def _outs(value: Any) -> list[Any]:
+    return list(value) if isinstance(value, (tuple, list)) else [value]

@@ -8,7 +8,11 @@ any block size — are set through the same constants, so shapes that must agree
 by `kernelbot optimize` carry `INPUT_SHAPES` with their observed shapes and free (batch/token) dims; those
 dims are fuzzed instead. Input values come from the reference's own `get_inputs()` under a seed the
 candidate never sees (so value ranges the op needs are kept), then rescaled: tiny, large, and with signed
-zeros and subnormals sprinkled in.
+zeros and subnormals sprinkled in. Special values follow: ±inf and NaN sprinkled into float inputs that are
+not masks, and, where the reference takes a mask (bool, 0/1, or additive -inf), rows fully masked and
+left-padded in both polarities; each is kept only where the reference itself runs on it. Integer and
+boolean inputs that are not masks (token ids, positions) always stay as drawn. For the caching check, the
+fresh draw is also changed one element at a time (copied from another element, so it stays in range).
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ PRIMES = (61, 53, 47, 43, 41, 37, 31, 29, 23, 19, 17, 13, 11, 7, 5, 3)
 MIN_SCALED = 16  # constants are never scaled below this (kernel sizes, groups and the like stay put)
 VALUE_VARIANTS = {"tiny": 1e-3, "large": 1e3}
 STRENGTH_DRAWS = 5  # independent input draws a reference's output is compared across
+SPECIAL_SHARE = 0.01  # of a float input's elements set to +inf, -inf or NaN (at least one of each)
+ELEMENT_CHANGES = 3  # calls on the same tensors with one element changed
 
 
 class WeakTask(KernelbotError):
@@ -44,6 +50,7 @@ class Case:
     label: str
     model: int  # index into Plan.init_args
     inputs: list[Any]
+    special: bool = False  # inputs carry ±inf/NaN or masked rows: NaN in the output is expected there
 
 
 @dataclass
@@ -51,6 +58,7 @@ class Plan:
     init_args: list[list[Any]] = field(default_factory=list)
     cases: list[Case] = field(default_factory=list)
     fresh: list[Any] = field(default_factory=list)  # another draw at the main case's shapes (caching check)
+    changed: list[list[Any]] = field(default_factory=list)  # `fresh`, one element changed per call (cumulative)
     spares: list[list[Any]] = field(default_factory=list)  # more draws there, for judging the task's strength
     notes: list[str] = field(default_factory=list)
 
@@ -230,6 +238,82 @@ def _rescaled(inputs: list[Any], kind: str, gen: torch.Generator) -> list[Any]:
     return out
 
 
+def is_mask(x: Any) -> bool:
+    """A mask input: bool, only 0s and 1s, or a float tensor that already carries -inf (an additive mask)."""
+    if not isinstance(x, torch.Tensor) or x.numel() < 2:
+        return False
+    if x.dtype == torch.bool:
+        return True
+    if x.is_floating_point():
+        return bool(torch.isneginf(x).any()) or bool(((x == 0) | (x == 1)).all())
+    return bool(((x == 0) | (x == 1)).all())
+
+
+def _with_specials(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """±inf and NaN in SPECIAL_SHARE of the elements, at least one of each."""
+    y = x.clone()
+    flat = y.view(-1)
+    count = max(3, int(flat.numel() * SPECIAL_SHARE)) if flat.numel() >= 3 else flat.numel()
+    where = torch.randperm(flat.numel(), generator=gen)[:count]
+    for i, index in enumerate(where.tolist()):
+        flat[index] = (float("inf"), float("-inf"), float("nan"))[i % 3]
+    return y
+
+
+def _masked_rows(x: torch.Tensor) -> torch.Tensor:
+    """Rows (along the last dim) fully masked, fully kept and left-padded, in both polarities where the mask's
+    meaning is not known (bool, 0/1); an additive float mask masks with -inf."""
+    y = x.clone()
+    rows = y.view(-1, y.shape[-1]) if y.dim() else y.view(1, 1)
+    width = rows.shape[1]
+    additive = y.is_floating_point() and (bool(torch.isneginf(x).any()) or not bool((x != 0).any()))
+    masked, kept = (float("-inf"), 0.0) if additive else (False, True) if y.dtype == torch.bool else (0, 1)
+    patterns = [(masked, masked), (masked, kept)] if additive else \
+        [(masked, masked), (kept, kept), (masked, kept), (kept, masked)]
+    for r, (left, right) in enumerate(patterns[:rows.shape[0]]):
+        rows[r, :max(1, width // 2)] = left
+        rows[r, max(1, width // 2):] = right
+    return y
+
+
+def _changed_one_element(inputs: list[Any], gen: torch.Generator) -> list[Any]:
+    """A copy with one element of each float input (else of one integer input) set to another element's value."""
+    out = [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
+    tensors = [x for x in out if isinstance(x, torch.Tensor) and x.numel() > 1 and not is_mask(x)]
+    floats = [x for x in tensors if x.is_floating_point()]
+    for x in floats or [x for x in tensors if x.dtype != torch.bool][:1]:
+        flat = x.view(-1)
+        i, j = torch.randint(0, flat.numel(), (2,), generator=gen).tolist()
+        different = torch.nonzero(flat != flat[i]).view(-1)
+        if different.numel():
+            j = int(different[torch.randint(0, different.numel(), (1,), generator=gen)])
+        flat[i] = flat[j]
+    return out
+
+
+def _special_cases(module: ModuleType, init: list[Any], inputs: list[Any], main_label: str, model: int,
+                   gen: torch.Generator, notes: list[str]) -> list[Case]:
+    """Special-value and masked-row cases, each kept where the reference runs on it."""
+    variants = []
+    if any(isinstance(x, torch.Tensor) and x.is_floating_point() and not is_mask(x) for x in inputs):
+        variants.append((f"inputs with ±inf and NaN at {main_label} sizes",
+                         [_with_specials(x, gen) if isinstance(x, torch.Tensor) and x.is_floating_point()
+                          and not is_mask(x) else x for x in inputs]))
+    if any(is_mask(x) for x in inputs):
+        variants.append((f"inputs with fully masked and left-padded rows at {main_label} sizes",
+                         [_masked_rows(x) if is_mask(x) else x for x in inputs]))
+    cases = []
+    for label, values in variants:
+        try:
+            with torch.inference_mode(), torch.random.fork_rng(devices=[]):
+                module.Model(*init).eval()(*values)
+        except Exception as exc:
+            notes.append(f"{label}: skipped, the reference itself rejects them ({type(exc).__name__})")
+            continue
+        cases.append(Case(label, model, values, special=True))
+    return cases
+
+
 def _complete(module: ModuleType, task: Task) -> None:
     """A reference with only a Model takes its shapes and init args from the task."""
     if not hasattr(module, "get_inputs"):
@@ -274,8 +358,15 @@ def plan(module: ModuleType, task: Task, seed: int, trials: int = 1) -> Plan:
         label = "inputs with signed zeros and subnormals" if kind == "zeros" else f"{kind} inputs"
         result.cases.append(Case(f"{label} at {main_label} sizes", main.model,
                                  _rescaled(draw(module, main_values, next(seeds))[1], kind, gen)))
+    special_inputs = draw(module, main_values, next(seeds))[1]
+    result.cases += _special_cases(module, result.init_args[main.model], special_inputs, main_label, main.model, gen,
+                                   result.notes)
     result.fresh = draw(module, main_values, next(seeds))[1]
     result.spares = [draw(module, main_values, next(seeds))[1] for _ in range(STRENGTH_DRAWS - 1)]
+    current = result.fresh
+    for _ in range(ELEMENT_CHANGES):
+        current = _changed_one_element(current, gen)
+        result.changed.append(current)
     return result
 
 

@@ -52,7 +52,8 @@ def evaluate(task: Task, task_dir: Path, cand: Candidate, path: Path, device_kin
         env = {"TRITON_INTERPRET": "1"} if cand.backend == "triton" and device_kind == "cpu" else None
         # no seed: each verification draws a fresh secret one (recorded in the verdict), so no candidate can
         # predict its inputs
-        verdict = verify(task, task_dir / "reference.py", path, path.parent / "verify", timeout=timeout, env=env)
+        verdict = verify(task, task_dir / "reference.py", path, path.parent / "verify", timeout=timeout, env=env,
+                         device=device_kind)
         out.verdict = verdict
         write_record(path.parent / "verdict.json", verdict)
         if verdict.verdict == "fail":
@@ -65,13 +66,15 @@ def evaluate(task: Task, task_dir: Path, cand: Candidate, path: Path, device_kin
                           next(c.detail for c in verdict.checks if c.id == "correctness")[:200] + ")")
             # the sandbox's long paths say nothing to a model and cost tokens
             out.report = _failure_report(verdict).replace(str(path.parent.resolve()), "<candidate>")
-        elif cand.backend != "cpp" or device_kind != "cpu":
+        elif (cand.backend == "cpp") != (device_kind == "cpu"):  # C++ runs on a CPU, Triton and CUDA on a GPU
+            why = "no GPU here, so it cannot join this cpu pack" if device_kind == "cpu" else \
+                f"a {cand.backend} kernel does not run on this {device_kind} device"
             row.reason = (f"verified ({'Triton interpreter' if cand.backend == 'triton' else 'compiled'}); "
-                          f"not timed: no GPU here, so it cannot join this {device_kind} pack")
+                          f"not timed: {why}")
             out.report = f"verdict: pass on {len(verdict.shapes)} input sets; not timed on this {device_kind}"
         else:
             result = bench(task, task_dir / "reference.py", path, path.parent / "bench", rounds=bench_rounds,
-                           seed=seed, timeout=timeout)
+                           seed=seed, timeout=timeout, device=device_kind)
             out.bench = result
             write_record(path.parent / "bench.json", result)
             row.speedup, row.reference_us, row.time_us = result.speedup, result.reference_us, result.candidate_us
@@ -93,6 +96,35 @@ def evaluate(task: Task, task_dir: Path, cand: Candidate, path: Path, device_kin
         (path.parent / "error.txt").write_text(traceback.format_exc())
         out.report = row.reason
     return out
+
+
+DUEL = """
+
+# --- the incumbent kernel, standing in as this duel's reference (same inputs, same weights, same rounds) ---
+def _incumbent():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("kb_incumbent", {path!r})
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.ModelNew
+
+
+Model = _incumbent()
+"""
+
+
+def duel(task: Task, task_dir: Path, incumbent: Accepted, challenger: Accepted, *, seed: int, timeout: float,
+         rounds: int) -> Bench:
+    """The challenger against the incumbent kernel in one benchmark: the incumbent takes the reference's place,
+    so `significant` means the challenger beat it beyond the noise."""
+    where = task_dir / "duels" / f"{challenger.candidate.id}-vs-{incumbent.candidate.id}"
+    where.mkdir(parents=True, exist_ok=True)
+    reference = where / "reference.py"
+    reference.write_text((task_dir / "reference.py").read_text() + DUEL.format(path=str(incumbent.source.resolve())))
+    result = bench(task, reference, challenger.source, where, rounds=rounds, seed=seed, timeout=timeout)
+    write_record(where / "bench.json", result)
+    return result
 
 
 def pick_best(task: Task, rows: list[KernelResult], winners: list[Accepted]) -> Accepted | None:

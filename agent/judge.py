@@ -1,11 +1,16 @@
 """Turning what the sandboxed child returned into checks, against references computed in this process.
 
-The check ids and what each means are listed in agent/verify.py.
+The check ids and what each means are listed in agent/verify.py. Text that came from the candidate (exception
+messages, names it chose) reaches a verdict only as a short excerpt, scrubbed of anything secret-looking.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import os
+import re
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -14,10 +19,57 @@ from kernelbot.agent import cases as casemod
 from kernelbot.agent.numerics import LOWER_PRECISIONS, compare, downcast_finding, rel_l2, same_bits
 from kernelbot.kernel_library.base import dtype_name
 from kernelbot.records import Check, Task
-from kernelbot.sandbox.probes import OpLog
+from kernelbot.sandbox.confine import SECRET_NAME
+from kernelbot.sandbox.probes import POISON_BYTE, measure_work
 
 GUARD_BYTES = 256
 FALLBACK_SHARE = 0.5  # PyTorch ops doing this share of the reference's work or more: the candidate fell back
+EXCERPT_CHARS = 200  # of any one piece of candidate-chosen text in a verdict
+# Secret-looking tokens: known key prefixes, or long runs mixing letters and digits.
+SECRET_TOKEN = re.compile(r"(?:sk-|hf_|ghp_|gho_|ghs_|github_pat_|xox[abprs]-|AKIA|AIza)[A-Za-z0-9_\-]{12,}|"
+                          r"(?=[A-Za-z0-9_\-+/=]*[0-9])(?=[A-Za-z0-9_\-+/=]*[A-Za-z])[A-Za-z0-9_\-+/=]{32,}")
+
+
+def excerpt(text: object, limit: int = EXCERPT_CHARS) -> str:
+    """Candidate-chosen text as it may appear in a verdict: one line of printable characters, at most `limit`
+    of them, secret-looking tokens redacted."""
+    line = " ".join(str(text).split())
+    line = "".join(c if c.isprintable() else "?" for c in line)
+    line = SECRET_TOKEN.sub("<redacted>", line)
+    return line if len(line) <= limit else line[:limit - 1] + "…"
+
+
+def scrub(text: str) -> str:
+    """No value of this process's secret-named environment variables, and no secret-looking token, survives."""
+    for name, value in os.environ.items():
+        if SECRET_NAME.search(name) and len(value) >= 6 and value in text:
+            text = text.replace(value, "<redacted>")
+    return SECRET_TOKEN.sub("<redacted>", text)
+
+
+@contextlib.contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """PyTorch's profiler prints a line to fd 2 when it starts and stops; not on the user's terminal."""
+    try:
+        saved, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    except OSError:
+        yield
+        return
+    os.dup2(null, 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)
+
+
+def poisoned(out: torch.Tensor) -> int:
+    """Elements still holding the runner's allocation poison (every byte POISON_BYTE): never written."""
+    if out.numel() == 0 or not out.is_contiguous():
+        return 0
+    lanes = out.reshape(-1).view(torch.uint8).view(-1, out.element_size())
+    return int((lanes == POISON_BYTE).all(dim=1).sum())
 
 
 def guard(x: Any) -> Any:
@@ -64,10 +116,14 @@ class Judge:
     """Turns what the child returned into checks, against references computed here."""
 
     def __init__(self, task: Task, plan: casemod.Plan, references: list[torch.nn.Module], sent: list[list[Any]],
-                 payload: dict[str, Any], outputs: dict[str, Any], triton: bool, device: str) -> None:
+                 payload: dict[str, Any], outputs: dict[str, Any], triton: bool, device: str,
+                 alt_reference: torch.nn.Module | None = None, require_deterministic: bool = False) -> None:
         self.task, self.plan, self.sent, self.payload = task, plan, sent, payload
         self.runs, self.outputs, self.triton, self.device = outputs["runs"], outputs, triton, device
-        self.facts: dict[str, list[str]] = payload.get("facts", {})
+        self.facts: dict[str, list[str]] = {k: [excerpt(t, 300) for t in v if isinstance(t, str)]
+                                            for k, v in (payload.get("facts") or {}).items() if isinstance(v, list)}
+        self.alt_reference, self.require_deterministic = alt_reference, require_deterministic
+        self.properties: list[str] = []  # what the verdict reports about the kernel without failing it
         self.native = references
         self.exact = []
         for ref in references:
@@ -76,11 +132,18 @@ class Judge:
             except Exception:
                 self.exact.append(None)
 
-    def reference(self, model: int, inputs: list[Any]) -> tuple[list[Any], list[Any]]:
-        """(in the task's dtype, in float64) outputs of the reference."""
-        with torch.inference_mode():
-            native = outs(self.native[model](*inputs))
+    def reference(self, model: int | torch.nn.Module, inputs: list[Any]) -> tuple[list[Any], list[Any]]:
+        """(in the task's dtype, in float64) outputs of the reference (by index, or a model of its own)."""
+        native_model = self.native[model] if isinstance(model, int) else model
+        if isinstance(model, int):
             exact_model = self.exact[model]
+        else:
+            try:
+                exact_model = copy.deepcopy(model).double()
+            except Exception:
+                exact_model = None
+        with torch.inference_mode():
+            native = outs(native_model(*inputs))
             if exact_model is None:
                 return native, native
             try:
@@ -91,13 +154,31 @@ class Judge:
                 exact = native
         return native, exact
 
+    def wrong(self, model: int | torch.nn.Module, inputs: list[Any], got: Any) -> list[str]:
+        """What is wrong with outputs `got` for `inputs` (empty: within tolerance)."""
+        native, exact = self.reference(model, inputs)
+        got = got if isinstance(got, list) else []
+        if len(got) != len(native):
+            return [f"{len(got)} outputs, expected {len(native)}"]
+        problems = []
+        for o, n, e in zip(got, native, exact, strict=True):
+            if o is None:
+                problems.append("a tensor subclass or unsupported object (refused)")
+            elif isinstance(n, torch.Tensor):
+                problem = compare(o, n, e)
+                if problem:
+                    problems.append(problem)
+            elif o != n:
+                problems.append("differs")
+        return problems
+
     def checks(self) -> list[Check]:
         wrong, unwritten, nondet, mutated, guards, crashed = [], [], [], [], [], []
         compared = 0
         for case, sent, run in zip(self.plan.cases, self.sent, self.runs, strict=True):
             where = f"{case.label} {[list(x.shape) for x in case.inputs if isinstance(x, torch.Tensor)]}"
             if "error" in run:
-                crashed.append(f"{where}: raised {run['error']}")
+                crashed.append(f"{where}: raised {excerpt(run['error'])}")
                 continue
             native, exact = self.reference(case.model, case.inputs)
             if len(run["out"]) != len(native):
@@ -106,18 +187,19 @@ class Judge:
             compared += 1
             for out, n, e in zip(run["out"], native, exact, strict=True):
                 if out is None:
-                    wrong.append(f"{where}: output is a tensor subclass (refused)")
+                    wrong.append(f"{where}: output is a tensor subclass or unsupported object (refused)")
                     continue
                 problem = compare(out, n, e) if isinstance(n, torch.Tensor) else (None if out == n else "differs")
                 if problem:
                     wrong.append(f"{where}: {problem}")
-                    # On ordinary values a NaN where the reference is finite is the poison left in place.
-                    if "inputs at" not in case.label and isinstance(out, torch.Tensor) and out.shape == n.shape \
-                            and out.is_floating_point():
-                        holes = int((torch.isnan(out) & torch.isfinite(n)).sum())
-                        if holes:
-                            unwritten.append(f"{where}: {holes} elements never written (still NaN)")
-            if not all(same_bits(a, b) for a, b in zip(run["out"], run["again"], strict=True)):
+                    unwritten += self.holes(case, where, out, n)
+            for order in ("reversed", "shuffled"):  # each program order must be right, not only the natural one
+                if order in run and not any(where in w for w in wrong):
+                    wrong += [f"{where} ({order} program order): {p}" for p in self.wrong(case.model, case.inputs,
+                                                                                          run[order])]
+            again = run.get("again")
+            if not isinstance(again, list) or len(again) != len(run["out"]) or \
+                    not all(same_bits(a, b) for a, b in zip(run["out"], again, strict=True)):
                 nondet.append(where)
             for after, before, original in zip(run["inputs_after"], sent, case.inputs, strict=True):
                 if isinstance(after, torch.Tensor):
@@ -126,31 +208,66 @@ class Judge:
                     if after.storage_offset() and not guards_intact(after, before):
                         guards.append(f"{where}: a write landed in the guard region around an input")
         n_inputs = sum(isinstance(x, torch.Tensor) for x in self.plan.cases[0].inputs)
+        race = self.race()
         checks = [
             check("crash", crashed, "no exception on any input set"),
             check("correctness", wrong, f"{compared} input sets within {self.task.dtype} tolerance of a float64 "
                                          "reference") if compared else
             not_run("correctness", "no input set ran to completion"),
-            check("unwritten_output", unwritten, "outputs poisoned with NaN before each run; all written"),
-            check("nondeterminism", sorted(set(nondet)), "two runs on the same inputs bit-identical"),
-            check("input_mutation", sorted(set(mutated)), "inputs unchanged"),
+            check("unwritten_output", unwritten, "outputs poisoned before each run (CPU allocations filled with a "
+                                                 "pattern); all written"),
+            self.nondeterminism(sorted(set(nondet))),
+            check("input_mutation", sorted(set(mutated)) + self.facts.get("weights", []),
+                  "inputs, parameters and buffers unchanged"),
             self.bounds(guards, n_inputs),
-            self.race(),
-            check("output_aliasing", self.facts.get("aliasing", []), "outputs share no memory with inputs or with "
-                                                                      "earlier outputs"),
+            race,
+            check("output_aliasing", self.facts.get("aliasing", []), "outputs share no memory with inputs, "
+                                                                      "parameters or any earlier output"),
             self.caching(),
             self.precision(),
             check("side_stream", self.facts.get("late", []) + self.facts.get("threads", []),
-                   "outputs final when the call returns; no thread left running"),
+                  "outputs final when the call returns and when the job ends; no thread (OS-level) left running"),
             check("timing_tamper", self.payload.get("timing_tamper", []) + self.facts.get("subclass", []),
-                   "clocks, synchronisation and comparisons unpatched; plain tensors returned"),
+                  "clocks, synchronisation and comparisons unpatched; plain tensors returned"),
+            check("harness_tamper", self.facts.get("tamper", []) + (self.payload.get("triton") or {}).get(
+                "order_mismatch", []), "the harness's modules, functions, patched attributes and channel untouched"),
             self.fallback(),
         ]
         return checks
 
+    def holes(self, case: casemod.Case, where: str, out: Any, native: Any) -> list[str]:
+        """Output elements never written: still the allocation poison, or NaN where the reference is finite."""
+        if case.special or "inputs at" in case.label or not isinstance(out, torch.Tensor) \
+                or not isinstance(native, torch.Tensor) or out.shape != native.shape or not out.is_floating_point():
+            return []
+        holes = poisoned(out) + int((torch.isnan(out) & torch.isfinite(native)).sum())
+        return [f"{where}: {holes} elements never written (still the allocation poison or NaN)"] if holes else []
+
+    def order_dependent(self) -> bool:
+        """Results differ between program orders only because of float atomic adds (split reductions)."""
+        report = self.payload.get("triton") or {}
+        if not report.get("float_atomic_kernels") or report.get("races"):
+            return False
+        return any(order in run and not all(same_bits(a, b) for a, b in zip(run["out"], run[order], strict=True))
+                   for run in self.runs for order in ("reversed", "shuffled"))
+
+    def nondeterminism(self, nondet: list[str]) -> Check:
+        problems = list(nondet)
+        if self.order_dependent():
+            kernels = ", ".join(excerpt(k, 60) for k in (self.payload.get("triton") or {})["float_atomic_kernels"])
+            what = (f"results depend on program order (float atomic adds in {kernels}): each order is within "
+                    "tolerance, the bits are not reproducible")
+            if self.require_deterministic:
+                problems.append(what + "; --require-deterministic")
+            else:
+                self.properties.append(f"property: {what}")
+        return check("nondeterminism", problems, "two runs on the same inputs bit-identical" +
+                     ("" if self.require_deterministic or not self.order_dependent() else
+                      "; order-dependent float atomics reported as a property"))
+
     def bounds(self, guards: list[str], n_inputs: int) -> Check:
         report = self.payload.get("triton") or {}
-        problems = guards + report.get("out_of_bounds", [])
+        problems = guards + [excerpt(r, 400) for r in report.get("out_of_bounds", [])]
         scope = f"guard regions around {n_inputs} input buffer(s) intact on every input set"
         if self.triton and report.get("launches"):
             scope += f"; every load/store of {report['launches']} Triton launches inside its arguments (interpreter)"
@@ -165,29 +282,51 @@ class Judge:
                 return not_run("race", "pending compute-sanitizer racecheck/synccheck")
             return not_run("race", "no race detector for this backend on a CPU (Triton kernels are checked in the "
                                     "interpreter; CUDA kernels with compute-sanitizer on a GPU)")
-        problems = list(report.get("races", []))
+        problems = [excerpt(r, 400) for r in report.get("races", [])]
+        atomics = self.order_dependent()
         for case, run in zip(self.plan.cases, self.runs, strict=True):
             for order in ("reversed", "shuffled"):
-                if order in run and not all(same_bits(a, b) for a, b in zip(run["out"], run[order], strict=True)):
+                if order in run and not atomics and \
+                        not all(same_bits(a, b) for a, b in zip(run["out"], run[order], strict=True)):
                     problems.append(f"{case.label}: results differ when the grid runs in {order} program order")
         return check("race", problems, f"{report['launches']} launches, {report['programs']} programs: no address "
                                         "shared between programs unless atomic; same bits in reversed and shuffled "
-                                        "program order")
+                                        "program order" + (" (float atomic adds: within tolerance in every order, "
+                                                           "not bit-identical)" if atomics else ""))
 
     def caching(self) -> Check:
+        """New values in the same tensors (same pointers, ids, version counters): all of them, then one element at
+        a time; then new weights copied into the same parameters."""
+        problems = []
         if "caching_error" in self.outputs:
-            return check("result_caching", [f"raised on new values in the same tensors: "
-                                             f"{self.outputs['caching_error']}"], "")
-        main = self.plan.cases[0]
-        native, exact = self.reference(main.model, self.plan.fresh)
-        outs = self.outputs.get("caching_out", [])
-        problems = [p for o, n, e in zip(outs, native, exact, strict=False) if isinstance(n, torch.Tensor)
-                    for p in [compare(o, n, e) if o is not None else "tensor subclass"] if p]
-        if len(outs) != len(native):
-            problems.append("different number of outputs")
-        return check("result_caching", [f"new values in the same tensors (same pointers, ids and version "
-                                         f"counters) gave stale or wrong results: {p}" for p in problems],
-                      "new values in the same tensors gave the new results")
+            problems.append(f"raised on new values in the same tensors: {excerpt(self.outputs['caching_error'])}")
+        else:
+            problems += [f"new values in the same tensors (same pointers, ids and version counters) gave stale or "
+                         f"wrong results: {p}" for p in self.wrong(self.plan.cases[0].model, self.plan.fresh,
+                                                                   self.outputs.get("caching_out"))]
+        main = self.plan.cases[0].model
+        for k, (inputs, got) in enumerate(zip(self.plan.changed, self.outputs.get("element_outs", []), strict=False)):
+            if "error" in got:
+                problems.append(f"raised when one element changed: {excerpt(got['error'])}")
+                continue
+            problems += [f"one input element changed in place (call {k + 1}): stale or wrong result: {p}"
+                         for p in self.wrong(main, inputs, got.get("out"))]
+        if len(self.outputs.get("element_outs", [])) != len(self.plan.changed):
+            problems.append("not every one-element change was run")
+        done = f"new values in the same tensors, and {len(self.plan.changed)} single-element changes, gave the " \
+               "new results"
+        if self.alt_reference is not None and "reweight_skipped" in self.outputs:
+            done += f"; new weights not tried ({excerpt(self.outputs['reweight_skipped'])})"
+        elif self.alt_reference is not None:
+            got = self.outputs.get("reweight_out")
+            if "reweight_error" in self.outputs or not isinstance(got, dict) or "error" in got:
+                why = self.outputs.get("reweight_error") or (got or {}).get("error", "not run")
+                problems.append(f"new weights copied into the same parameters: {excerpt(why)}")
+            else:
+                problems += [f"new weights copied into the same parameters gave stale or wrong results: {p}"
+                             for p in self.wrong(self.alt_reference, self.plan.fresh, got.get("out"))]
+            done += "; so did new weights copied into the same parameters"
+        return check("result_caching", problems, done)
 
     def precision(self) -> Check:
         lower = LOWER_PRECISIONS.get(self.task.dtype)
@@ -216,18 +355,23 @@ class Judge:
                       "lower-precision references could not run; accuracy judged by correctness only")
 
     def fallback(self) -> Check:
+        """The candidate's own kernels do the work. Anything that stops this being judged fails it: a candidate
+        must not be able to switch a check off."""
         profile = self.payload.get("profile") or {}
-        if "error" in profile:
-            return not_run("reference_fallback", f"the profiled call failed: {profile['error']}")
-        own = profile.get("own_kernels", [])
-        log = OpLog()
+        if not isinstance(profile, dict) or "error" in profile or not profile:
+            why = excerpt(profile.get("error", "no op log came back") if isinstance(profile, dict) else "malformed")
+            return check("reference_fallback", [f"the profiled call could not be judged: {why}"], "")
+        if not profile.get("intact"):
+            return check("reference_fallback", ["the op log was disturbed during the profiled call (the profiler "
+                                                "was stopped or replaced)"], "")
+        own = [excerpt(k, 80) for k in profile.get("own_kernels", [])]
         main = self.plan.cases[0]
-        with torch.inference_mode(), log:
-            self.native[main.model](*self.plan.fresh)
-        ref_work = sum(log.compute.values())
-        cand = profile.get("compute", {})
+        with torch.inference_mode(), _quiet_stderr():
+            ref_work = sum(measure_work(lambda: self.native[main.model](*self.plan.fresh), all_threads=False)
+                           .compute.values())
+        cand = {str(k): float(v) for k, v in (profile.get("compute") or {}).items()}
         cand_work = sum(cand.values())
-        top = ", ".join(f"aten.{k}" for k, _ in sorted(cand.items(), key=lambda kv: -kv[1])[:4])
+        top = ", ".join(f"aten.{excerpt(k, 40)}" for k, _ in sorted(cand.items(), key=lambda kv: -kv[1])[:4])
         problems = []
         if not own:
             problems.append("launches no kernel of its own (no Triton launch, native extension call or custom op): "
@@ -237,4 +381,4 @@ class Judge:
                             f"own kernels ({', '.join(own[:3])})")
         share = f"{cand_work / ref_work:.0%}" if ref_work else "none"
         return check("reference_fallback", problems, f"own kernels: {', '.join(own[:4])}; PyTorch ops do {share} "
-                                                      "of the reference's work")
+                                                      "of the reference's work (profiler, every thread)")

@@ -19,7 +19,8 @@ from typing import Any
 from rich.console import Console
 
 from kernelbot import KernelbotError
-from kernelbot.agent.evaluate import evaluate, pick_best
+from kernelbot.agent.evaluate import duel, evaluate, pick_best
+from kernelbot.agent.extract import NotExtractable
 from kernelbot.agent.integrate import count_calls, fidelity, median, time_end_to_end
 from kernelbot.agent.journal import Journal
 from kernelbot.agent.llm.budget import Budget
@@ -29,13 +30,17 @@ from kernelbot.agent.night import Clock, Night, journaled
 from kernelbot.agent.pack import Accepted, build_pack
 from kernelbot.agent.proposer import available_backends, propose, write_candidate
 from kernelbot.agent.report import llm_line, write_report
-from kernelbot.agent.tasks import make_task, skip_reason, write_task
-from kernelbot.engine import TorchEngine, builtin_spec
+from kernelbot.agent.tasks import make_generic_task, make_task, module_labels, skip_reason, write_task
+from kernelbot.engine import TorchEngine
+from kernelbot.engine.device import device_record, pick_device
+from kernelbot.engine.models import resolve_spec
+from kernelbot.kernel_library import classes_covered
+from kernelbot.kernel_library.base import GENERIC
 from kernelbot.kernel_library.store import KernelStore
-from kernelbot.profiler.device import measure_cpu
 from kernelbot.profiler.hotspots import op_breakdown, rank_hotspots
 from kernelbot.profiler.trace import load_trace
 from kernelbot.records import (
+    Bench,
     Candidate,
     Device,
     Fidelity,
@@ -73,6 +78,7 @@ class OptimizeOptions:
     iterations: int = 3  # profile → generate → integrate rounds at most
     max_task_minutes: float | None = None  # per task, built-in and stored candidates
     store: Path | None = None  # kernel store to reuse from and add to (None: none)
+    device: str = "auto"  # auto: a GPU when one is visible, else the CPU (engine/device.py)
 
 
 def options_to_json(opts: OptimizeOptions) -> dict[str, Any]:
@@ -110,7 +116,7 @@ def _profile(engine: TorchEngine, device, trace_path: Path) -> list[Hotspot]:
     engine.profile(trace_path)
     trace = load_trace(trace_path)
     op_breakdown(trace).to_csv(trace_path.with_name(trace_path.name.replace(".json.gz", "_ops.csv")), index=False)
-    return rank_hotspots(trace, device)
+    return rank_hotspots(trace, device, classes_covered(engine.model))
 
 
 def _hotspot_fields(task: Task, hotspot: Hotspot | None, iteration: int) -> dict[str, Any]:
@@ -128,7 +134,16 @@ def try_candidates(task: Task, task_dir: Path, backends: list[str], device_kind:
                                              timeout=opts.timeout, bench_rounds=opts.bench_rounds),
                     task, _hotspot_fields(task, hotspot, night.iteration if night else 0))
     t0 = time.perf_counter()
-    for cand, source in propose(task, backends):
+    try:
+        proposed = propose(task, backends, task_dir / "reference.py")
+    except Exception as exc:  # a graph the generator cannot translate, or a generator bug: this task's row, not the run
+        why = str(exc) if isinstance(exc, KernelbotError) else f"generator error ({type(exc).__name__}: {exc})"
+        stages.say(f"  {task.id}: built-in generator: {why}", style="yellow")
+        results.append(KernelResult(op=task.family, module=task.module_class, backend="cpp", shapes=task.input_shapes,
+                                    status="rejected", reason=f"no built-in candidate: {why}"[:300], speedup=None,
+                                    candidate_id=f"{task.id}/builtin"))
+        proposed = []
+    for cand, source in proposed:
         if night is not None and not night.clock.affords_candidate() and not night.recorded(task.id, cand):
             night.stop_reason = night.stop_reason or night.clock.spent_reason()
             break
@@ -190,10 +205,12 @@ def _session(opts: OptimizeOptions, run_dir: Path, stages: Stages, night: Night 
 
 
 def _generate(tasks: list[Task], hotspots: list[Hotspot], device: Device, run_dir: Path, opts: OptimizeOptions,
-              stages: Stages, notes: list[str],
-              night: Night | None = None) -> tuple[list[KernelResult], list[Accepted], LLMUsage | None]:
-    """Candidates for every task, most headroom first: a stored kernel for the op when the store has one, then the
-    LLM when one is given (the built-in proposer once it is down or its budget is spent), verified and benchmarked."""
+              stages: Stages, notes: list[str], night: Night | None = None,
+              incumbents: dict[str, Accepted] | None = None) -> tuple[list[KernelResult], list[Accepted],
+                                                                      LLMUsage | None]:
+    """Candidates for every task, most headroom first: the incumbent (an accepted kernel being challenged, or a
+    stored kernel for the op), then the LLM when one is given (the built-in proposer once it is down or its budget
+    is spent, for tasks without an incumbent), every candidate verified and benchmarked."""
     backends = available_backends(device.kind)
     session = _session(opts, run_dir, stages, night) if opts.llm else None
     source = f"LLM {opts.llm.model}" if opts.llm else "built-in proposer"
@@ -211,21 +228,15 @@ def _generate(tasks: list[Task], hotspots: list[Hotspot], device: Device, run_di
                 break
         task_dir = run_dir / "tasks" / task.id
         hotspot = by_id.get(task.hotspot_id)
-        rows, best = (_from_store(task, task_dir, backends, device.kind, opts, stages, night, hotspot)
-                      if night is not None else ([], None))
-        if best is None and session is not None and session.active:
-            if night is not None and night.clock.limit is not None:
-                left = max(1.0, night.clock.left() - night.clock.reserve)
-                spent = session.ledger.elapsed()
-                cap = opts.llm.budget.max_seconds
-                session.ledger.budget = dataclasses.replace(
-                    opts.llm.budget, max_seconds=min(cap, spent + left) if cap else spent + left)
-            ctx = PromptContext(device, "cpp" if device.kind == "cpu" else "triton", hotspot)
-            fields = _hotspot_fields(task, hotspot, night.iteration if night else 0)
-            run = run_task(session, task, task_dir, ctx, journaled(night, functools.partial(
-                evaluate, task, task_dir, device_kind=device.kind, seed=opts.seed, timeout=opts.timeout,
-                bench_rounds=opts.bench_rounds), task, fields))
-            rows, best = rows + run.rows, run.best
+        if incumbents and task.id in incumbents:
+            rows, best = [], incumbents[task.id]
+        else:
+            rows, best = (_from_store(task, task_dir, backends, device.kind, opts, stages, night, hotspot)
+                          if night is not None else ([], None))
+        if session is not None and session.active:  # a stored kernel is the incumbent, not the end of the search
+            more, challenger = _llm_task(session, task, task_dir, device, opts, night, hotspot)
+            rows += more
+            best = _crown(task, task_dir, best, challenger, rows, opts, stages, night)
             if not session.active:
                 why = (f"LLM endpoint {opts.llm.model} is down ({session.down})" if session.down
                        else f"LLM budget spent ({session.stopped})")
@@ -244,24 +255,101 @@ def _generate(tasks: list[Task], hotspots: list[Hotspot], device: Device, run_di
     return kernels, accepted, usage
 
 
+def _llm_task(session: LLMSession, task: Task, task_dir: Path, device: Device, opts: OptimizeOptions,
+              night: Night | None, hotspot: Hotspot | None) -> tuple[list[KernelResult], Accepted | None]:
+    """The LLM's generate → verify → repair rounds for one task, within what the time budget leaves."""
+    if night is not None and night.clock.limit is not None:
+        left = max(1.0, night.clock.left() - night.clock.reserve)
+        spent = session.ledger.elapsed()
+        cap = opts.llm.budget.max_seconds
+        session.ledger.budget = dataclasses.replace(
+            opts.llm.budget, max_seconds=min(cap, spent + left) if cap else spent + left)
+    ctx = PromptContext(device, "cpp" if device.kind == "cpu" else "triton", hotspot)
+    fields = _hotspot_fields(task, hotspot, night.iteration if night else 0)
+    run = run_task(session, task, task_dir, ctx, journaled(night, functools.partial(
+        evaluate, task, task_dir, device_kind=device.kind, seed=opts.seed, timeout=opts.timeout,
+        bench_rounds=opts.bench_rounds), task, fields))
+    return run.rows, run.best
+
+
+def _crown(task: Task, task_dir: Path, incumbent: Accepted | None, challenger: Accepted | None,
+           rows: list[KernelResult], opts: OptimizeOptions, stages: Stages, night: Night | None) -> Accepted | None:
+    """The challenger replaces the incumbent only when it beats it in the same benchmark."""
+    if incumbent is None or challenger is None:
+        return incumbent or challenger
+
+    def fight() -> dict:
+        return duel(task, task_dir, incumbent, challenger, seed=opts.seed, timeout=opts.timeout,
+                    rounds=opts.bench_rounds).model_dump()
+
+    key = f"duel:{task.id}:{challenger.candidate.source_hash}:{incumbent.candidate.source_hash}"
+    result = Bench.model_validate(night.memo(key, "stage", fight) if night is not None else fight())
+    won = result.significant
+    stages.say(f"  {task.id}: challenger {challenger.candidate.id} vs incumbent {incumbent.candidate.id}: "
+               f"{result.speedup:.2f}x, {'replaces it' if won else 'incumbent stays'}")
+    winner, loser = (challenger, incumbent) if won else (incumbent, challenger)
+    for row in rows:
+        if row.candidate_id == f"{task.id}/{loser.candidate.id}":
+            row.status = "rejected"
+            row.reason = (f"verified and faster than the op, but {result.speedup:.2f}x against "
+                          f"{winner.candidate.id} in a duel, which {'replaced it' if won else 'stays'}")
+    return winner
+
+
+FAR_FROM_FLOOR = 2.0  # an incumbent slower than this many times its roofline floor is worth a challenger
+
+
+def _challenges(accepted: list[Accepted], challenged: set[str], opts: OptimizeOptions,
+                night: Night) -> dict[str, Accepted]:
+    """When no new hotspot is left and an LLM can still be asked: the incumbents furthest above their roofline
+    floor (estimated time above it: the task's share times the part of a call above the floor), once each."""
+    if opts.llm is None or night.session is None or not night.session.active or not night.clock.affords_candidate():
+        return {}
+    # an incumbent the LLM wrote in this run had its rounds already
+    far = [a for a in accepted if a.task.id not in challenged and a.task.floor_us > 0
+           and not a.candidate.proposer.startswith("llm")
+           and a.bench.candidate_us > FAR_FROM_FLOOR * a.task.floor_us]
+    far.sort(key=lambda a: -a.task.share * (1 - a.task.floor_us / a.bench.candidate_us))
+    return {a.task.id: a for a in far[:opts.max_tasks]}
+
+
 def _signature(h: Hotspot) -> str:
     return json.dumps([h.family, h.module_class, h.dtype, h.input_dims])
 
 
 def _plan(hotspots: list[Hotspot], attempted: set[str], opts: OptimizeOptions, engine: TorchEngine, run_dir: Path,
           notes: list[str], iteration: int, deferred: dict[str, str]) -> list[Task]:
-    """Tasks by expected gain (headroom over the roofline, as ranked), skipping ops already tried or replaced."""
+    """Tasks by expected gain (headroom over the roofline, as ranked), skipping ops already tried or replaced.
+    A hotspot a family covers gets the family's reference; any other gets a reference extracted from the model."""
     tasks: list[Task] = []
+    labels: dict[str, str] | None = None
+    covered: list[str] = []  # modules a generic task replaces whole: hotspots inside them get no task of their own
     for h in sorted(hotspots, key=lambda h: -h.score_us):
         reason = skip_reason(h, opts.min_share)
         if reason is None and h.kernel:
             continue  # runs a pack kernel already
-        if reason is None and opts.families is not None and h.family not in opts.families:
-            reason = f"family {h.family} not selected (--families)"
+        family = h.family or GENERIC
+        if reason is None and opts.families is not None and family not in opts.families:
+            reason = f"family {family} not selected (--families)"
         if reason is None and _signature(h) in attempted:
             continue  # tried in an earlier iteration
         if reason is None and len(tasks) >= opts.max_tasks:
             reason = f"over the --max-tasks {opts.max_tasks} budget of iteration {iteration + 1}"
+        task = None
+        if reason is None and h.family is None:
+            if labels is None:
+                labels = module_labels(engine.model, engine.run_workload)
+            try:
+                task = make_generic_task(h, engine.model, labels, engine.run_workload,
+                                         lambda tid: run_dir / "tasks" / tid)
+            except NotExtractable as exc:
+                reason = f"no generic task: {exc}"
+            twin = next((t for t in tasks if task and t.signature == task.signature
+                         and t.module_paths == task.module_paths), None)
+            if twin is not None:
+                reason, task = f"the same call as task {twin.id}", None
+        if reason is None and task is None and _inside(h, labels or {}, covered):
+            reason = "inside a module that a generic task replaces whole"
         if reason:
             note = f"{h.id} {h.module_class} {h.input_dims} ({h.share:.1%}): no task, {reason}"
             if "--max-tasks" in reason:
@@ -269,10 +357,22 @@ def _plan(hotspots: list[Hotspot], attempted: set[str], opts: OptimizeOptions, e
             elif h.share >= opts.min_share and note not in notes and iteration == 0:
                 notes.append(note)
             continue
-        task = make_task(h, engine.model)
-        write_task(task, run_dir / "tasks" / task.id)
+        if task is None:
+            try:
+                task = make_task(h, engine.model)
+            except LookupError as exc:
+                notes.append(f"{h.id} {h.module_class} ({h.share:.1%}): no task, {exc}")
+                continue
+            write_task(task, run_dir / "tasks" / task.id)
+        else:
+            covered.extend(task.module_paths)
         tasks.append(task)
     return tasks
+
+
+def _inside(h: Hotspot, labels: dict[str, str], covered: list[str]) -> bool:
+    names = [labels.get(p.rsplit("/", 1)[-1], "") for p in h.module_paths]
+    return bool(names) and all(any(n.startswith(c + ".") for c in covered) for n in names)
 
 
 def _finish_plan(night: Night, opts: OptimizeOptions, profile_s: float, stages: Stages,
@@ -334,7 +434,9 @@ def _run(opts: OptimizeOptions, journal: Journal, console: Console) -> Report:
     journal.set_meta("sessions", sessions)
     journal.set_meta("state", "running")
     clock = Clock(journal, opts.budget_hours)
-    spec, notes = builtin_spec(opts.model, opts.dtype, opts.batch, opts.prompt_len, opts.decode_steps, opts.seed)
+    choice = pick_device(opts.device)
+    dtype = "bfloat16" if choice.is_gpu and opts.dtype == "auto" else opts.dtype  # auto's CPU rule asks the CPU
+    spec, notes = resolve_spec(opts.model, dtype, opts.batch, opts.prompt_len, opts.decode_steps, opts.seed)
     stages = Stages(console, run_dir, clock.before)
     if sessions > 1:
         stages.say(f"resuming {run_dir} (session {sessions}); recorded results are replayed, not recomputed",
@@ -345,10 +447,11 @@ def _run(opts: OptimizeOptions, journal: Journal, console: Console) -> Report:
         stages.say(f"note: {note}", style="yellow")
 
     stages.say("[1/7] engine: building the model and measuring the device's peaks")
-    engine = TorchEngine(spec)
+    engine = TorchEngine(spec, device=choice)
     night = Night(journal, clock, KernelStore(opts.store) if opts.store else None, "")
     night.stage("engine")
-    device = Device.model_validate(night.memo("device", "stage", lambda: measure_cpu().model_dump()))
+    device = Device.model_validate(night.memo("device", "stage",
+                                              lambda: device_record(choice, spec.dtype).model_dump()))
     device.notes.extend(n for n in notes if n not in device.notes)
     night.device_name = f"{device.kind}:{device.name}"
     write_record(run_dir / "model.json", spec)
@@ -359,6 +462,7 @@ def _run(opts: OptimizeOptions, journal: Journal, console: Console) -> Report:
     kernels: list[KernelResult] = []
     accepted: list[Accepted] = []
     attempted: set[str] = set()
+    challenged: set[str] = set()  # task ids whose incumbent was challenged once already
     deferred: dict[str, str] = {}  # op signature → why no task yet (--max-tasks), until an iteration takes it
     usage: LLMUsage | None = None
     pack = Pack(version="empty", run_id=run_id, device=device.name, entries=[])
@@ -396,6 +500,12 @@ def _run(opts: OptimizeOptions, journal: Journal, console: Console) -> Report:
         stages.say("[3/7] tasks: hotspots → KernelBench-format references, most headroom first")
         tasks = _plan(hotspots_now, attempted, opts, engine, run_dir, report_notes, it, deferred)
         stages.say(f"      {len(tasks)} tasks: {', '.join(t.id for t in tasks)}")
+        incumbents = {} if tasks else _challenges(accepted, challenged, opts, night)
+        if incumbents:
+            tasks = [a.task for a in incumbents.values()]
+            challenged.update(incumbents)
+            stages.say(f"      no new hotspot: challenging the incumbents furthest above their floor: "
+                       f"{', '.join(incumbents)}")
         if not tasks:
             if it:
                 report_notes.append(f"iteration {it + 1}: no hotspot left with headroom a task could take")
@@ -406,9 +516,12 @@ def _run(opts: OptimizeOptions, journal: Journal, console: Console) -> Report:
             report_notes.append(f"iteration {it + 1}'s tasks not tried: {night.stop_reason}")
             break
         new_rows, new_accepted, usage = _generate(tasks, hotspots_now, device, run_dir, opts, stages, report_notes,
-                                                  night)
+                                                  night, incumbents)
         kernels += new_rows
-        accepted += new_accepted
+        if incumbents and all(a is incumbents.get(a.task.id) for a in new_accepted):
+            break  # every incumbent stayed: the pack is what it was
+        replaced = {a.task.id for a in new_accepted}
+        accepted = [a for a in accepted if a.task.id not in replaced] + new_accepted
         iterations_done = it + 1
         stages.say(f"[5/7] integrate: {len(accepted)} kernels into pack/")
         pack = build_pack(accepted, run_id, device.name, pack_dir)

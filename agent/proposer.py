@@ -1,4 +1,5 @@
-"""The built-in proposer: instantiates kernel_library families at several configurations. No LLM needed."""
+"""The built-in proposer, no LLM needed: kernel_library families at several configurations, and for a generic
+task (a reference extracted from the model) the reference's own ATen graph generated as C++ (agent/aten_cpp.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import importlib.util
 from pathlib import Path
 
 from kernelbot.kernel_library import FAMILIES
-from kernelbot.kernel_library.base import ROOT
+from kernelbot.kernel_library.base import GENERIC, ROOT
 from kernelbot.records import Candidate, Task
 
 
@@ -27,7 +28,10 @@ def _family_hash(family: str, backend: str, config: dict) -> str:
     return h.hexdigest()[:16]
 
 
-def propose(task: Task, backends: list[str]) -> list[tuple[Candidate, str]]:
+def propose(task: Task, backends: list[str], reference: Path) -> list[tuple[Candidate, str]]:
+    """(candidate, source) pairs; raises aten_cpp.Unsupported when a generic task's graph cannot be generated."""
+    if task.family == GENERIC:
+        return _generated(task, backends, reference)
     family = FAMILIES[task.family]
     out = []
     for backend in backends:
@@ -38,6 +42,19 @@ def propose(task: Task, backends: list[str]) -> list[tuple[Candidate, str]]:
             cand = Candidate(id=f"{backend}-{i}", task_id=task.id, backend=backend, proposer="builtin",
                              config=config, source_hash=_family_hash(task.family, backend, config))
             out.append((cand, source))
+    return out
+
+
+def _generated(task: Task, backends: list[str], reference: Path) -> list[tuple[Candidate, str]]:
+    if "cpp" not in backends:
+        return []
+    from kernelbot.agent import aten_cpp
+
+    out = []
+    for i, (config, source) in enumerate(aten_cpp.generate(reference)):
+        digest = hashlib.sha256(source.encode()).hexdigest()[:16]
+        out.append((Candidate(id=f"cpp-gen-{i}", task_id=task.id, backend="cpp", proposer="builtin:aten_cpp",
+                              config=config, source_hash=digest), source))
     return out
 
 

@@ -75,7 +75,7 @@ def render_markdown(r: Report, figures: Iterable[str] = ()) -> str:
     lines = [
         f"# kernelbot run {r.run_id}",
         "",
-        f"Model **{r.model.name}** ({r.model.layers} layers, hidden {r.model.hidden}, {r.model.dtype}); workload: "
+        f"Model **{r.model.name}** ({r.model.summary()}); workload: "
         f"batch {r.model.batch}, {r.model.prompt_len}-token prompts, {r.model.decode_steps} greedy decode steps. "
         f"Device: {r.device.name}, {r.device.threads} threads ({r.device.peak_gflops} GFLOP/s, "
         f"{r.device.peak_gbps} GB/s, {r.device.peaks_source}).",

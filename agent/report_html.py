@@ -85,7 +85,7 @@ def render_html(r: Report, figures: dict[str, bytes]) -> str:
         f"<h1>kernelbot run {escape(r.run_id)}</h1>",
         f"<p class='big' id='headline'>{r.speedup:.2f}x end to end ({r.baseline_ms:.1f} → {r.optimized_ms:.1f} ms),"
         f" {len(accepted)} kernels accepted of {len(r.kernels)} candidates</p>",
-        f"<p>Model <b>{escape(m.name)}</b> ({m.layers} layers, hidden {m.hidden}, {escape(m.dtype)}), batch {m.batch},"
+        f"<p>Model <b>{escape(m.name)}</b> ({escape(m.summary())}), batch {m.batch},"
         f" {m.prompt_len}-token prompts, {m.decode_steps} decode steps. Device: {escape(r.device.name)}, "
         f"{r.device.threads} threads ({r.device.peak_gflops} GFLOP/s, {r.device.peak_gbps} GB/s). Fidelity: "
         f"{escape(r.fidelity.summary())}; passed: <b>{r.fidelity.passed}</b>."

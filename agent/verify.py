@@ -1,29 +1,36 @@
 """Verification: the one entry point `verify()`, used by `kernelbot verify` and by `kernelbot optimize`.
 
-The candidate runs only in the sandbox, on inputs made here from a seed it never sees. The reference, the
-comparison and the verdict are computed here, in a process the candidate never runs in. Check ids (stable):
+The candidate runs only in the sandbox, in a runner process the sandbox's harness forks and feeds one call at a
+time, on inputs made here from a seed it never sees. The reference, the comparison and the verdict are computed
+here, in a process the candidate never runs in. Check ids (stable):
 
   compile             the candidate imports, builds (CUDA: nvcc -Xptxas -v report) and constructs
-  correctness         every input set within the dtype's tolerance of a float64 reference (agent/numerics.py)
-  unwritten_output    outputs are NaN-poisoned before each run; no poison may remain
+  correctness         every input set within the dtype's tolerance of a float64 reference (agent/numerics.py),
+                      special values (±inf, NaN, masked rows) included, every Triton program order included
+  unwritten_output    CPU allocations are poisoned (GPU: NaN-filled); no poison may remain in an output
   out_of_bounds       guard regions around every input buffer intact; Triton: every access inside an argument
                       (interpreter instrumentation); CUDA on a GPU: compute-sanitizer memcheck
   race                Triton: no address written by one program and touched by another, same bits in reversed
-                      and shuffled program order; CUDA on a GPU: racecheck and synccheck
-  nondeterminism      two runs on the same inputs are bit-identical
-  input_mutation      inputs unchanged afterwards
-  output_aliasing     outputs share memory neither with inputs nor with the previous call's outputs
-  reference_fallback  the candidate launches a kernel of its own, and PyTorch ops do under half the
-                      reference's work
-  result_caching      new values in the same tensors (same pointers, ids, version counters) give new results
+                      and shuffled program order (float atomic adds excepted: reported as a property); CUDA on
+                      a GPU: racecheck and synccheck
+  nondeterminism      two runs on the same inputs are bit-identical (with require_deterministic, also in every
+                      program order)
+  input_mutation      inputs, parameters and buffers unchanged afterwards
+  output_aliasing     outputs share memory with no input, parameter or earlier output
+  reference_fallback  the candidate launches a kernel of its own, and PyTorch ops (profiled on every thread)
+                      do under half the reference's work; a disturbed op log fails
+  result_caching      new values in the same tensors, one element at a time too, and new weights in the same
+                      parameters give new results
   precision_downcast  float32 results not at bfloat16/float16 accuracy
-  side_stream         no output changes after the call returns; no thread left running
+  side_stream         no output changes after the call returns or before the job ends; no thread (OS-level) left
   timing_tamper       clocks, synchronisation and comparison functions unpatched; no lazy tensor subclasses
+  harness_tamper      the harness's modules, functions, patched attributes and channel untouched
   timeout, crash, sandbox_violation   from the sandbox
 """
 
 from __future__ import annotations
 
+import copy
 import secrets
 import time
 from pathlib import Path
@@ -33,7 +40,7 @@ import torch
 
 from kernelbot import KernelbotError
 from kernelbot.agent import cases as casemod
-from kernelbot.agent.judge import Judge, guard, not_run
+from kernelbot.agent.judge import Judge, excerpt, guard, not_run, scrub
 from kernelbot.agent.sanitizer import sanitize
 from kernelbot.kernel_library.base import dtype_name
 from kernelbot.kernel_library.cpp_build import prebuild_library
@@ -44,7 +51,7 @@ from kernelbot.sandbox.gpu import assigned_gpu
 
 CHECK_IDS = ("compile", "correctness", "unwritten_output", "out_of_bounds", "race", "nondeterminism",
              "input_mutation", "output_aliasing", "reference_fallback", "result_caching", "precision_downcast",
-             "side_stream", "timing_tamper", "timeout", "crash", "sandbox_violation")
+             "side_stream", "timing_tamper", "harness_tamper", "timeout", "crash", "sandbox_violation")
 shape_sets = casemod.shape_sets  # re-exported: optimize's tasks fuzz their free dims
 
 
@@ -77,9 +84,12 @@ def task_from_reference(path: Path) -> Task:
 
 
 def verify(task: Task, reference_path: Path, candidate_path: Path, workdir: Path, *, seed: int | None = None,
-           timeout: float = 300.0, env: dict[str, str] | None = None, device: str = "cpu", trials: int = 1) -> Verdict:
+           timeout: float = 300.0, env: dict[str, str] | None = None, device: str = "cpu", trials: int = 1,
+           require_deterministic: bool = False) -> Verdict:
     """Verify `candidate_path` (ModelNew) against `reference_path` (Model). Raises KernelbotError for a
-    reference that cannot be used (it does not run, or is a weak task); every candidate gets a Verdict."""
+    reference that cannot be used (it does not run, or is a weak task); every candidate gets a Verdict.
+    `require_deterministic`: results that depend on program order (float atomics) fail `nondeterminism`
+    instead of being reported as a property."""
     t0 = time.perf_counter()
     if device == "cuda" and not torch.cuda.is_available():
         raise KernelbotError("--device cuda: no CUDA device here (verify on a GPU node, or use --device cpu)")
@@ -94,30 +104,38 @@ def verify(task: Task, reference_path: Path, candidate_path: Path, workdir: Path
         torch.manual_seed(init_seed)
         references.append(module.Model(*init).eval())
         torch.save(references[-1].state_dict(), workdir / f"state_dict_{i}.pt")
+    main = plan.cases[0].model
+    alt_reference = _alt_reference(references[main], seed)
+    torch.save(alt_reference.state_dict(), workdir / "alt_state_dict.pt")
     sent = [[guard(x) for x in case.inputs] for case in plan.cases]
-    torch.save({"init_args": plan.init_args, "fresh": plan.fresh,
+    torch.save({"init_args": plan.init_args, "fresh": plan.fresh, "changed": plan.changed,
                 "cases": [(c.label, c.model, inputs) for c, inputs in zip(plan.cases, sent, strict=True)]},
                workdir / "plan.pt")
     source = candidate_path.read_text(errors="replace")
     triton = "triton" in source
     job = {"kind": "verify", "candidate": str(candidate_path.resolve()), "plan": str((workdir / "plan.pt").resolve()),
            "state_dicts": [str((workdir / f"state_dict_{i}.pt").resolve()) for i in range(len(plan.init_args))],
+           "alt_state_dict": str((workdir / "alt_state_dict.pt").resolve()),
            "init_seed": init_seed, "triton": triton, "device": device}
     job_env = {**prebuild_library(), **({"TRITON_INTERPRET": "1"} if triton and device == "cpu" else {}), **(env or {})}
     gpu = assigned_gpu() if device == "cuda" else None
     result = run_job(job, workdir, timeout=timeout, env=job_env, gpu=gpu)
 
     checks = _sandbox_checks(result)
+    properties: list[str] = []
     if result.status == "ok":
         try:
             outputs = torch.load(workdir / "outputs.pt", weights_only=True)  # written by the candidate: no code
         except Exception as exc:
             checks.append(Check(id="crash", status="fail", detail=f"outputs not readable safely: {exc}"[:500]))
         else:
-            judge = Judge(task, plan, references, sent, result.payload or {}, outputs, triton, device)
+            judge = Judge(task, plan, references, sent, result.payload or {}, outputs, triton, device,
+                          alt_reference=alt_reference, require_deterministic=require_deterministic)
             checks += judge.checks()
+            properties = judge.properties
             if device == "cuda":
-                sanitized = {c.id: c for c in sanitize(job, workdir, timeout, job_env)}
+                sanitized = {c.id: c for c in sanitize(_sanitize_job(job, plan, sent, workdir), workdir, timeout,
+                                                       job_env)}
                 checks = [_merge(c, sanitized.pop(c.id)) if c.id in sanitized else c for c in checks]
                 checks += list(sanitized.values())
     elif result.payload and result.payload.get("stage") == "needs_gpu":
@@ -128,14 +146,38 @@ def verify(task: Task, reference_path: Path, candidate_path: Path, workdir: Path
         if cid not in seen:
             checks.append(not_run(cid, "not reached: the candidate did not get that far"))
     checks.sort(key=lambda c: CHECK_IDS.index(c.id) if c.id in CHECK_IDS else len(CHECK_IDS))
+    checks = [Check(id=c.id, status=c.status, detail=scrub(c.detail)) for c in checks]
     failed = [c.id for c in checks if c.status == "fail"]
     correct = any(c.id == "correctness" and c.status == "pass" for c in checks)
+    child_notes = ((result.payload or {}).get("facts") or {}).get("notes", []) if isinstance(result.payload, dict) \
+        else []
+    notes = plan.notes + [excerpt(n) for n in child_notes[:5] if isinstance(n, str)] + properties
     return Verdict(candidate_id=candidate_path.parent.name, verdict="pass" if correct and not failed else "fail",
                    failed=failed, checks=checks, not_run=[c.id for c in checks if c.status == "not_run"],
                    shapes=[[list(x.shape) for x in case.inputs if isinstance(x, torch.Tensor)] for case in plan.cases],
                    cases=[c.label for c in plan.cases], seconds=round(time.perf_counter() - t0, 2),
-                   protections=result.protections, seed=seed,
-                   notes=plan.notes + list((result.payload or {}).get("facts", {}).get("notes", [])))
+                   protections=[excerpt(p) for p in result.protections], seed=seed, notes=[scrub(n) for n in notes])
+
+
+def _alt_reference(reference: torch.nn.Module, seed: int) -> torch.nn.Module:
+    """The reference with every float parameter scaled elementwise by a random factor in [0.5, 1.5): the weights
+    the candidate gets copied into its own parameters for the result_caching check (buffers stay as they are)."""
+    alt = copy.deepcopy(reference)
+    gen = torch.Generator().manual_seed(seed + 7)
+    with torch.no_grad():
+        for param in alt.parameters():
+            if param.is_floating_point():
+                factor = 0.5 + torch.rand(param.shape, generator=gen, dtype=torch.float32)
+                param.mul_(factor.to(param.dtype))
+    return alt.eval()
+
+
+def _sanitize_job(job: dict[str, Any], plan: casemod.Plan, sent: list[list[Any]], workdir: Path) -> dict[str, Any]:
+    """The sanitizer's job sees only the main input set (it runs the candidate in one process)."""
+    torch.save({"init_args": plan.init_args[:1], "cases": [(plan.cases[0].label, 0, sent[0])]},
+               workdir / "sanitize_plan.pt")
+    return {**job, "plan": str((workdir / "sanitize_plan.pt").resolve()),
+            "state_dicts": job["state_dicts"][plan.cases[0].model:plan.cases[0].model + 1]}
 
 
 def _merge(a: Check, b: Check) -> Check:
@@ -149,34 +191,45 @@ def _merge(a: Check, b: Check) -> Check:
 def _sandbox_checks(result) -> list[Check]:
     checks: list[Check] = []
     if result.violations:
-        tried = "; ".join(f"{v.get('kind')}: {v.get('detail')}" for v in result.violations[:5])
+        tried = "; ".join(f"{excerpt(v.get('kind'), 40)}: {excerpt(v.get('detail'), 150)}"
+                          for v in result.violations[:5])
         checks.append(Check(id="sandbox_violation", status="fail", detail=tried[:1000]))
     else:
         checks.append(Check(id="sandbox_violation", status="pass", detail="nothing refused was attempted"))
     payload = result.payload or {}
     ptxas = payload.get("ptxas") or []
     built = "; ".join(_ptxas_summary(r) for r in ptxas)
+    detail = _last_lines(result.detail)  # the child's own error message or stderr: candidate text
     if result.status == "timeout":
         checks.append(Check(id="timeout", status="fail", detail=result.detail))
     elif result.status == "crash":
-        checks.append(Check(id="crash", status="fail", detail=result.detail[-800:]))
+        checks.append(Check(id="crash", status="fail", detail=detail))
     elif result.status == "error" and payload.get("stage") == "compile":
-        checks.append(Check(id="compile", status="fail", detail=result.detail))
+        checks.append(Check(id="compile", status="fail", detail=detail))
     elif result.status == "error" and payload.get("stage") == "needs_gpu":
-        checks.append(Check(id="compile", status="pass", detail=built or result.detail))
+        checks.append(Check(id="compile", status="pass", detail=built or detail))
     elif result.status == "error":
         checks += [Check(id="compile", status="pass", detail=built), Check(id="crash", status="fail",
-                                                                             detail=result.detail)]
+                                                                             detail=detail)]
     else:
         checks += [Check(id="compile", status="pass", detail=built or "imported, built and constructed"),
                    Check(id="timeout", status="pass", detail=f"finished in {result.seconds:.1f} s")]
     return checks
 
 
+def _last_lines(text: str) -> str:
+    """The child's report, as candidate text: its first line, its first line that names an error, and its last,
+    each a short excerpt."""
+    lines = [line for line in str(text).splitlines() if line.strip()]
+    errors = [line for line in lines[1:-1] if "error" in line.lower()][:1]
+    picked = list(dict.fromkeys(lines[:1] + errors + lines[-1:]))
+    return " … ".join(excerpt(line, 160) for line in picked)
+
+
 def _ptxas_summary(report: dict[str, Any]) -> str:
     if not report.get("ok"):
         return "nvcc failed"
-    parts = [f"{k['kernel']}: {k['registers']} registers, {k['smem_bytes']} B smem, "
+    parts = [f"{excerpt(k['kernel'], 80)}: {k['registers']} registers, {k['smem_bytes']} B smem, "
              f"{k['spill_store_bytes'] + k['spill_load_bytes']} B spilled" for k in report.get("kernels", [])]
     return "nvcc -arch=sm_90 -Xptxas -v: " + ("; ".join(parts) or "no kernels")
 

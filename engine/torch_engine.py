@@ -1,107 +1,92 @@
-"""In-process PyTorch/transformers engine; the built-in default model lives here."""
+"""In-process PyTorch/transformers engine: any causal LM that engine/models.py builds, run as a server would."""
 
 from __future__ import annotations
 
 import copy
-import functools
+import inspect
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from kernelbot import KernelbotError
+from kernelbot.engine.device import DeviceChoice, pick_device
+from kernelbot.engine.models import (  # noqa: F401 (re-exported: callers import these from here)
+    BUILTIN_MODELS,
+    build_llama,
+    build_model,
+    builtin_spec,
+    cpu_has_fast_bf16,
+    resolve_spec,
+)
 from kernelbot.engine.patching import PackPatcher
 from kernelbot.records import ModelSpec, Pack
 
-BUILTIN_MODELS = {
-    # The default stays exactly this so numbers compare across versions.
-    "llama-tiny": dict(layers=4, hidden=512, heads=8, intermediate=1376, vocab=4000),
-    "llama-micro": dict(layers=2, hidden=128, heads=4, intermediate=344, vocab=512),
-}
+CACHE_NAMES = ("cache", "past_key_values")  # transformers 5 renamed past_key_values; older models keep it
 
 
-@functools.cache
-def cache_kwarg() -> str:
-    """transformers 5 renamed `past_key_values` to `cache` (the old name still works, with a warning)."""
-    import inspect
-
-    from transformers import LlamaForCausalLM
-
-    return "cache" if "cache" in inspect.signature(LlamaForCausalLM.forward).parameters else "past_key_values"
+def cache_kwarg(model: torch.nn.Module) -> str | None:
+    """The name under which this model's forward takes its KV cache, or None when it takes none."""
+    params = inspect.signature(model.forward).parameters
+    return next((name for name in CACHE_NAMES if name in params), None)
 
 
-def cpu_has_fast_bf16() -> bool:
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+def returned_cache(out: Any) -> Any:
+    """The cache a forward returned, under whichever name it uses."""
+    fields = out if isinstance(out, Mapping) else vars(out)
+    return next((fields[name] for name in CACHE_NAMES if fields.get(name) is not None), None)
 
 
-def builtin_spec(
-    name: str = "llama-tiny",
-    dtype: str = "auto",
-    batch: int = 8,
-    prompt_len: int = 32,
-    decode_steps: int = 32,
-    seed: int = 0,
-) -> tuple[ModelSpec, list[str]]:
-    """The spec for a built-in model; dtype 'auto' is bf16 where the CPU has native bf16, else fp32."""
-    if name not in BUILTIN_MODELS:
-        raise KernelbotError(f"unknown model {name!r}: choose one of {', '.join(BUILTIN_MODELS)}")
-    notes = []
-    if dtype == "auto":
-        if cpu_has_fast_bf16():
-            dtype = "bfloat16"
-        else:
-            dtype = "float32"
-            notes.append("this CPU lacks avx512_bf16/amx_bf16, so bf16 runs emulated; the workload runs in fp32")
-    if dtype not in ("float32", "bfloat16", "float16"):
-        raise KernelbotError(f"unsupported dtype {dtype!r}: use float32, bfloat16 or float16")
-    if min(batch, prompt_len) < 1 or decode_steps < 0:
-        raise KernelbotError("batch and prompt length must be at least 1 and decode steps not negative")
-    return ModelSpec(name=name, dtype=dtype, batch=batch, prompt_len=prompt_len,
-                     decode_steps=decode_steps, seed=seed, **BUILTIN_MODELS[name]), notes
-
-
-def build_llama(spec: ModelSpec) -> torch.nn.Module:
-    """A Llama-architecture decoder from a transformers LlamaConfig with seeded random weights."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
-        hidden_size=spec.hidden, intermediate_size=spec.intermediate, num_hidden_layers=spec.layers,
-        num_attention_heads=spec.heads, num_key_value_heads=spec.heads, vocab_size=spec.vocab,
-        max_position_embeddings=max(256, spec.prompt_len + spec.decode_steps),
-    )
-    config._attn_implementation = "sdpa"
-    torch.manual_seed(spec.seed)
-    model = LlamaForCausalLM(config)
-    return model.to(getattr(torch, spec.dtype)).eval()
+def _without_grouped_experts(model: torch.nn.Module) -> torch.nn.Module:
+    """Mixture-of-experts layers default to torch's grouped_mm, which has no float64 kernel; the plain per-expert
+    loop computes the same in any dtype."""
+    implementation = getattr(getattr(model, "config", None), "_experts_implementation", None)
+    if implementation not in (None, "eager") and hasattr(model, "set_experts_implementation"):
+        model.set_experts_implementation("eager")
+    return model
 
 
 class TorchEngine:
     """Runs a transformers causal LM in this process, the way a serving engine would:
     a batch of prompts through prefill, then greedy decode steps over the KV cache."""
 
-    def __init__(self, spec: ModelSpec) -> None:
+    def __init__(self, spec: ModelSpec, device: DeviceChoice | str = "cpu") -> None:
+        """The model and prompts on `device` (a DeviceChoice, or what pick_device takes). Weights and prompts are
+        drawn on the CPU from the spec's seed and then moved, so every device runs the same model."""
         self.spec = spec
-        self.model = build_llama(spec)
+        self.device = device if isinstance(device, DeviceChoice) else pick_device(device)
+        self._use(build_model(spec).to(self.device.torch_device))
         gen = torch.Generator().manual_seed(spec.seed + 1)
-        self.prompts = torch.randint(0, spec.vocab, (spec.batch, spec.prompt_len), generator=gen)
+        prompts = torch.randint(0, spec.vocab, (spec.batch, spec.prompt_len), generator=gen)
+        self.prompts = prompts.to(self.device.torch_device)
         self.patcher = PackPatcher(self.model)
+
+    def _use(self, model: torch.nn.Module, forward_of: torch.nn.Module | None = None) -> None:
+        """Run `model`; its forward's parameters are read from `forward_of` (a compiled model hides them)."""
+        self.model = model
+        self.cache_name = cache_kwarg(forward_of or model)
+        params = inspect.signature((forward_of or model).forward).parameters
+        takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+        self.cache_flag = {"use_cache": True} if "use_cache" in params or takes_any else {}
 
     @torch.inference_mode()
     def generate(self, record_logits: bool = False,
                  forced: torch.Tensor | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Greedy decoding; with `forced` ([batch, decode_steps + 1] tokens), each step is fed the forced token
         instead of its own choice (teacher forcing), so logits compare in the same contexts."""
-        out = self.model(input_ids=self.prompts, use_cache=True)
-        cache = out[cache_kwarg()]
+        out = self.model(input_ids=self.prompts, **self.cache_flag)
+        cache = returned_cache(out)
         logits = [out.logits[:, -1].double()] if record_logits else []
         tokens = [out.logits[:, -1].argmax(-1, keepdim=True)]
+        fed_so_far: list[torch.Tensor] = []
         for step in range(self.spec.decode_steps):
             fed = tokens[-1] if forced is None else forced[:, step:step + 1]
-            out = self.model(input_ids=fed, use_cache=True, **{cache_kwarg(): cache})
-            cache = out[cache_kwarg()]
+            fed_so_far.append(fed)
+            if self.cache_name is not None and cache is not None:
+                out = self.model(input_ids=fed, **self.cache_flag, **{self.cache_name: cache})
+            else:  # a model that keeps no cache sees the whole sequence again
+                out = self.model(input_ids=torch.cat([self.prompts, *fed_so_far], dim=1), **self.cache_flag)
+            cache = returned_cache(out)
             if record_logits:
                 logits.append(out.logits[:, -1].double())
             tokens.append(out.logits[:, -1].argmax(-1, keepdim=True))
@@ -110,11 +95,19 @@ class TorchEngine:
     def run_workload(self) -> torch.Tensor:
         return self.generate()[0]
 
+    def run_workload_and_wait(self) -> torch.Tensor:
+        """The workload, returning once the device has finished it."""
+        tokens = self.run_workload()
+        self.device.synchronize()
+        return tokens
+
     def profile(self, trace_path: Path) -> None:
         from kernelbot.profiler.capture import profile_callable
 
-        self.run_workload()  # warm-up outside the trace
-        profile_callable(self.run_workload, trace_path)
+        # on a GPU the workload ends when the device is done: a trace stopped earlier would miss its last kernels
+        workload = self.run_workload_and_wait if self.device.is_gpu else self.run_workload
+        workload()  # warm-up outside the trace
+        profile_callable(workload, trace_path)
 
     def apply_pack(self, pack: Pack, pack_dir: Path) -> None:
         self.patcher.apply(pack, pack_dir)
@@ -125,14 +118,14 @@ class TorchEngine:
     def in_float64(self) -> TorchEngine:
         """The same model and prompts in float64: how far the model's own dtype is from exact arithmetic."""
         twin = object.__new__(TorchEngine)
-        twin.spec, twin.prompts = self.spec, self.prompts
-        twin.model = copy.deepcopy(self.model).to(torch.float64)
+        twin.spec, twin.prompts, twin.device = self.spec, self.prompts, self.device
+        twin._use(_without_grouped_experts(copy.deepcopy(self.model).to(torch.float64)))
         twin.patcher = PackPatcher(twin.model)
         return twin
 
     def compiled(self) -> TorchEngine:
         """The same engine with the model under torch.compile (dynamic shapes: decode grows the cache)."""
         twin = object.__new__(TorchEngine)
-        twin.spec, twin.prompts, twin.patcher = self.spec, self.prompts, self.patcher
-        twin.model = torch.compile(self.model, dynamic=True)
+        twin.spec, twin.prompts, twin.patcher, twin.device = self.spec, self.prompts, self.patcher, self.device
+        twin._use(torch.compile(self.model, dynamic=True), forward_of=self.model)
         return twin

@@ -1,14 +1,36 @@
 """Parameterised kernels, one folder per op family, each in a C++ (CPU) and a Triton backend."""
 
+from collections.abc import Mapping
+
+import torch
+
 from kernelbot.kernel_library.base import Family
+from kernelbot.kernel_library.decode_attention import FAMILY as DECODE_ATTENTION
 from kernelbot.kernel_library.gated_mlp import FAMILY as GATED_MLP
 from kernelbot.kernel_library.linear import FAMILY as LINEAR
 from kernelbot.kernel_library.rmsnorm import FAMILY as RMSNORM
 from kernelbot.kernel_library.rotary_embedding import FAMILY as ROTARY_EMBEDDING
 from kernelbot.kernel_library.silu_and_mul import FAMILY as SILU_AND_MUL
 
-FAMILIES: dict[str, Family] = {f.name: f for f in (RMSNORM, GATED_MLP, LINEAR, SILU_AND_MUL, ROTARY_EMBEDDING)}
+FAMILIES: dict[str, Family] = {f.name: f for f in (RMSNORM, GATED_MLP, LINEAR, SILU_AND_MUL, ROTARY_EMBEDDING,
+                                                     DECODE_ATTENTION)}
 
 
-def family_for(module_class: str) -> Family | None:
+def family_for(module_class: str, covered: Mapping[str, str] | None = None) -> Family | None:
+    """The family that replaces modules of this class: by its known class names, or, in `covered`, by live
+    modules of the class that a family's structural test accepts (see classes_covered)."""
+    if covered and module_class in covered:
+        return FAMILIES[covered[module_class]]
     return next((f for f in FAMILIES.values() if module_class in f.module_classes), None)
+
+
+def classes_covered(model: torch.nn.Module) -> dict[str, str]:
+    """Class name → family for the live modules a family's structural test accepts."""
+    found: dict[str, str] = {}
+    for module in model.modules():
+        name = type(module).__name__
+        if name not in found:
+            family = next((f for f in FAMILIES.values() if f.covers is not None and f.covers(module)), None)
+            if family is not None:
+                found[name] = family.name
+    return found

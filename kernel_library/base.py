@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 import torch
 
 ROOT = Path(__file__).parent
+GENERIC = "generic"  # the family of tasks whose reference is extracted from the model, not written by hand
 
 
 class OpCall(NamedTuple):
@@ -38,12 +39,20 @@ class Family:
     cost: Callable[[list[list[int]], int], tuple[float, float]]
     # does this live module produce these dims (same weights' shapes, supported variant)?
     matches: Callable[[torch.nn.Module, list[list[int]]], bool]
-    max_rows: int | None = None  # kernels built for small M (decode); larger inputs are left alone
     inputs: int = 1  # how many of the call's dims are forward()'s inputs (the rest are weights)
     # per input, the dims that change between calls; by default every dim but the feature dim
     free_dims: Callable[[list[list[int]]], list[list[int]]] = _leading_dims
     # the call's (dims, type names) from the ops the module ran, where its first op does not show them
     call_dims: Callable[[list[OpCall]], tuple[list[list[int]], list[str]] | None] | None = None
+    # structural test of a live module, whatever its class is called: does it compute the family's reference?
+    covers: Callable[[torch.nn.Module], bool] | None = None
+    # the dims that make calls one hotspot (calls differing elsewhere, e.g. in a KV cache's length, are one group)
+    group_dims: Callable[[list[list[int]]], list[list[int]]] | None = None
+    # for modules not called with the reference's inputs (an attention takes a cache object): how a live call runs
+    # on the kernel — engine_call(kernel, module, args, kwargs, verified input shapes) → a thunk computing the
+    # module's output, or None where this call is not one the kernel was verified for
+    engine_call: Callable[[torch.nn.Module, torch.nn.Module, tuple, dict, list[list[int]]],
+                          Callable[[], Any] | None] | None = None
 
     @property
     def reference_path(self) -> Path:
@@ -56,6 +65,24 @@ class Family:
             f"from kernelbot.kernel_library.{self.name}.{module} import {cls}\n\n\n"
             f"class ModelNew({cls}):\n    CONFIG = {config!r}\n"
         )
+
+
+def computes_reference(family: Family, module: torch.nn.Module, inputs: list[torch.Tensor]) -> bool:
+    """Does the live module give what the family's reference gives on these inputs, with its own weights? The
+    structural test behind `covers` for modules whose class name says nothing (MixtralRMSNorm, MyNorm...)."""
+    from kernelbot.loading import load_module
+
+    try:
+        reference = load_module(family.reference_path, f"kb_covers_{family.name}").Model(*family.init_args(module))
+        reference.load_state_dict(module.state_dict())
+        with torch.no_grad():
+            want, got = reference(*inputs), module(*inputs)
+    except Exception:  # another signature or state layout: not this family's op
+        return False
+    if not isinstance(got, torch.Tensor) or got.shape != want.shape or got.dtype != want.dtype:
+        return False
+    tol = 1e-5 if want.dtype == torch.float32 else 1e-2
+    return torch.allclose(got.double(), want.double(), rtol=tol, atol=tol)
 
 
 def rows(shape: list[int]) -> int:

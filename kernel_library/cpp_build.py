@@ -5,6 +5,10 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
+import re
+import subprocess
+import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 
@@ -51,12 +55,95 @@ def load_cpp(path: Path) -> ModuleType:
     return module
 
 
-def _build(path: Path, name: str, build_dir: Path, built: Path) -> None:
+def load_cpp_source(source: str, name: str, precompiled: Sequence[str] = ()) -> ModuleType:
+    """Compile C++ given as text (a generated kernel) or load its build: cached by the hash of the text and the flags,
+    in the same cache as load_cpp, so the trusted parent builds it and a sandboxed candidate only loads it. Where the
+    cache holds no build and cannot be written (a read-only sandbox), it is built in a temporary directory.
+    `precompiled`: headers the source includes that are worth a precompiled header (ATen's Tensor.h and pybind
+    are most of a small extension's compile time); it is made once per cache, after the first build, and is only
+    an accelerator: without it (or with one the compiler finds stale) the build is the same, only slower."""
+    digest = hashlib.sha256(source.encode() + " ".join(CFLAGS).encode()).hexdigest()[:16]
+    module_name = f"kb_{name}_{digest}"
+    if module_name in _loaded:
+        return _loaded[module_name]
+    build_dir = cache_root() / module_name
+    built = build_dir / f"{module_name}.so"
+    if not built.exists():
+        if not _writable(build_dir):  # checked without writing: a sandbox records attempted writes
+            build_dir = Path(tempfile.mkdtemp(prefix="kb_cpp_")) / module_name
+            built = build_dir / f"{module_name}.so"
+        build_dir.mkdir(parents=True, exist_ok=True)
+        path = build_dir / f"{module_name}.cpp"
+        if not path.exists() or path.read_text() != source:
+            staged = path.with_suffix(f".{os.getpid()}.tmp")
+            staged.write_text(source)
+            os.replace(staged, path)  # a concurrent builder never reads a half-written file
+        pch = _precompiled_header(precompiled)
+        _build(path, module_name, build_dir, built, ["-include", str(pch)] if pch else [])
+        if precompiled and pch is None:
+            _make_precompiled_header(precompiled, build_dir / "build.ninja")
+    import torch  # noqa: F401  (the extension links against libtorch, which must be loaded first)
+
+    module = load_module(built, module_name)
+    _loaded[module_name] = module
+    return module
+
+
+def _writable(path: Path) -> bool:
+    """Whether `path` could be created: its nearest existing ancestor is writable."""
+    while not path.exists():
+        path = path.parent
+    return os.access(path, os.W_OK)
+
+
+def _pch_path(headers: Sequence[str]) -> Path:
+    import torch
+
+    key = hashlib.sha256("\n".join([*headers, *CFLAGS, torch.__version__]).encode()).hexdigest()[:16]
+    return cache_root() / f"pch_{key}" / "kb_precompiled.h"
+
+
+def _precompiled_header(headers: Sequence[str]) -> Path | None:
+    """The header to force-include when its precompiled form (.gch beside it) exists."""
+    if not headers:
+        return None
+    header = _pch_path(headers)
+    return header if header.with_name(header.name + ".gch").exists() else None
+
+
+def _make_precompiled_header(headers: Sequence[str], ninja: Path) -> None:
+    """Precompile `headers` with the exact flags torch's builder just compiled an extension with (read from its
+    build.ninja, so the compiler accepts the result for later builds). Any failure only leaves builds slower."""
+    header = _pch_path(headers)
+    if not headers or not ninja.exists() or not _writable(header.parent):
+        return
+    text = ninja.read_text()
+    cxx, cflags = re.search(r"^cxx = (.+)$", text, re.M), re.search(r"^cflags = (.+)$", text, re.M)
+    if not cxx or not cflags:
+        return
+    flags = [f for f in cflags.group(1).split() if not f.startswith("-DTORCH_EXTENSION_NAME=")]
+    header.parent.mkdir(parents=True, exist_ok=True)
+    with open(header.parent / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        gch = header.with_name(header.name + ".gch")
+        if gch.exists():
+            return
+        header.write_text("".join(f"#include <{h}>\n" for h in headers))
+        staged = gch.with_suffix(f".{os.getpid()}.tmp")
+        done = subprocess.run([cxx.group(1), *flags, "-x", "c++-header", str(header), "-o", str(staged)],
+                              capture_output=True)
+        if done.returncode == 0:
+            os.replace(staged, gch)
+        else:
+            staged.unlink(missing_ok=True)
+
+
+def _build(path: Path, name: str, build_dir: Path, built: Path, cflags: Sequence[str] = ()) -> None:
     build_dir.mkdir(parents=True, exist_ok=True)
     with open(build_dir / ".lock", "w") as lock:  # one builder at a time; the others wait and reuse
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not built.exists():
             from torch.utils.cpp_extension import load
 
-            load(name, [str(path)], extra_cflags=CFLAGS, extra_ldflags=["-fopenmp"],
+            load(name, [str(path)], extra_cflags=[*CFLAGS, *cflags], extra_ldflags=["-fopenmp"],
                  build_directory=str(build_dir), verbose=False)

@@ -19,9 +19,16 @@ def _optimize(args: argparse.Namespace) -> int:
     opts = OptimizeOptions(model=args.model or "llama-tiny", dtype=args.dtype, batch=args.batch,
                            prompt_len=args.prompt_len, decode_steps=args.decode_steps, seed=args.seed,
                            run_dir=args.run_dir, max_tasks=args.max_tasks, timeout=args.timeout, e2e_rounds=args.rounds,
-                           compile=not args.no_compile, families=args.families.split(",") if args.families else None)
+                           compile=not args.no_compile, families=args.families.split(",") if args.families else None,
+                           device=args.device)
     if args.engine == "sglang":
         return _optimize_served(args, opts)
+    from kernelbot.engine.device import pick_device
+    from kernelbot.engine.models import model_argument
+
+    pick_device(args.device)  # no GPU for --device cuda: one line, exit 2, before any run directory exists
+
+    opts.model = model_argument(opts.model)  # a built-in name, or the model directory's absolute path
     opts.llm = llm_options(args)
     return run_optimize(args, opts)
 
@@ -143,8 +150,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("optimize", help="profile, rank, generate, verify, benchmark and integrate kernels")
-    p.add_argument("--model", default=None, help="built-in model (llama-tiny, the default; llama-micro); with "
-                                                   "--engine sglang, the served model's path")
+    p.add_argument("--model", default=None, help="built-in model (llama-tiny, the default; llama-micro) or a local "
+                   "Hugging Face causal-LM directory (config.json, and *.safetensors when present; without them, "
+                   "seeded random weights); with --engine sglang, the served model's path")
     p.add_argument("--engine", choices=["torch", "sglang"], default="torch",
                    help="torch: in-process transformers (default); sglang: a served model on a GPU node")
     p.add_argument("--dtype", default="auto", help="auto (bf16 where the CPU has it, else fp32), float32, bfloat16")
@@ -157,6 +165,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per candidate job in the sandbox")
     p.add_argument("--rounds", type=int, default=7, help="interleaved end-to-end timing rounds")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile comparison")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                   help="where the model runs and candidates are verified and timed: auto (a GPU when one is visible, "
+                        "else the CPU), cpu (C++ kernels), cuda (a GPU; Triton kernels)")
     p.add_argument("--families", default=None, help="comma-separated kernel families to try (default: all)")
     g = p.add_argument_group("--engine sglang (the server is started, measured and stopped by kernelbot)")
     g.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, computed_field
 
 
 class Device(BaseModel):
@@ -22,17 +22,32 @@ class Device(BaseModel):
 
 
 class ModelSpec(BaseModel):
-    name: str
-    layers: int
-    hidden: int
-    heads: int
-    intermediate: int
+    """The model and the workload run on it. A built-in (path None) is a Llama decoder made from these numbers; a
+    local Hugging Face directory is built from its config.json, and the numbers here are read from that config."""
+
+    name: str  # a built-in name, or the model directory's basename
+    layers: int | None = None  # None where the config does not say (read generically from any architecture)
+    hidden: int | None = None
+    heads: int | None = None
+    intermediate: int | None = None
     vocab: int
+    path: str | None = None  # the model directory (absolute); None for a built-in
+    architecture: str = "LlamaForCausalLM"  # config.architectures[0], else the class transformers builds
+    model_type: str = "llama"
+    weights: str = "seeded random"  # or "safetensors (N tensors)"
     dtype: str
     batch: int
     prompt_len: int
     decode_steps: int
     seed: int = 0
+
+    def summary(self) -> str:
+        """For people: architecture, the sizes the config gives, dtype, and where the weights came from."""
+        sizes = [f"{n} {what}" for n, what in ((self.layers, "layers"), (self.heads, "heads")) if n is not None]
+        sizes += [f"{what} {n}" for n, what in ((self.hidden, "hidden"), (self.vocab, "vocab")) if n is not None]
+        source = f" from {self.path}" if self.path else ""
+        weights = "seeded random weights" if self.weights == "seeded random" else f"{self.weights} weights"
+        return f"{self.architecture}{source}: {', '.join(sizes)}; {self.dtype}; {weights}"
 
 
 class Hotspot(BaseModel):
@@ -52,6 +67,23 @@ class Hotspot(BaseModel):
     kernel: str | None = None  # the pack kernel that ran here, when profiled with a pack applied
 
 
+class TensorSpec(BaseModel):
+    index: int  # position among the call's flattened arguments
+    shape: list[int]
+    dtype: str
+
+
+class CallSignature(BaseModel):
+    """A module call as a generic kernel sees it: the arguments' structure (a serialised pytree spec), the
+    tensors' shapes and dtypes, the constants (index, repr), and how the outputs rebuild the module's result."""
+
+    spec: str
+    tensors: list[TensorSpec]
+    constants: list[list[Any]] = Field(default_factory=list)
+    output_spec: str = ""
+    output_none: list[bool] = Field(default_factory=list)  # output leaves that are None (not computed)
+
+
 class Task(BaseModel):
     id: str
     hotspot_id: str
@@ -64,6 +96,11 @@ class Task(BaseModel):
     share: float
     floor_us: float
     profiled_dims: list[list[int]] = Field(default_factory=list)  # the hotspot's first-op dims (input, weights)
+    # generic tasks (family "generic"): the call as extracted, and the live modules (dotted names) that compute
+    # exactly its graph, so the pack may route their calls
+    signature: CallSignature | None = None
+    module_paths: list[str] = Field(default_factory=list)
+    region: str = ""  # what the reference covers and what stayed outside it, for people
 
 
 class Candidate(BaseModel):
@@ -125,6 +162,8 @@ class PackEntry(BaseModel):
     source_hash: str
     verification: str
     speedup: float
+    signature: CallSignature | None = None  # generic kernels: the one call signature they are routed for
+    module_paths: list[str] = Field(default_factory=list)
 
 
 class Pack(BaseModel):
@@ -132,6 +171,38 @@ class Pack(BaseModel):
     run_id: str
     device: str
     entries: list[PackEntry]
+
+
+class KLCheck(BaseModel):
+    """The next-token distributions (float64 softmax) at every position of the teacher-forced runs (all fed eager's
+    tokens): eager against the pack, and each against the same weights in float64. The pack passes when its KL from
+    float64, mean and max over positions, is at most `slack` times eager's own, or below `floor` nats (distributions
+    that differ only in float32's last bits)."""
+
+    positions: int
+    mean: float  # KL(eager ‖ pack) in nats, mean over positions
+    max: float
+    top1_agreement: float  # positions where eager's and the pack's most likely tokens are the same
+    top5_agreement: float  # mean share of eager's 5 most likely tokens among the pack's 5
+    eager_mean: float  # KL(float64 ‖ eager): the dtype's own error
+    eager_max: float
+    pack_mean: float  # KL(float64 ‖ pack)
+    pack_max: float
+    slack: float
+    floor: float
+
+    # computed, so report.json states it; reading a report back ignores it and recomputes
+    @computed_field
+    @property
+    def within_noise(self) -> bool:
+        return (self.pack_mean <= max(self.slack * self.eager_mean, self.floor)
+                and self.pack_max <= max(self.slack * self.eager_max, self.floor))
+
+    def summary(self) -> str:
+        return (f"KL(eager ‖ pack) mean {self.mean:.2e}, max {self.max:.2e} nats, top-1 {self.top1_agreement:.1%}, "
+                f"top-5 {self.top5_agreement:.1%} agreement; KL from float64: eager {self.eager_mean:.2e}, with the "
+                f"pack {self.pack_mean:.2e} ({'within' if self.within_noise else 'beyond'} {self.slack:g}x eager's "
+                f"or {self.floor:.0e} nats)")
 
 
 class Fidelity(BaseModel):
@@ -151,17 +222,24 @@ class Fidelity(BaseModel):
     dtype_noise: float | None = None
     pack_error: float | None = None
     within_noise: bool | None = None
+    # in-process runs: the next-token distributions compared position by position (None in older reports and
+    # served runs); the pack must also pass this check
+    kl: KLCheck | None = None
 
+    # a computed field, so report.json states the verdict; reading a report back ignores it and recomputes
+    @computed_field
     @property
     def passed(self) -> bool:
-        return (self.greedy_match or bool(self.within_noise)) and not self.repetition_collapse
+        return ((self.greedy_match or bool(self.within_noise)) and not self.repetition_collapse
+                and (self.kl is None or self.kl.within_noise))
 
     def summary(self) -> str:
         noise = "" if self.dtype_noise is None else (
             f" (against float64: eager {self.dtype_noise:.2e}, with the pack {self.pack_error:.2e}, "
             f"{'within' if self.within_noise else 'beyond'} the dtype's noise)")
+        kl = "" if self.kl is None else f"; {self.kl.summary()}"
         return (f"max |Δlogit| {self.max_abs_logit_diff:.2e}{noise}, greedy tokens identical: {self.greedy_match} "
-                f"({self.token_agreement:.1%} agreement)")
+                f"({self.token_agreement:.1%} agreement){kl}")
 
 
 class KernelResult(BaseModel):

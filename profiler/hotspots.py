@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 
 import numpy as np
 import pandas as pd
@@ -20,12 +21,12 @@ def _class_of(label: str) -> str:
     return label.rsplit("_", 1)[0] if label.rsplit("_", 1)[-1].isdigit() else label
 
 
-def _is_unit(path: str, has_children: set[str]) -> bool:
+def _is_unit(path: str, has_children: set[str], covered: Mapping[str, str] | None) -> bool:
     """A fusion unit is the outermost module a family can replace, or a leaf no family covers."""
     labels = path.split("/")
-    if any(family_for(_class_of(a)) for a in labels[:-1]):
+    if any(family_for(_class_of(a), covered) for a in labels[:-1]):
         return False  # an enclosing module is replaced whole
-    return family_for(_class_of(labels[-1])) is not None or path not in has_children
+    return family_for(_class_of(labels[-1]), covered) is not None or path not in has_children
 
 
 def _ops_within(ops: pd.DataFrame, ts: np.ndarray, start: float, end: float, tid, limit: int) -> list[OpCall]:
@@ -48,7 +49,7 @@ def _describe(ops: pd.DataFrame, ts: np.ndarray, row, family) -> tuple[str, list
         return "", [], []
     name, dims, types = first[0]
     if family is not None and family.call_dims is not None and not name.startswith(KERNEL_LABEL):
-        found = family.call_dims(_ops_within(ops, ts, row.ts, row.ts + row.dur, row.tid, 64))
+        found = family.call_dims(_ops_within(ops, ts, row.ts, row.ts + row.dur, row.tid, 256))
         if found is not None:
             dims, types = found
     return name, [d for d in dims if d], [t for t in types if t]
@@ -63,38 +64,42 @@ def _fits(family, dims: list[list[int]]) -> bool:
         return False
 
 
-def rank_hotspots(trace: Trace, device: Device) -> list[Hotspot]:
+def rank_hotspots(trace: Trace, device: Device, covered: Mapping[str, str] | None = None) -> list[Hotspot]:
+    """`covered`: class name → family for classes a family covers structurally in the live model."""
     mods, ops = trace.modules, trace.ops
     if mods.empty:
         return []
     roots = mods[~mods["path"].str.contains("/")]
     total_us = float(roots["dur"].sum()) or float(mods["dur"].max())
     has_children = {p.rsplit("/", 1)[0] for p in mods["path"] if "/" in p}
-    units = mods[[_is_unit(p, has_children) for p in mods["path"]]]
+    units = mods[[_is_unit(p, has_children, covered) for p in mods["path"]]]
     ts = ops["ts"].to_numpy()
     groups: dict[tuple, dict] = {}
 
     def add(cls: str, dims: list, dtype: str, us: float, path: str, kernel: str | None = None) -> None:
-        g = groups.setdefault((cls, json.dumps(dims), dtype, kernel), {"calls": 0, "us": 0.0, "paths": []})
+        family = family_for(cls, covered)
+        key = family.group_dims(dims) if family and family.group_dims and dims else dims
+        g = groups.setdefault((cls, json.dumps(key), dtype, kernel), {"calls": 0, "us": 0.0, "paths": [],
+                                                                       "dims": dims})
         g["calls"] += 1
         g["us"] += us
         if path not in g["paths"]:
             g["paths"].append(path)
 
     for row in units.itertuples():
-        name, dims, types = _describe(ops, ts, row, family_for(row.cls))
+        name, dims, types = _describe(ops, ts, row, family_for(row.cls, covered))
         kernel = name.removeprefix(KERNEL_LABEL) if name.startswith(KERNEL_LABEL) else None
         dtype = next((DTYPE_NAMES[t] for t in types if t in DTYPE_NAMES), types[0] if types else "unknown")
         add(row.cls, dims, dtype, row.dur, row.path, kernel)
     # Glue: what enclosing modules (attention, decoder layer) spend outside their child modules.
     own = self_time(mods)
     for row in mods[mods["path"].isin(has_children) & ~mods["path"].isin(units["path"])].itertuples():
-        if "/" in row.path and not any(family_for(_class_of(a)) for a in row.path.split("/")):
+        if "/" in row.path and not any(family_for(_class_of(a), covered) for a in row.path.split("/")):
             add(f"{row.cls} (own ops)", [], "", float(own[row.Index]), row.path)
     hotspots = []
-    for (cls, dims_json, dtype, kernel), g in groups.items():
-        dims = json.loads(dims_json)
-        family = family_for(cls)
+    for (cls, _key, dtype, kernel), g in groups.items():
+        dims = g["dims"]  # the group's first call's: a task's observed shapes
+        family = family_for(cls, covered)
         flops = nbytes = floor = 0.0
         if family and _fits(family, dims):
             flops, nbytes = family.cost(dims, ITEMSIZE.get(dtype, 4))

@@ -6,22 +6,42 @@ namespace, then drop every capability so the candidate cannot undo any of it. Th
 environment trap record what the candidate tries: writes outside the box, sockets, signals, spawning
 programs, looking up secrets. Records go to a pipe the parent reads; the candidate can add to them, not
 take them back.
+
+The process that runs candidate code (the worker's runner, forked from the harness) is confined once more
+(`confine_runner`): a Landlock layer of its own lets it read only the system, Python and kernelbot files it
+needs plus the one module it loads, and write only in its scratch directory; reads elsewhere (other
+processes' /proc entries, the parent's files, the harness's results) are refused and recorded. Landlock
+also keeps it from signalling or tracing the harness, which sits outside that layer.
 """
 
 from __future__ import annotations
 
 import ctypes
+import glob
+import importlib.util
 import json
 import os
 import re
 import sys
+from collections.abc import Iterable
 from pathlib import Path
+from types import CodeType
 
 MS_RDONLY, MS_NOSUID, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 32, 4096, 16384, 1 << 18
 PR_CAPBSET_DROP = 24
 SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL|AUTH", re.IGNORECASE)
 BUILD_TOOLS = {"c++", "g++", "gcc", "cc", "nvcc", "ninja", "ld", "x86_64-linux-gnu-g++", "x86_64-linux-gnu-gcc"}
 libc = ctypes.CDLL(None, use_errno=True)
+# What the runner may read besides Python, kernelbot and its own module (everything else is refused).
+SYSTEM_READABLE = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/opt", "/sys",
+                   "/proc/cpuinfo", "/proc/meminfo", "/proc/stat", "/proc/sys/kernel", "/proc/sys/vm",
+                   "/proc/driver/nvidia", "/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
+# /etc entries kept from the runner: credentials and keys.
+ETC_WITHHELD = re.compile(r"^(g?shadow-?|sudoers(\.d)?|ssh|ssl|pki|security|krb5\.keytab)$|secret|token|credential|key",
+                          re.IGNORECASE)
+# Landlock filesystem rights that only read (landlock.py names the ones that write).
+LL_EXECUTE, LL_READ_FILE, LL_READ_DIR = 1 << 0, 1 << 2, 1 << 3
+RECORDER: Recorder | None = None  # the harness's, handed to the runner it forks
 
 
 def _mount(source: str | None, target: str, flags: int, fstype: str | None = None) -> None:
@@ -73,6 +93,7 @@ def drop_capabilities() -> None:
 class Recorder:
     def __init__(self, fd: int | None, box: Path) -> None:
         self.fd, self.box = fd, str(box)
+        self.readable: tuple[str, ...] | None = None  # set in the runner: what it may read (prefixes)
 
     def __call__(self, kind: str, detail: str) -> None:
         if self.fd is not None:
@@ -88,14 +109,35 @@ class Recorder:
             return False
         return not (p == self.box or p.startswith(self.box + os.sep) or p in ("/dev/null", "/dev/zero"))
 
+    def unreadable(self, path) -> bool:
+        """In the runner: an existing file outside everything it may read (probing for files that are not there
+        is no attempt to read anything)."""
+        if self.readable is None or not isinstance(path, (str, bytes, os.PathLike)):
+            return False
+        try:
+            p = os.path.realpath(os.fsdecode(path))
+        except (TypeError, ValueError):
+            return False
+        inside = any(p == r or p.startswith(r.rstrip(os.sep) + os.sep) for r in self.readable)
+        return not inside and os.path.lexists(p)
 
-def install_audit(record: Recorder) -> None:
+
+def install_audit(record: Recorder, trusted: Iterable[CodeType] = ()) -> None:
+    """`trusted`: the harness's own code objects that may set a profile or trace function."""
+    trusted_code = frozenset(trusted)
+
     def hook(event: str, args: tuple) -> None:
         if event == "open" and len(args) >= 3:
             path, mode, flags = args[0], args[1] or "", args[2] or 0
             writing = any(c in str(mode) for c in "wax+") or flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT)
             if writing and isinstance(path, (str, bytes, os.PathLike)) and record.outside_box(path):
                 record("write_outside_workdir", f"open({os.fsdecode(path)!r}, {mode!r})")
+            elif not writing and record.unreadable(path):
+                record("read_outside_box", f"open({os.fsdecode(path)!r}) for reading")
+        elif event in ("sys.settrace", "sys.setprofile"):
+            # a trace or profile function sees (and can rewrite) the harness's own frames
+            if sys._getframe(1).f_code not in trusted_code:
+                record("introspection", f"{event}: a trace/profile function would see the harness's frames")
         elif event in ("socket.connect", "socket.bind", "socket.sendto", "socket.sendmsg"):
             record("network", f"{event} {args[1:]!r}")
             raise PermissionError(f"kernelbot sandbox: {event} refused")
@@ -131,11 +173,14 @@ def trap_environment(record: Recorder) -> None:
     os.environ.__class__ = TrappedEnviron
 
 
-def confine(box: Path) -> list[str]:
-    """Apply what this process can; return the protections now in force."""
+def confine(box: Path, audit: bool = True) -> list[str]:
+    """Apply what this process can; return the protections now in force. With `audit` False (a harness that
+    runs candidates only in a forked runner), the audit hook and environment trap are left to
+    `confine_runner`."""
+    global RECORDER
     protections = []
     audit_fd = os.environ.pop("KERNELBOT_AUDIT_FD", None)
-    record = Recorder(int(audit_fd) if audit_fd else None, box)
+    record = RECORDER = Recorder(int(audit_fd) if audit_fd else None, box)
     if os.getpid() == 1 and os.geteuid() == 0:  # pid 1 of the namespaces unshare made for us
         protections += ["own pid namespace", "no network (own net namespace)"]
         try:
@@ -150,7 +195,95 @@ def confine(box: Path) -> list[str]:
     from kernelbot.sandbox.landlock import restrict
 
     protections += restrict(box) or ["no Landlock on this kernel"]
-    install_audit(record)
-    trap_environment(record)
-    protections.append("audit hook (blocks sockets and signals from Python) and environment trap")
+    if audit:
+        install_audit(record)
+        trap_environment(record)
+        protections.append("audit hook (blocks sockets and signals from Python) and environment trap")
     return protections
+
+
+def readable_paths(extra: Iterable[Path]) -> list[Path]:
+    """What a runner may read: the system, Python, kernelbot, the kernel library's builds, /proc of its own
+    process, /etc without credentials, and `extra` (the module it loads)."""
+    paths = [Path(p) for p in SYSTEM_READABLE]
+    paths += [Path(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix)]
+    paths += [Path(p) for p in sys.path if p and Path(p).is_absolute()]
+    for package in ("kernelbot", "kernelbot.sandbox", "kernelbot.agent", "kernelbot.kernel_library",
+                    "kernelbot.engine", "kernelbot.profiler"):
+        try:
+            spec = importlib.util.find_spec(package)
+        except (ImportError, ValueError):
+            continue
+        paths += [Path(p) for p in (spec.submodule_search_locations or [])] if spec else []
+    if os.environ.get("KERNELBOT_CACHE"):
+        paths.append(Path(os.environ["KERNELBOT_CACHE"]))
+    paths.append(Path(f"/proc/{os.getpid()}"))
+    paths += [Path(p) for p in glob.glob("/dev/nvidia*")]
+    paths += [Path("/etc") / name for name in _listdir("/etc") if not ETC_WITHHELD.search(name)]
+    paths += list(extra)
+    return [p for p in dict.fromkeys(paths) if os.path.lexists(p)]
+
+
+def _listdir(path: str) -> list[str]:
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
+
+
+def confine_runner(work: Path, extra_readable: Iterable[Path], trusted: Iterable[CodeType]) -> list[str]:
+    """In the forked runner, before candidate code loads: reads only from `readable_paths`, writes only in
+    `work`; then the audit hook (reads elsewhere recorded too) and the environment trap."""
+    from kernelbot.sandbox import landlock as ll
+
+    record = RECORDER or Recorder(None, work)
+    readable = readable_paths(extra_readable)
+    record.box = str(work.resolve())
+    record.readable = tuple(str(Path(p).resolve()) for p in [*readable, work])
+    protections = []
+    abi = ll.abi_version()
+    if abi >= 1:
+        read = LL_EXECUTE | LL_READ_FILE | LL_READ_DIR
+        writes = ll.WRITE_FILE | ll.REMOVE_DIR | ll.REMOVE_FILE | ll.MAKE_ANY | (ll.REFER if abi >= 2 else 0) | \
+            (ll.TRUNCATE if abi >= 3 else 0)
+        rules = [(p, read) for p in readable] + [(work, read | writes),
+                                                 (Path("/dev/null"), ll.WRITE_FILE | (ll.TRUNCATE if abi >= 3 else 0))]
+        problem = _landlock_layer(ll, abi, read | writes, rules)
+        protections.append(problem or "runner: Landlock layer of its own (reads only system, Python and kernelbot "
+                                      "files and its module; writes only its scratch dir; cannot signal or trace "
+                                      "the harness)")
+    else:
+        protections.append("runner: no Landlock on this kernel (reads are not restricted)")
+    install_audit(record, trusted)
+    trap_environment(record)
+    protections.append("audit hook (blocks sockets and signals from Python; records reads outside what it may "
+                       "read, trace/profile functions, gc and frame walks) and environment trap")
+    return protections
+
+
+def _landlock_layer(ll, abi: int, handled: int, rules: list[tuple[Path, int]]) -> str | None:
+    """Apply one more Landlock layer; None when it is in force, else why not."""
+    file_rights = LL_EXECUTE | ll.WRITE_FILE | LL_READ_FILE | (ll.TRUNCATE if abi >= 3 else 0)
+    attr = ll._Ruleset(handled, 0, 0)
+    fd = libc.syscall(ll.SYS_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(8), ctypes.c_uint32(0))
+    if fd < 0:
+        return f"runner: Landlock layer unavailable ({os.strerror(ctypes.get_errno())})"
+    try:
+        for path, rights in rules:
+            try:
+                target = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            except OSError:
+                continue
+            try:
+                allowed = rights if os.path.isdir(path) else rights & file_rights
+                rule = ll._PathBeneath(allowed, target)
+                if libc.syscall(ll.SYS_ADD_RULE, fd, ll.RULE_PATH_BENEATH, ctypes.byref(rule), ctypes.c_uint32(0)):
+                    return f"runner: Landlock rule for {path} refused ({os.strerror(ctypes.get_errno())})"
+            finally:
+                os.close(target)
+        if libc.prctl(ll.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 or \
+                libc.syscall(ll.SYS_RESTRICT_SELF, fd, ctypes.c_uint32(0)) != 0:
+            return f"runner: Landlock layer not applied ({os.strerror(ctypes.get_errno())})"
+    finally:
+        os.close(fd)
+    return None

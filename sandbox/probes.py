@@ -1,20 +1,37 @@
-"""Observations made in the child around the candidate's calls; the parent turns them into checks.
+"""Observations made in the runner (the process that runs the candidate) around its calls; the parent turns
+them into checks.
 
-They run in the candidate's process, so a candidate that attacks them deliberately could blind them; what
-they guard against is the known ways of fooling a harness (patched timers, work left running after the
-call returns, outputs aliasing inputs, PyTorch doing the work behind a decorative kernel). Correctness
-itself never depends on them: the parent compares the outputs against references the child never sees.
+They run in the candidate's process, so each is built to be hard to blind and to leave a trace when
+attacked: the runner binds what it uses before the candidate is imported, and a seal over the harness's
+own modules, functions and patched attributes is compared after every call (`seal`, `seal_changes`). What
+they guard against: patched timers, work left running after the call returns (any OS thread, native ones
+included), outputs aliasing inputs, parameters or earlier outputs, parameters changed in place, and
+PyTorch doing the work behind a decorative kernel (the op log is PyTorch's profiler on every thread, under
+the dispatcher, so ops on other threads or outside Python dispatch modes are seen). Correctness itself
+never depends on them: the parent compares the outputs against references the runner never sees.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from types import FunctionType, ModuleType
 from typing import Any
 
 import torch
+from torch._C._profiler import ProfilerActivity, _ExperimentalConfig
+from torch.autograd.profiler import (
+    ProfilerConfig,
+    ProfilerState,
+    _disable_profiler,
+    _enable_profiler,
+    _prepare_profiler,
+)
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
 
@@ -41,7 +58,13 @@ NO_COMPUTE = {
     "narrow", "unbind", "cat", "stack", "view_as", "flatten", "unflatten", "_reshape_alias", "is_same_size",
     "scalar_tensor", "arange", "_local_scalar_dense", "item", "sym_size", "sym_stride", "sym_numel", "size", "stride",
     "lift_fresh_copy", "new_zeros", "new_ones", "new_full", "diagonal", "movedim", "index_select", "gather",
+    "resolve_conj", "resolve_neg", "result_type", "randn", "rand", "randint", "normal", "uniform",
 }
+M_PERTURB = -6  # glibc mallopt: fill allocations with ~byte and freed memory with byte
+POISON_BYTE = 0x7F  # what poisoned allocations hold: float32 3.4e38, float16 NaN, bfloat16 3.4e38
+SENTINEL_SHAPE = [5, 3]  # a profiled op of the harness's own, run after the candidate's call
+_SENTINEL = torch.ops.aten.bitwise_xor.Tensor
+_clone, _equal = torch._C.TensorBase.clone, torch.equal
 _FOREIGN_OK = ("torch", "numpy", "triton")  # and Python's own modules (sys.stdlib_module_names)
 
 
@@ -59,14 +82,107 @@ def busy_threads(before: set[int]) -> list[str]:
     return [t.name for t in threading.enumerate() if t.ident not in before and t.is_alive()]
 
 
+def os_threads() -> dict[int, int]:
+    """Every thread of this process, native ones included: thread id -> nanoseconds it has run on a CPU."""
+    found = {}
+    for name in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{name}/schedstat") as f:
+                found[int(name)] = int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue  # it ended meanwhile
+    return found
+
+
+def poison_allocations() -> bool:
+    """From now on every CPU allocation of this process (torch's included) comes back filled with POISON_BYTE:
+    an output element a kernel never writes keeps that pattern. No global torch flag changes."""
+    try:
+        return bool(ctypes.CDLL(None).mallopt(M_PERTURB, POISON_BYTE ^ 0xFF))
+    except (OSError, AttributeError):
+        return False
+
+
+def seal(modules: Iterable[ModuleType], attributes: dict[str, tuple[Any, str]]) -> tuple[tuple[str, int], ...]:
+    """Identities of everything the harness relies on: each module's functions, classes and their methods (with
+    their code, defaults and closure contents), and `attributes` (patched library attributes, clocks)."""
+    found: list[tuple[str, int]] = []
+    for module in modules:
+        for name, value in list(vars(module).items()):
+            if isinstance(value, (ModuleType, type)) or callable(value):
+                found += _identities(f"{module.__name__}.{name}", value, module.__name__)
+    for label, (owner, attr) in attributes.items():
+        found += _identities(label, getattr(owner, attr, None), None)
+    return tuple(sorted(found))
+
+
+def _identities(label: str, value: Any, home: str | None) -> list[tuple[str, int]]:
+    out = [(label, id(value))]
+    fn = getattr(value, "__func__", value)
+    if isinstance(fn, FunctionType):
+        out += [(f"{label}.__code__", id(fn.__code__)), (f"{label}.__defaults__", id(fn.__defaults__)),
+                (f"{label}.__kwdefaults__", id(fn.__kwdefaults__))]
+        for i, cell in enumerate(fn.__closure__ or ()):
+            try:
+                out.append((f"{label}.<closure {i}>", id(cell.cell_contents)))
+            except ValueError:
+                continue  # an empty cell
+    elif isinstance(value, type) and home is not None and value.__module__ == home:
+        for name, member in list(vars(value).items()):
+            if isinstance(member, (FunctionType, staticmethod, classmethod, property)):
+                out += _identities(f"{label}.{name}", member, None)
+    return out
+
+
+def seal_changes(before: tuple[tuple[str, int], ...], after: tuple[tuple[str, int], ...]) -> list[str]:
+    """What was replaced, removed or added since `before`."""
+    old, new = dict(before), dict(after)
+    changed = [name for name in old if new.get(name) != old[name]]
+    added = [name for name in new if name not in old]
+    return [f"{name} was replaced" for name in changed] + [f"{name} was added" for name in added]
+
+
+def weights(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """Parameters and buffers: inputs of every call, like the tensors passed to it."""
+    return [(n, t) for n, t in [*model.named_parameters(), *model.named_buffers()] if isinstance(t, torch.Tensor)]
+
+
+def weight_snapshot(model: torch.nn.Module) -> tuple[tuple[str, torch.Tensor, torch.Tensor], ...]:
+    """(name, the tensor itself, a copy of its values) per parameter and buffer."""
+    with torch.no_grad():
+        return tuple((n, t, _clone(t.detach())) for n, t in weights(model))
+
+
+def weight_changes(snapshot: tuple[tuple[str, torch.Tensor, torch.Tensor], ...], model: torch.nn.Module) -> list[str]:
+    """Parameters or buffers whose values changed in place, or that were replaced or removed."""
+    now = dict(weights(model))
+    problems = []
+    for name, tensor, values in snapshot:
+        current = now.get(name)
+        if current is None or current is not tensor:
+            problems.append(f"{name} was replaced or removed")
+        elif current.shape != values.shape or current.dtype != values.dtype or not _same(current.detach(), values):
+            problems.append(f"{name} changed in place")
+    return problems
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return _equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)) if a.numel() else True
+
+
 def _storage(t: torch.Tensor) -> tuple[int, int]:
     s = t.untyped_storage()
     return s.data_ptr(), s.data_ptr() + s.nbytes()
 
 
-def aliasing(outs: list[Any], inputs: list[Any], previous: list[tuple[int, int]]) -> list[str]:
-    """Outputs that share memory with an input, or with the outputs the previous call returned."""
+def aliasing(outs: list[Any], inputs: list[Any], earlier: Iterable[tuple[int, int]],
+             params: Iterable[torch.Tensor] = ()) -> list[str]:
+    """Outputs that share memory with an input, a parameter or buffer, another output of the same call, or any
+    output an earlier call returned (all of which the runner still holds, so their memory cannot have been
+    freed and reused)."""
     found = []
+    earlier, params = list(earlier), list(params)
+    seen: list[tuple[int, int]] = []
     for i, o in enumerate(outs):
         if not isinstance(o, torch.Tensor) or o.numel() == 0:
             continue
@@ -74,9 +190,14 @@ def aliasing(outs: list[Any], inputs: list[Any], previous: list[tuple[int, int]]
         for j, x in enumerate(inputs):
             if isinstance(x, torch.Tensor) and x.numel() and lo < _storage(x)[1] and _storage(x)[0] < hi:
                 found.append(f"output {i} shares memory with input {j}")
-        if any(lo < p_hi and p_lo < hi for p_lo, p_hi in previous):
-            found.append(f"output {i} reuses the memory of the previous call's output (a caller holding that "
+        if any(p.numel() and lo < _storage(p)[1] and _storage(p)[0] < hi for p in params):
+            found.append(f"output {i} shares memory with a parameter or buffer")
+        if any(lo < s_hi and s_lo < hi for s_lo, s_hi in seen):
+            found.append(f"output {i} shares memory with another output of the same call")
+        if any(lo < p_hi and p_lo < hi for p_lo, p_hi in earlier):
+            found.append(f"output {i} reuses the memory of an earlier call's output (a caller holding that "
                          "result would see it overwritten)")
+        seen.append((lo, hi))
     return found
 
 
@@ -165,8 +286,77 @@ def install() -> None:
     ctypes.CDLL.__init__ = init
 
 
+@dataclass
+class WorkLog:
+    """Aten compute work per op (leaf ops only, so composites are not counted twice), custom ops, and whether
+    the harness's own sentinel op after the call was seen (if not, the log was disturbed)."""
+    compute: dict[str, float] = field(default_factory=dict)
+    custom: set[str] = field(default_factory=set)
+    sentinel_seen: bool = False
+
+
+def measure_work(run: Callable[[], Any], all_threads: bool) -> WorkLog:
+    """Run `run` under PyTorch's profiler: RecordFunction, beneath the dispatcher, so ops run with Python
+    dispatch modes disabled or excluded are seen, and with `all_threads` also ops on any other thread."""
+    config = ProfilerConfig(ProfilerState.KINETO, True, False, False, True, False,
+                            _ExperimentalConfig(profile_all_threads=all_threads))
+    activities = {ProfilerActivity.CPU}
+    sentinel = torch.zeros(SENTINEL_SHAPE, dtype=torch.int16)
+    _prepare_profiler(config, activities)
+    _enable_profiler(config, activities)
+    try:
+        run()
+        _SENTINEL(sentinel, sentinel)
+    finally:
+        result = _disable_profiler()  # raises if the candidate stopped the profiler
+    return work_from_events([(e.start_thread_id(), e.start_ns(), e.end_ns(), e.name(), e.shapes(), e.flops())
+                             for e in result.events()])
+
+
+def work_from_events(events: list[tuple[int, int, int, str, list, int]]) -> WorkLog:
+    """(thread, start, end, name, input shapes, flops) per profiled op -> the work of leaf compute ops: FLOPs
+    where the profiler knows them, else the elements of the largest input."""
+    rows = sorted((e for e in events if "::" in e[3]), key=lambda e: (e[0], e[1], -e[2]))
+    has_compute_child = [False] * len(rows)
+    stack: list[int] = []
+    thread = None
+    for i, (tid, start, _end, name, _shapes, _flops) in enumerate(rows):
+        if tid != thread:
+            stack, thread = [], tid
+        while stack and rows[stack[-1]][2] <= start:
+            stack.pop()
+        if _computes(name):
+            for j in stack:
+                has_compute_child[j] = True
+        stack.append(i)
+    log = WorkLog()
+    for (_tid, _start, _end, name, shapes, flops), nested in zip(rows, has_compute_child, strict=True):
+        namespace, op = name.split("::", 1)
+        if op == "bitwise_xor" and shapes[:1] == [SENTINEL_SHAPE]:
+            log.sentinel_seen = True
+        elif namespace not in ("aten", "prim", "prims"):
+            log.custom.add(name)
+        elif _computes(name) and not nested:
+            sizes = [_numel(s) for s in shapes if isinstance(s, list)]
+            log.compute[op] = log.compute.get(op, 0.0) + float(flops or max(sizes, default=0))
+    return log
+
+
+def _computes(name: str) -> bool:
+    namespace, _, op = name.partition("::")
+    return namespace in ("aten", "prim", "prims") and op not in NO_COMPUTE and op.rstrip("_") not in NO_COMPUTE
+
+
+def _numel(shape: list) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d) if isinstance(d, int) else 1
+    return n
+
+
 def profile_call(model: Any, inputs: list[Any]) -> dict[str, Any]:
-    """Run once under the op log: aten compute work, custom ops, native extension and ctypes calls."""
+    """Run once under the op log: aten compute work on every thread, custom ops, native extension and ctypes
+    calls, and whether the log stayed intact."""
     global _counting, _ctypes_calls
     native: set[str] = set()
 
@@ -176,16 +366,18 @@ def profile_call(model: Any, inputs: list[Any]) -> dict[str, Any]:
             if name:
                 native.add(name)
 
-    log = OpLog()
-    _counting, _ctypes_calls = True, 0
-    sys.setprofile(profiler)
-    try:
-        with log:
+    def run() -> None:
+        global _counting, _ctypes_calls
+        _counting, _ctypes_calls = True, 0
+        sys.setprofile(profiler)
+        try:
             model(*inputs)
-    finally:
-        sys.setprofile(None)
-        _counting = False
+        finally:
+            sys.setprofile(None)
+            _counting = False
+
+    log = measure_work(run, all_threads=True)
     own = sorted(native) + sorted(log.custom)
     if _ctypes_calls:
         own.append(f"{_ctypes_calls} ctypes call(s)")
-    return {"compute": log.compute, "own_kernels": own}
+    return {"compute": log.compute, "own_kernels": own, "intact": log.sentinel_seen}

@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -122,7 +123,9 @@ def _end_everything(proc: subprocess.Popen, group: Path | None) -> set[int]:
 
 def run_job(job: dict[str, Any], workdir: Path, timeout: float, env: dict[str, str] | None = None,
             wrapper: list[str] | None = None, gpu: int | None = None, runner: str | None = None) -> SandboxResult:
-    """Run one worker job in a fresh child process inside a fresh box (workdir/box, removed afterwards);
+    """Run one worker job in a fresh child process inside a fresh box (a directory of a random name under the
+    system's temporary directory, or $KERNELBOT_BOX_ROOT, removed afterwards: its path says nothing about the job,
+    so a candidate cannot tell verification from timing by it);
     whatever happens, nothing it started survives. `wrapper` prefixes the worker's command (a sanitizer).
     With `gpu`, the job sees only that GPU, and after a crash or timeout the GPU must come back healthy
     (gpu.GPUUnhealthy is raised when it does not). `runner` (else $KERNELBOT_SANDBOX): process, docker, or
@@ -132,8 +135,7 @@ def run_job(job: dict[str, Any], workdir: Path, timeout: float, env: dict[str, s
     if docker_runner.choose(runner) == "docker":
         return docker_runner.run_job(job, workdir, timeout, env, wrapper, gpu)
     workdir = workdir.resolve()
-    box = workdir / "box"
-    shutil.rmtree(box, ignore_errors=True)
+    box = Path(tempfile.mkdtemp(prefix="kb-", dir=os.environ.get("KERNELBOT_BOX_ROOT") or None)).resolve()
     (box / "tmp").mkdir(parents=True)
     (box / "job.json").write_text(json.dumps(job))
     for name in OUTPUTS:

@@ -8,7 +8,17 @@ give the address ranges it may touch. After the launch:
 - `race`: an address that one program writes and another program reads or writes, unless both accesses are
   atomics.
 The grid can also be run in reversed or shuffled program order (`set_order`), so results that depend on the
-order programs run in show up as differing bits.
+order programs run in show up as differing bits. Float atomic adds (`tl.atomic_add` on floats, split
+reductions) are counted per launch: they make results depend on program order legitimately (fp32 sums are
+not associative), which the verifier reports as a property instead of a race.
+
+`triton.language.extra.libdevice` is only stubs until a GPU backend compiles the kernel, so the interpreter
+cannot run kernels that import from it (Liger-Kernel's RMSNorm takes `rsqrt` from there): install() gives the
+common ones numpy implementations, elementwise, in the kernel's dtype.
+
+With a `sink` (the runner's channel to the harness), every launch and every finding is handed over the
+moment it is made, so a candidate that clears REPORT afterwards takes nothing back; each launch also says
+which program order it actually ran in.
 """
 
 from __future__ import annotations
@@ -21,6 +31,16 @@ from typing import Any
 import numpy as np
 
 MAX_FINDINGS = 20  # per kind, per child: enough to explain, bounded in size
+# libdevice functions the interpreter runs elementwise with numpy (a GPU compiles the real ones).
+LIBDEVICE = {
+    "rsqrt": lambda x: 1 / np.sqrt(x), "sqrt": np.sqrt, "sqrt_rn": np.sqrt, "exp": np.exp, "exp2": np.exp2,
+    "log": np.log, "log2": np.log2, "log10": np.log10, "log1p": np.log1p, "expm1": np.expm1, "tanh": np.tanh,
+    "sin": np.sin, "cos": np.cos, "tan": np.tan, "abs": np.abs, "fabs": np.abs, "floor": np.floor, "ceil": np.ceil,
+    "trunc": np.trunc, "round": np.round, "rint": np.rint, "pow": np.power, "fast_powf": np.power,
+    "fast_expf": np.exp, "fast_logf": np.log, "fast_log2f": np.log2, "fast_dividef": np.divide,
+    "div_rn": np.divide, "fmax": np.fmax, "fmin": np.fmin, "fma": lambda a, b, c: a * b + c,
+    "isnan": np.isnan, "isinf": np.isinf, "signbit": np.signbit, "sigmoid": lambda x: 1 / (1 + np.exp(-x)),
+}
 
 
 @dataclass
@@ -31,6 +51,7 @@ class _Launch:
     program: int = 0
     accesses: dict[str, list[tuple[np.ndarray, int]]] = field(
         default_factory=lambda: {"read": [], "write": [], "atomic": []})
+    float_atomic_adds: int = 0
 
 
 @dataclass
@@ -40,14 +61,18 @@ class TritonReport:
     kernels: set[str] = field(default_factory=set)
     out_of_bounds: list[str] = field(default_factory=list)
     races: list[str] = field(default_factory=list)
+    float_atomic_kernels: set[str] = field(default_factory=set)  # kernels whose results may depend on order
 
     def as_dict(self) -> dict[str, Any]:
         return {"launches": self.launches, "programs": self.programs, "kernels": sorted(self.kernels),
-                "out_of_bounds": self.out_of_bounds, "races": self.races}
+                "out_of_bounds": self.out_of_bounds, "races": self.races,
+                "float_atomic_kernels": sorted(self.float_atomic_kernels)}
 
 
 REPORT = TritonReport()
 _state: dict[str, Any] = {"launch": None, "order": "natural", "seed": 0}
+Sink = Callable[[str, dict[str, Any]], None]
+_sink: Sink | None = None  # a module-level callable: the runner's seal notices if it is swapped out
 
 
 def set_order(order: str, seed: int = 0) -> None:
@@ -103,10 +128,15 @@ def _check_bounds(launch: _Launch, addrs: np.ndarray, nbytes: int, kind: str) ->
         inside |= (addrs >= lo) & (addrs + nbytes <= hi)
     if not inside.all() and len(REPORT.out_of_bounds) < MAX_FINDINGS:
         bad = addrs[~inside]
-        REPORT.out_of_bounds.append(
-            f"{launch.kernel}: program {_program_name(launch, launch.program)} {kind}s {bad.size} element(s) "
-            f"outside every argument, first at {_where(launch, int(bad[0]))}")
+        _found("out_of_bounds", f"{launch.kernel}: program {_program_name(launch, launch.program)} {kind}s "
+                                f"{bad.size} element(s) outside every argument, first at {_where(launch, int(bad[0]))}")
     return inside
+
+
+def _found(kind: str, text: str) -> None:
+    (REPORT.out_of_bounds if kind == "out_of_bounds" else REPORT.races).append(text)
+    if _sink is not None:
+        _sink("triton_finding", {"kind": kind, "text": text})
 
 
 def _record(ptrs: Any, mask: Any, kind: str) -> Any:
@@ -159,9 +189,9 @@ def _conflict(launch: _Launch, what: str, owners: tuple, addrs: np.ndarray, prog
     if hit.any():
         first = int(np.flatnonzero(hit)[0])
         other = int(lo[idx[first]] if lo[idx[first]] != progs[first] else hi[idx[first]])
-        REPORT.races.append(
-            f"{launch.kernel}: {what} at {int(hit.sum())} byte(s); e.g. {_where(launch, int(addrs[first]))} by "
-            f"programs {_program_name(launch, other)} and {_program_name(launch, int(progs[first]))}")
+        _found("race", f"{launch.kernel}: {what} at {int(hit.sum())} byte(s); e.g. "
+                       f"{_where(launch, int(addrs[first]))} by programs {_program_name(launch, other)} and "
+                       f"{_program_name(launch, int(progs[first]))}")
 
 
 def _check_races(launch: _Launch) -> None:
@@ -171,9 +201,9 @@ def _check_races(launch: _Launch) -> None:
     multi = lo != hi
     if multi.any() and len(REPORT.races) < MAX_FINDINGS:
         i = int(np.flatnonzero(multi)[0])
-        REPORT.races.append(f"{launch.kernel}: write-write at {int(multi.sum())} byte(s); e.g. "
-                            f"{_where(launch, int(keys[i]))} by programs {_program_name(launch, int(lo[i]))} "
-                            f"and {_program_name(launch, int(hi[i]))}")
+        _found("race", f"{launch.kernel}: write-write at {int(multi.sum())} byte(s); e.g. "
+                       f"{_where(launch, int(keys[i]))} by programs {_program_name(launch, int(lo[i]))} "
+                       f"and {_program_name(launch, int(hi[i]))}")
     _conflict(launch, "read-write", write_owners, *reads)
     atomic_owners = _owners(*atomics)
     _conflict(launch, "atomic vs plain write", atomic_owners, *writes)
@@ -200,11 +230,45 @@ def _dot_with_bf16(dot: Callable[..., Any]) -> Callable[..., Any]:
     return create_dot
 
 
-def install() -> None:
-    """Instrument the interpreter. Call before any candidate code is imported; TRITON_INTERPRET must be 1."""
+def _elementwise(op: Callable[..., Any]) -> Callable[..., Any]:
+    """A libdevice function for the interpreter: numpy on the arguments' data, in the first tensor's dtype."""
+
+    def fn(*args: Any, **_: Any) -> Any:
+        import triton.language as tl
+        from triton.runtime.interpreter import TensorHandle
+
+        first = next(a for a in args if isinstance(a, tl.tensor))
+        data = [a.handle.data if isinstance(a, tl.tensor) else a for a in args]
+        with np.errstate(all="ignore"):
+            out = np.asarray(op(*data))
+        if out.dtype != np.bool_:
+            out = out.astype(first.handle.data.dtype)
+            return tl.tensor(TensorHandle(out, first.handle.dtype.scalar), first.type)
+        return tl.tensor(TensorHandle(out, tl.int1), tl.block_type(tl.int1, first.shape) if first.shape else tl.int1)
+
+    return fn
+
+
+def _interpretable_libdevice() -> None:
+    import triton.language.extra.libdevice as libdevice
+
+    for name, op in LIBDEVICE.items():
+        if hasattr(libdevice, name):
+            setattr(libdevice, name, _elementwise(op))
+
+
+def install(sink: Sink | None = None) -> None:
+    """Instrument the interpreter. Call before any candidate code is imported; TRITON_INTERPRET must be 1.
+    `sink(kind, data)` receives each launch and finding as it happens."""
     import inspect
 
+    from triton._C.libtriton import ir
     from triton.runtime import interpreter as interp
+
+    global _sink
+    _sink = sink
+    float_add = ir.ATOMIC_OP.FADD
+    _interpretable_libdevice()
 
     builder_cls = interp.InterpreterBuilder
     load, store = builder_cls.create_masked_load, builder_cls.create_masked_store
@@ -217,6 +281,9 @@ def install() -> None:
         return store(self, ptrs, value, _record(ptrs, mask, "write"), *rest)
 
     def atomic_rmw(self, op, ptr, val, mask, *rest):
+        launch = _state["launch"]
+        if launch is not None and op == float_add:
+            launch.float_atomic_adds += 1
         return rmw(self, op, ptr, val, _record(ptr, mask, "atomic"), *rest)
 
     def atomic_cas(self, ptr, cmp, val, *rest):
@@ -263,8 +330,23 @@ def install() -> None:
             REPORT.launches += 1
             REPORT.programs += grid[0] * grid[1] * grid[2]
             REPORT.kernels.add(launch.kernel)
+            if launch.float_atomic_adds:
+                REPORT.float_atomic_kernels.add(launch.kernel)
+            if sink is not None:
+                sink("triton_launch", {"kernel": launch.kernel, "programs": grid[0] * grid[1] * grid[2],
+                                       "order": _state["order"], "float_atomic_adds": launch.float_atomic_adds})
         finally:
             patch_scope.restore()
         self._restore_args_dev(args_dev, args_hst, kwargs, kwargs_hst)
 
     interp.GridExecutor.__call__ = call
+
+
+def sealed_attributes() -> dict[str, tuple[Any, str]]:
+    """The interpreter attributes install() replaced: the harness checks they stay replaced."""
+    from triton.runtime import interpreter as interp
+
+    builder = interp.InterpreterBuilder
+    names = ("create_masked_load", "create_masked_store", "create_atomic_rmw", "create_atomic_cas", "create_dot")
+    return {"triton.GridExecutor.__call__": (interp.GridExecutor, "__call__"),
+            **{f"triton.InterpreterBuilder.{n}": (builder, n) for n in names}}

@@ -1,37 +1,288 @@
-"""Child side of the sandbox: load a candidate, run it on inputs the parent prepared, write what it saw.
+"""Child side of the sandbox: a harness process that never runs candidate code, and runners it forks that do.
 
 Jobs (job.json in the working directory):
   verify:   run ModelNew on every input set the parent prepared, with the observations agent/verify.py judges
-  bench:    time Model (reference) and ModelNew side by side in interleaved rounds
-  sanitize: one call on the main input set, for compute-sanitizer to watch
+  bench:    time Model (reference) and ModelNew, each in a runner of its own, call by call in interleaved
+            rounds, on inputs that change before every call; some calls' outputs, picked after they returned,
+            come back for the parent to check
+  sanitize: one call on the main input set, for compute-sanitizer to watch (a single process)
   noop:     nothing (measures the sandbox's own cost per job)
+
+The harness forks each runner before it reads anything of the job. A runner confines itself further
+(confine.confine_runner: it reads only the system, Python, kernelbot and the one module it loads, writes only
+box/tmp, and cannot signal or trace the harness), imports its module and then answers requests one at a time:
+inputs reach it only with the call that uses them. What it sends back is decoded as plain data (no code of its
+runs in the harness); only the harness writes result.json and outputs.pt, in the box directory the runner
+cannot write to. A runner binds what it uses before the candidate loads and compares a seal over the
+harness's modules after every request, so patching the harness is reported, not obeyed.
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
+import os
+import pickle
+import random
+import secrets
+import signal
 import sys
-import threading
 import time
 import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple, NoReturn
 
 import torch
 
-from kernelbot.agent.numerics import same_bits
 from kernelbot.loading import load_module
-from kernelbot.sandbox import cuda_check
+from kernelbot.sandbox import confine as confine_mod
+from kernelbot.sandbox import cuda_check, landlock, probes
 from kernelbot.sandbox.confine import confine
 from kernelbot.sandbox.cuda_check import NeedsGPU
 
-# Bound before any candidate code runs: replacing time.perf_counter later does not reach these.
+# Bound before any candidate code runs: replacing these later does not reach the harness or the runner loop.
 _clock = time.perf_counter
+_sleep = time.sleep
 _cuda_synchronize = torch.cuda.synchronize
+_Tensor = torch.Tensor
+_T = torch._C.TensorBase
+_detach, _cpu, _contiguous, _clone, _reshape, _view = _T.detach, _T.cpu, _T.contiguous, _T.clone, _T.reshape, _T.view
+_numpy, _untyped_storage, _set, _empty = _T.numpy, _T.untyped_storage, _T.set_, torch.empty
+_dumps, _sha256, _write, _read = pickle.dumps, hashlib.sha256, os.write, os.read
+WORK = "tmp"  # the runner's only writable directory, inside the box
+_PROTECTIONS: list[str] = []  # the runner's own, reported with its first reply
+FACT_KINDS = ("subclass", "aliasing", "late", "threads", "weights", "tamper", "timing", "notes")
 
 
 class LoadError(Exception):
     """The candidate did not import, build or construct: reported as the `compile` check."""
+
+
+class RunnerDied(Exception):
+    """The runner ended, or its messages could not be read, in the middle of a request."""
+
+
+# ---------------------------------------------------------------- framing (both sides)
+
+def _send(fd: int, payload: bytes) -> None:
+    data = len(payload).to_bytes(8, "little") + payload
+    view = memoryview(data)
+    while view:
+        view = view[_write(fd, view):]
+
+
+def _recv(fd: int) -> bytes:
+    header = _read_exactly(fd, 8)
+    return _read_exactly(fd, int.from_bytes(header, "little"))
+
+
+def _read_exactly(fd: int, n: int) -> bytes:
+    chunks, left = [], n
+    while left:
+        chunk = _read(fd, min(left, 1 << 20))
+        if not chunk:
+            raise EOFError("the other end closed the channel")
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+class _PlainUnpickler(pickle.Unpickler):
+    """What a runner sends is plain data: no class may be looked up, so no code of its runs here."""
+
+    def find_class(self, module: str, name: str) -> NoReturn:
+        raise pickle.UnpicklingError(f"refused {module}.{name}: runners send plain data only")
+
+
+def _plain_loads(data: bytes) -> Any:
+    return _PlainUnpickler(io.BytesIO(data)).load()
+
+
+# ---------------------------------------------------------------- tensors as plain data
+
+def _encode(t: torch.Tensor, whole_storage: bool = False) -> tuple:
+    """A plain tensor as plain data: ("T", dtype, shape, stride, offset, bytes). With `whole_storage`, every byte
+    of its storage (guard regions around an input included); else a contiguous copy of its values."""
+    if whole_storage:
+        c = _cpu(_detach(t))
+        raw = _numpy(_set(_empty(0, dtype=torch.uint8), _untyped_storage(c))).tobytes()
+        return ("T", str(t.dtype).removeprefix("torch."), tuple(t.shape), tuple(c.stride()), c.storage_offset(), raw)
+    c = _contiguous(_cpu(_detach(t)))
+    raw = _numpy(_view(_reshape(c, (-1,)), torch.uint8)).tobytes() if c.numel() else b""
+    return ("T", str(t.dtype).removeprefix("torch."), tuple(t.shape), tuple(c.stride()), 0, raw)
+
+
+def _decode(item: Any) -> Any:
+    if not (isinstance(item, tuple) and len(item) == 6 and item[0] == "T"):
+        return item
+    _, dtype_name, shape, stride, offset, raw = item
+    dtype = getattr(torch, str(dtype_name), None)
+    if not isinstance(dtype, torch.dtype):
+        raise RunnerDied(f"unknown dtype {str(dtype_name)[:40]!r} in a runner's reply")
+    storage = torch.frombuffer(bytearray(raw), dtype=torch.uint8).untyped_storage() if raw else \
+        torch.empty(0, dtype=torch.uint8).untyped_storage()
+    return torch.empty(0, dtype=dtype).set_(storage, int(offset), tuple(shape), tuple(stride))
+
+
+def _outputs(value: Any, facts: dict[str, list[str]]) -> tuple[list[Any], list[Any]]:
+    """(encoded outputs, the output objects): plain tensors copied at once, numbers kept, anything else refused
+    (a tensor subclass is not touched, so nothing lazy of it runs)."""
+    items = list(value) if isinstance(value, (tuple, list)) else [value]
+    encoded = []
+    for o in items:
+        if type(o) is _Tensor:
+            encoded.append(_encode(o))
+        elif isinstance(o, torch.Tensor):
+            facts["subclass"].append(f"returned a {type(o).__module__}.{type(o).__qualname__}")
+            encoded.append(None)
+        elif o is None or type(o) in (int, float, bool):
+            encoded.append(o)
+        else:
+            facts["subclass"].append(f"returned a {type(o).__qualname__} (only tensors and numbers are outputs)")
+            encoded.append(None)
+    return encoded, items
+
+
+# ---------------------------------------------------------------- the harness's handle on a runner
+
+@dataclass
+class RunnerSetup:
+    module: str  # path of the module the runner imports
+    cls: str  # Model or ModelNew
+    device: str = "cpu"
+    triton: bool = False
+    poison: bool = False  # CPU allocations filled with a pattern (verification; never when timing)
+    settle_s: float = 0.02
+
+
+@dataclass
+class Runner:
+    pid: int
+    to_runner: int
+    from_runner: int
+    events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    seq: int = 0
+
+    @classmethod
+    def spawn(cls, setup: RunnerSetup) -> Runner:
+        down_r, down_w = os.pipe()
+        up_r, up_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the runner: never returns into the harness's code
+            code = 1
+            try:
+                os.close(down_w)
+                os.close(up_r)
+                _serve(setup, down_r, up_w)
+                code = 0
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                os._exit(code)
+        os.close(down_r)
+        os.close(up_w)
+        return cls(pid, down_w, up_r)
+
+    def ask(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Send one request; collect the events that arrive before its reply; return the reply."""
+        self.seq += 1
+        try:
+            _send(self.to_runner, pickle.dumps({**request, "seq": self.seq}))
+            while True:
+                message = _plain_loads(_recv(self.from_runner))
+                if not isinstance(message, tuple) or not message:
+                    raise RunnerDied("sent a malformed message (tampering with the harness's channel)")
+                if message[0] == "event" and len(message) == 3 and isinstance(message[2], dict):
+                    self.events.append((str(message[1]), message[2]))
+                    continue
+                if message[0] != "reply" or len(message) != 3 or message[1] != self.seq or \
+                        not isinstance(message[2], dict):
+                    raise RunnerDied("sent a reply out of turn (tampering with the harness's channel)")
+                return message[2]
+        except (OSError, EOFError) as exc:
+            raise RunnerDied(self.close() or f"its channel failed ({type(exc).__name__})") from None
+        except (pickle.UnpicklingError, ValueError, TypeError, IndexError, AttributeError) as exc:
+            self.close()
+            raise RunnerDied(f"sent a message the harness cannot read ({type(exc).__name__}): tampering with "
+                             "the harness's channel") from None
+
+    def close(self) -> str | None:
+        """End the runner; how it ended when that was not our doing."""
+        ended = None
+        try:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid == 0:
+                os.kill(self.pid, signal.SIGKILL)
+                os.waitpid(self.pid, 0)
+            elif os.WIFSIGNALED(status):
+                sig = os.WTERMSIG(status)
+                name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
+                ended = f"the candidate's process was killed by {name}"
+            else:
+                ended = f"the candidate's process exited (code {os.WEXITSTATUS(status)}) in the middle of a call"
+        except ChildProcessError:
+            pass
+        for fd in (self.to_runner, self.from_runner):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        return ended
+
+
+# ---------------------------------------------------------------- the runner
+
+def _warm_up(device: str) -> None:
+    """Start torch's thread pool, the profiler (and CUDA) now, so the threads a candidate starts are told apart
+    from theirs."""
+    torch.ones(1 << 20).sum()
+    probes.measure_work(lambda: None, all_threads=True)
+    if device == "cuda":
+        torch.zeros(1, device="cuda").sum()
+        _cuda_synchronize()
+
+
+def _sealed_attributes(triton: bool) -> dict[str, tuple[Any, str]]:
+    import ctypes
+
+    from kernelbot.sandbox import triton_check
+
+    attributes = {**{name: pair for name, pair in probes._TIMING.items()},
+                  "ctypes.CDLL.__init__": (ctypes.CDLL, "__init__"), "sys.setprofile": (sys, "setprofile")}
+    return {**attributes, **(triton_check.sealed_attributes() if triton else {})}
+
+
+def _trusted_code() -> list[Any]:
+    """Code of the harness that may set a profile function (the native-call counter of profile_call)."""
+    return [c for c in probes.profile_call.__code__.co_consts if hasattr(c, "co_name")]
+
+
+def _to(xs: list[Any], device: str) -> list[Any]:
+    return [x.to(device) if isinstance(x, torch.Tensor) else x for x in xs]
+
+
+def _clones(xs: list[Any]) -> list[Any]:
+    return [_clone(x) if isinstance(x, torch.Tensor) else x for x in xs]
+
+
+def _build(model_cls: type, init_args: list[Any], state_dict: dict[str, Any], init_seed: int,
+           notes: list[str]) -> torch.nn.Module:
+    try:
+        torch.manual_seed(init_seed)  # KernelBench's convention, for candidates whose parameters are named differently
+        model = model_cls(*init_args)
+        try:
+            model.load_state_dict(state_dict, strict=True)
+        except RuntimeError as exc:
+            notes.append(f"reference weights not loadable ({str(exc).splitlines()[0][:200]}); "
+                         "the candidate keeps its own seeded initialisation")
+    except NeedsGPU:
+        raise
+    except Exception as exc:
+        raise LoadError(f"{type(exc).__name__}: {exc}") from exc
+    return model.eval()
 
 
 def _load(path: str, cls: str) -> type:
@@ -43,169 +294,466 @@ def _load(path: str, cls: str) -> type:
         raise LoadError(f"{type(exc).__name__}: {exc}") from exc
 
 
-def _build(model_cls: type, init_args: list[Any], state_dict: str, init_seed: int, notes: list[str]) -> torch.nn.Module:
-    try:
-        torch.manual_seed(init_seed)  # KernelBench's convention, for candidates whose parameters are named differently
-        model = model_cls(*init_args)
+class Tools(NamedTuple):
+    """Everything the runner's loop and its helpers call, bound before the candidate is imported: an immutable
+    tuple, so replacing a module's function afterwards does not reach them (and the seal reports it), and
+    each function's code is checked before every request, so swapping its code is caught before it runs."""
+    send: Callable[[int, bytes], None]
+    recv: Callable[[int], bytes]
+    dumps: Callable[..., bytes]
+    loads: Callable[[bytes], Any]
+    encode: Callable[..., tuple]
+    outputs_of: Callable[..., tuple[list[Any], list[Any]]]
+    os_threads: Callable[[], dict[int, int]]
+    aliasing: Callable[..., list[str]]
+    storages: Callable[[list[Any]], list[tuple[int, int]]]
+    weight_snapshot: Callable[[torch.nn.Module], tuple]
+    weight_changes: Callable[..., list[str]]
+    profile_call: Callable[..., dict[str, Any]]
+    set_order: Callable[..., None]
+    seal: Callable[..., tuple]
+    seal_changes: Callable[..., list[str]]
+    timing_snapshot: Callable[[], dict[str, int]]
+    timing_changes: Callable[[dict[str, int]], list[str]]
+    clock: Callable[[], float]
+    sleep: Callable[[float], None]
+    cuda_sync: Callable[[], None]
+    sha256: Callable[[bytes], Any]
+    clones: Callable[[list[Any]], list[Any]]
+    to: Callable[[list[Any], str], list[Any]]
+    refill: Callable[..., list[Any]]
+    threads_after: Callable[..., list[str]]
+    op_load: Callable[..., tuple]
+    op_call: Callable[..., tuple]
+    op_timed_call: Callable[..., tuple]
+    op_final: Callable[..., None]
+    tampered: Callable[..., list[str]]
+
+
+class Watch(NamedTuple):
+    """The runner's fixed observations: set once before the candidate loads (a tuple: nothing can be rebound)."""
+    setup: RunnerSetup
+    tools: Tools
+    codes: tuple  # (function, its code) for every function in tools
+    known_threads: frozenset[int]  # torch's, the profiler's (and CUDA's): not the candidate's
+    modules: tuple
+    attributes: dict[str, tuple[Any, str]]
+    snapshot: tuple
+    timers: dict[str, int]
+    phase: list[str]  # the program order the loop asked for: launches report the one they ran in
+
+
+
+def _tampered(watch: Watch) -> list[str]:
+    """Code swapped in a bound tool, or anything the seal covers replaced since the candidate loaded."""
+    swapped = [f"{getattr(fn, '__name__', '?')}.__code__ was replaced" for fn, code in watch.codes
+               if fn.__code__ is not code]
+    return swapped or watch.tools.seal_changes(watch.snapshot, watch.tools.seal(watch.modules, watch.attributes))
+
+
+def _serve(setup: RunnerSetup, rfd: int, wfd: int) -> None:
+    """The runner: confine, instrument, then answer the harness's requests until it closes the channel. Its
+    state lives in this frame's locals, as immutable tuples (a candidate cannot rebind them)."""
+    watch = _prepare(setup, wfd)
+    tools = watch.tools
+    tampered = tools.tampered
+    models: tuple = ()
+    weights: tuple = ()
+    held: tuple = ()  # every output returned so far: (objects, digests of their bytes, storage ranges)
+    slots: tuple = ()  # (name, tensors) kept for calls on the same tensor objects
+    staged: tuple = ()  # bench: input sets
+    last: Any = None  # bench: the last timed call's outputs
+    loaded_threads = watch.known_threads
+    while True:
         try:
-            model.load_state_dict(torch.load(state_dict), strict=True)
-        except RuntimeError as exc:
-            notes.append(f"reference weights not loadable ({str(exc).splitlines()[0][:200]}); "
-                         "the candidate keeps its own seeded initialisation")
-    except NeedsGPU:
-        raise
-    except Exception as exc:
-        raise LoadError(f"{type(exc).__name__}: {exc}") from exc
-    return model.eval()
+            request = tools.loads(tools.recv(rfd))
+        except EOFError:
+            return
+        op, reply = request["op"], {}
+        facts: dict[str, list[str]] = {k: [] for k in FACT_KINDS}
+        facts["tamper"] += tampered(watch)
+        try:
+            if op == "load":
+                reply, models = tools.op_load(setup, request, facts)
+                weights = tuple(tools.weight_snapshot(m) for m in models)
+                loaded_threads = frozenset(tools.os_threads())  # its own, started while loading, are allowed
+            elif op in ("case", "refill"):
+                if op == "case":
+                    sent = tools.to(request["inputs"], setup.device)
+                    slots = (*slots, (request["keep"], sent)) if request.get("keep") else slots
+                else:
+                    sent = tools.refill(dict(slots)[request["slot"]], request["values"], setup.device)
+                reply, held = tools.op_call(watch, models[request["model"]], sent, request, held,
+                                            weights[request["model"]], facts)
+            elif op == "reweight":
+                with torch.no_grad():  # copies into the same tensors
+                    models[request["model"]].load_state_dict(request["state_dict"], strict=True)
+                weights = tuple(tools.weight_snapshot(m) for m in models)
+            elif op == "profile":
+                with torch.inference_mode():
+                    reply["profile"] = tools.profile_call(models[request["model"]],
+                                                          tools.to(request["inputs"], setup.device))
+                facts["tamper"] += tampered(watch)
+            elif op == "stage":
+                staged = tuple(tuple(tools.to(s, setup.device)) for s in request["sets"])
+            elif op == "tcall":
+                reply["us"], last = tools.op_timed_call(watch, models[0], staged[request["set"]], request)
+            elif op == "fetch":
+                reply["out"] = tools.outputs_of(last, facts)[0]
+            elif op == "final":
+                tools.op_final(watch, held, loaded_threads, facts)
+                reply["ptxas"] = cuda_check.REPORTS
+        except LoadError as exc:
+            reply = {"error": str(exc)[:1500], "stage": "compile", "ptxas": cuda_check.REPORTS}
+        except NeedsGPU as exc:
+            reply = {"error": str(exc)[:1500], "stage": "needs_gpu", "ptxas": cuda_check.REPORTS}
+        except Exception as exc:
+            reply = {**reply, "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+        facts["tamper"] += tampered(watch)
+        facts["timing"] += tools.timing_changes(watch.timers)
+        reply["facts"] = facts
+        tools.send(wfd, tools.dumps(("reply", request["seq"], reply)))
 
 
-def _as_list(out: Any, facts: dict[str, list[str]], label: str) -> list[Any]:
-    """Outputs as plain tensors, copied at once; tensor subclasses are refused, not touched."""
-    outs = list(out) if isinstance(out, (tuple, list)) else [out]
-    plain = []
-    for o in outs:
-        if isinstance(o, torch.Tensor) and type(o) is not torch.Tensor:
-            facts["subclass"].append(f"{label}: returned a {type(o).__module__}.{type(o).__qualname__}")
-            plain.append(None)
-        else:
-            plain.append(o.detach().cpu().clone() if isinstance(o, torch.Tensor) else o)
-    return plain
+def _prepare(setup: RunnerSetup, wfd: int) -> Watch:
+    """Before the candidate loads: start torch's threads, bind the tools, instrument, confine, seal, poison."""
+    from kernelbot.sandbox import triton_check
+
+    work = Path.cwd() / WORK
+    os.chdir(work)
+    _warm_up(setup.device)
+    tools = Tools(_send, _recv, pickle.dumps, pickle.loads, _encode, _outputs, probes.os_threads, probes.aliasing,
+                  probes.storages, probes.weight_snapshot, probes.weight_changes, probes.profile_call,
+                  triton_check.set_order, probes.seal, probes.seal_changes, probes.timing_snapshot,
+                  probes.timing_changes, _clock, _sleep, _cuda_synchronize, _sha256, _clones, _to, _refill,
+                  _threads_after, _op_load, _op_call, _op_timed_call, _op_final, _tampered)
+    codes = tuple((fn, fn.__code__) for fn in tools if hasattr(fn, "__code__"))
+    probes.install()
+    phase = ["natural"]
+
+    def sink(kind: str, data: dict[str, Any]) -> None:
+        tools.send(wfd, tools.dumps(("event", kind, {**data, "asked": phase[0]})))
+
+    if setup.triton:
+        triton_check.install(sink)
+    known = frozenset(tools.os_threads())
+    module = Path(setup.module)
+    protections = confine_mod.confine_runner(work, [module, module.parent / "__pycache__"], _trusted_code())
+    modules = (sys.modules[__name__], probes, confine_mod, landlock, cuda_check) + \
+        ((triton_check,) if setup.triton else ())
+    attributes = _sealed_attributes(setup.triton)
+    timers = tools.timing_snapshot()
+    if setup.poison and setup.device == "cpu":
+        probes.poison_allocations()
+    elif setup.poison:  # CUDA memory is not malloc's: torch fills fresh allocations with NaN instead
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.utils.deterministic.fill_uninitialized_memory = True
+    _PROTECTIONS[:] = protections
+    return Watch(setup, tools, codes, known, modules, attributes, tools.seal(modules, attributes), timers, phase)
 
 
-def _snapshot(x: Any) -> Any:
-    """A copy of a tensor that keeps its whole storage (guard regions included)."""
-    if not isinstance(x, torch.Tensor):
-        return x
-    return torch.empty(0, dtype=x.dtype).set_(x.untyped_storage().clone(), x.storage_offset(), x.shape, x.stride())
+def _refill(sent: list[Any], values: list[Any], device: str) -> list[Any]:
+    """New contents in the same tensors, through .data: same pointers, ids and version counters."""
+    with torch.no_grad():
+        for x, v in zip(sent, values, strict=True):
+            if isinstance(x, torch.Tensor):
+                x.data.copy_(v.to(device))
+    return sent
 
 
-def _to(xs: list[Any], device: str) -> list[Any]:
-    return [x.to(device) if isinstance(x, torch.Tensor) else x for x in xs]
+def _op_call(watch: Watch, model: torch.nn.Module, sent: list[Any], request: dict[str, Any], held: tuple,
+             weights: tuple, facts: dict[str, list[str]]) -> tuple[dict[str, Any], tuple]:
+    """One verified call: outputs copied at once, then aliasing, late writes, threads left running, a second run
+    on copies, other program orders, the inputs and weights afterwards. Everything after the call goes through
+    the bound tools, and the seal is read right after it (before a patch made during the call could undo
+    itself)."""
+    tools, setup, reply = watch.tools, watch.setup, {}
+    before = tools.os_threads()
+    with torch.inference_mode():
+        try:
+            out = model(*sent)
+            if setup.device == "cuda":
+                tools.cuda_sync()
+        except Exception as exc:
+            reply["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+        facts["tamper"] += tools.tampered(watch)
+        if "error" not in reply:
+            encoded, items = tools.outputs_of(out, facts)
+            reply["out"] = encoded
+            digests = tuple(tools.sha256(e[5]).digest() if e else None for e in encoded)
+            facts["aliasing"] += tools.aliasing(items, sent, [r for h in held for r in h[2]],
+                                                [t for _, t, _ in weights])
+            tools.sleep(setup.settle_s)
+            settled, _ = tools.outputs_of(out, {k: [] for k in FACT_KINDS})
+            if any(a is not None and b is not None and a[5] != b[5] for a, b in zip(encoded, settled, strict=True)):
+                facts["late"].append("the output kept changing after the call returned")
+            held = (*held, (items, digests, tuple(tools.storages(items))))
+            facts["threads"] += tools.threads_after(before, tools.os_threads(), watch.known_threads)
+            if request.get("again"):
+                reply["again"] = tools.outputs_of(model(*tools.clones(sent)), facts)[0]
+            for order in ("reversed", "shuffled") if request.get("orders") else ():
+                tools.set_order(order, seed=request.get("order_seed", 0))
+                watch.phase[0] = order
+                try:
+                    reply[order] = tools.outputs_of(model(*tools.clones(sent)), facts)[0]
+                finally:
+                    tools.set_order("natural")
+                    watch.phase[0] = "natural"
+    if request.get("inputs_after") and setup.device == "cpu":
+        reply["inputs_after"] = [tools.encode(x, True) if isinstance(x, torch.Tensor) else x for x in sent]
+    facts["weights"] += tools.weight_changes(weights, model)
+    return reply, held
 
 
-def _clones(xs: list[Any]) -> list[Any]:
-    return [x.clone() if isinstance(x, torch.Tensor) else x for x in xs]
+def _op_timed_call(watch: Watch, model: torch.nn.Module, inputs: tuple, request: dict[str, Any]
+                   ) -> tuple[float, Any]:
+    """The benchmark's call: this call's change to the inputs (outside the clock), then the call, timed with
+    the clock bound before the candidate loaded."""
+    tools, cuda = watch.tools, watch.setup.device == "cuda"
+    for index, flat, value in request.get("perturb", ()):
+        inputs[index].view(-1)[flat] = value
+    with torch.inference_mode():
+        t0 = tools.clock()
+        out = model(*inputs)
+        if cuda:
+            tools.cuda_sync()
+        return (tools.clock() - t0) * 1e6, out
 
 
-def _sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.current_stream().synchronize()
+def _op_final(watch: Watch, held: tuple, loaded_threads: frozenset[int], facts: dict[str, list[str]]) -> None:
+    """When the job ends: every output ever returned still holds its bytes; no thread of a call still runs."""
+    tools = watch.tools
+    tools.sleep(max(watch.setup.settle_s, 0.1))
+    for items, digests, _ in held:
+        now = tools.outputs_of(items, {k: [] for k in FACT_KINDS})[0]
+        if any(d is not None and e is not None and tools.sha256(e[5]).digest() != d
+               for d, e in zip(digests, now, strict=True)):
+            facts["late"].append("an output changed after its call returned (found when the job ended)")
+            break
+    facts["threads"] += tools.threads_after(loaded_threads, tools.os_threads(), watch.known_threads, final=True)
+
+
+def _op_load(setup: RunnerSetup, request: dict[str, Any], facts: dict[str, list[str]]
+             ) -> tuple[dict[str, Any], tuple[torch.nn.Module, ...]]:
+    model_cls = _load(setup.module, setup.cls)
+    models = tuple(_build(model_cls, init, sd, request["init_seed"], facts["notes"]).to(setup.device)
+                   for init, sd in request["models"])
+    return {"ptxas": cuda_check.REPORTS, "protections": list(_PROTECTIONS)}, models
+
+
+def _threads_after(before: dict[int, int] | frozenset[int], after: dict[int, int], known: frozenset[int],
+                   final: bool = False) -> list[str]:
+    """Threads (OS-level: native ones too) the candidate started that are still there after its call."""
+    new = [tid for tid in after if tid not in before and tid not in known and tid != os.getpid()]
+    if not new:
+        return []
+    when = "when the job ended" if final else "after the call returned"
+    return [f"{len(new)} thread(s) the candidate started still running {when} (OS threads, native ones included)"]
+
+
+# ---------------------------------------------------------------- the harness's jobs
+
+def _facts(reply: dict[str, Any], label: str, into: dict[str, list[str]]) -> None:
+    got = reply.get("facts")
+    if not isinstance(got, dict):
+        into["tamper"].append(f"{label}: the reply carried no observations")
+        return
+    for kind in FACT_KINDS:
+        for text in got.get(kind, []) or []:
+            if kind not in ("notes", "tamper", "timing"):
+                into[kind].append(f"{label}: {text}")
+            elif str(text) not in into[kind]:  # the same replaced function is reported once, not per call
+                into[kind].append(str(text))
+
+
+def _decoded(values: Any) -> list[Any]:
+    return [_decode(v) for v in values] if isinstance(values, list) else []
+
+
+def _triton_report(runner: Runner) -> dict[str, Any]:
+    """The Triton report rebuilt from the events the runner streamed, launch by launch."""
+    report: dict[str, Any] = {"launches": 0, "programs": 0, "kernels": set(), "out_of_bounds": [], "races": [],
+                              "float_atomic_kernels": set(), "order_mismatch": []}
+    for kind, data in runner.events:
+        if kind == "triton_launch":
+            report["launches"] += 1
+            report["programs"] += int(data.get("programs", 0) or 0)
+            kernel = str(data.get("kernel", "?"))[:80]
+            report["kernels"].add(kernel)
+            if data.get("float_atomic_adds"):
+                report["float_atomic_kernels"].add(kernel)
+            if data.get("order") != data.get("asked") and len(report["order_mismatch"]) < 3:
+                report["order_mismatch"].append(f"{kernel} ran in {str(data.get('order'))[:20]} program order, "
+                                                f"the harness asked for {str(data.get('asked'))[:20]}")
+        elif kind == "triton_finding" and data.get("kind") in ("out_of_bounds", "race"):
+            target = report["out_of_bounds"] if data["kind"] == "out_of_bounds" else report["races"]
+            if len(target) < 20:
+                target.append(str(data.get("text", ""))[:400])
+    report["kernels"] = sorted(report["kernels"])
+    report["float_atomic_kernels"] = sorted(report["float_atomic_kernels"])
+    return report
 
 
 def _verify(job: dict[str, Any]) -> dict[str, Any]:
-    from kernelbot.sandbox import probes, triton_check
-
-    probes.install()
-    if job.get("triton"):
-        triton_check.install()
     device = job.get("device", "cpu")
-    timers, threads = probes.timing_snapshot(), {t.ident for t in threading.enumerate()}
-    plan = torch.load(job["plan"])
-    facts: dict[str, list[str]] = {k: [] for k in ("subclass", "aliasing", "late", "threads", "notes")}
-    model_cls = _load(job["candidate"], "ModelNew")
-    models = [_build(model_cls, init, sd, job["init_seed"], facts["notes"]).to(device)
-              for init, sd in zip(plan["init_args"], job["state_dicts"], strict=True)]
-    # Fresh allocations come back NaN-filled, so an output element the kernel never wrote stays NaN.
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    torch.utils.deterministic.fill_uninitialized_memory = True
-    runs, previous = [], []
-    with torch.inference_mode():
+    setup = RunnerSetup(module=job["candidate"], cls="ModelNew", device=device, triton=bool(job.get("triton")),
+                        poison=True, settle_s=job.get("settle_s", 0.02))
+    runner = Runner.spawn(setup)  # before the plan is read: the runner never holds inputs it was not given
+    facts: dict[str, list[str]] = {k: [] for k in FACT_KINDS}
+    try:
+        plan = torch.load(job["plan"])
+        state_dicts = [torch.load(p) for p in job["state_dicts"]]
+        loaded = runner.ask({"op": "load", "models": list(zip(plan["init_args"], state_dicts, strict=True)),
+                             "init_seed": job["init_seed"]})
+        _facts(loaded, "load", facts)
+        if "error" in loaded:
+            return {"error": str(loaded["error"])[:1500], "stage": str(loaded.get("stage", "compile")),
+                    "ptxas": loaded.get("ptxas") or [], "facts": facts}
+        protections = [str(p) for p in loaded.get("protections", [])][:4]
+        runs, extra = [], {}
         for i, (label, index, inputs) in enumerate(plan["cases"]):
-            model, run = models[index], {}
-            sent = _to(inputs, device)
-            try:
-                out = model(*sent)
-                _sync(device)
-                run["out"] = _as_list(out, facts, label)
-                if device == "cuda":
-                    torch.cuda.synchronize()  # work left on another stream shows up as a difference
-                time.sleep(job.get("settle_s", 0.02))
-                if not all(a is None or same_bits(a, b)
-                           for a, b in zip(run["out"], _as_list(out, facts, label), strict=True)):
-                    facts["late"].append(f"{label}: the output kept changing after the call returned")
-                outs = out if isinstance(out, (tuple, list)) else [out]
-                facts["aliasing"] += [f"{label}: {a}" for a in probes.aliasing(list(outs), sent, previous)]
-                previous = probes.storages(list(outs))
-                busy = probes.busy_threads(threads)
-                if busy:
-                    facts["threads"].append(f"{label}: thread(s) {', '.join(busy)} still running after the call")
-                run["again"] = _as_list(model(*_clones(sent)), facts, label)
-                if job.get("triton") and i < 2:
-                    for order in ("reversed", "shuffled"):
-                        triton_check.set_order(order, seed=i)
-                        run[order] = _as_list(model(*_clones(sent)), facts, label)
-                    triton_check.set_order("natural")
-            except Exception as exc:
-                run["error"] = f"{type(exc).__name__}: {str(exc)[:500]}"
-            run["inputs_after"] = [_snapshot(x) for x in sent] if device == "cpu" else []
+            orders = setup.triton and i < 2
+            reply = runner.ask({"op": "case", "model": index, "inputs": inputs, "again": True, "orders": orders,
+                                "order_seed": i, "inputs_after": True, "keep": "main" if i == 0 else None})
+            _facts(reply, label, facts)
+            run = {k: _decoded(reply.get(k)) for k in ("out", "again", "reversed", "shuffled", "inputs_after")
+                   if k in reply}
+            if "error" in reply:
+                run = {"error": str(reply["error"])[:300], "inputs_after": run.get("inputs_after", [])}
             runs.append(run)
-    extra: dict[str, Any] = {}
-    _, main_index, main_inputs = plan["cases"][0]
-    model = models[main_index]
-    # Result caching: the same tensor objects (same pointers, ids and version counters) with new contents.
-    with torch.no_grad():
-        sent = _to(main_inputs, device)
-        try:
-            model(*sent)
-            for x, fresh in zip(sent, plan["fresh"], strict=True):
-                if isinstance(x, torch.Tensor):
-                    x.data.copy_(fresh.to(device))  # through .data: the version counter does not move
-            extra["caching_out"] = _as_list(model(*sent), facts, "fresh values in the same tensors")
-        except Exception as exc:
-            extra["caching_error"] = f"{type(exc).__name__}: {exc}"[:500]
-        launches = triton_check.REPORT.launches
-        try:
-            profile = probes.profile_call(model, _to(plan["fresh"], device))
-            if triton_check.REPORT.launches > launches:
-                profile["own_kernels"].append(f"{triton_check.REPORT.launches - launches} Triton launch(es)")
-        except Exception as exc:
-            profile = {"error": f"{type(exc).__name__}: {exc}"[:500]}
+        main_index = plan["cases"][0][1]
+        extra.update(_later_calls(runner, plan, main_index, facts, job))
+        final = runner.ask({"op": "final"})
+        _facts(final, "end of job", facts)
+        ptxas = final.get("ptxas") or loaded.get("ptxas") or []
+        triton = _triton_report(runner) if setup.triton else None
+    except RunnerDied as exc:
+        return {"error": str(exc), "stage": "run", "facts": facts}
+    finally:
+        runner.close()
     torch.save({"runs": runs, **extra}, "outputs.pt")
-    return {"outputs": "outputs.pt", "facts": facts, "timing_tamper": probes.timing_changes(timers),
-            "profile": profile, "triton": triton_check.REPORT.as_dict() if job.get("triton") else None}
+    return {"outputs": "outputs.pt", "facts": facts, "timing_tamper": facts["timing"], "tamper": facts["tamper"],
+            "profile": extra.pop("profile", None), "triton": triton, "ptxas": ptxas, "runner_protections": protections}
+
+
+def _later_calls(runner: Runner, plan: dict[str, Any], main: int, facts: dict[str, list[str]],
+                 job: dict[str, Any]) -> dict[str, Any]:
+    """Calls on the main case's own tensors with new contents (all of them, then one element at a time), the op
+    log, and new weights copied into the same parameters."""
+    extra: dict[str, Any] = {}
+    reply = runner.ask({"op": "refill", "model": main, "slot": "main", "values": plan["fresh"]})
+    _facts(reply, "new values in the same tensors", facts)
+    if "error" in reply:
+        extra["caching_error"] = str(reply["error"])[:500]
+    else:
+        extra["caching_out"] = _decoded(reply.get("out"))
+    extra["element_outs"] = []
+    for k, values in enumerate(plan.get("changed", [])):
+        reply = runner.ask({"op": "refill", "model": main, "slot": "main", "values": values})
+        _facts(reply, f"one element changed ({k + 1})", facts)
+        extra["element_outs"].append({"error": str(reply["error"])[:300]} if "error" in reply else
+                                     {"out": _decoded(reply.get("out"))})
+    seen = len(runner.events)
+    reply = runner.ask({"op": "profile", "model": main, "inputs": plan["fresh"]})
+    _facts(reply, "profiled call", facts)
+    profile = reply.get("profile")
+    extra["profile"] = {"error": str(reply.get("error", "no profile came back"))[:500]} \
+        if not isinstance(profile, dict) else profile
+    launches = sum(kind == "triton_launch" for kind, _ in runner.events[seen:])
+    if launches and isinstance(profile, dict):
+        profile["own_kernels"] = [*profile.get("own_kernels", []), f"{launches} Triton launch(es)"]
+    if any("not loadable" in n for n in facts["notes"]):
+        extra["reweight_skipped"] = "its parameters do not take the reference's weights by name"
+    elif job.get("alt_state_dict"):
+        reply = runner.ask({"op": "reweight", "model": main, "state_dict": torch.load(job["alt_state_dict"])})
+        _facts(reply, "new weights", facts)
+        if "error" in reply:
+            extra["reweight_error"] = str(reply["error"])[:500]
+        else:
+            reply = runner.ask({"op": "refill", "model": main, "slot": "main", "values": plan["fresh"]})
+            _facts(reply, "new weights in the same parameters", facts)
+            extra["reweight_out"] = {"error": str(reply["error"])[:300]} if "error" in reply else \
+                {"out": _decoded(reply.get("out"))}
+    return extra
+
+
+def _perturbation(inputs: list[Any], rng: random.Random) -> list[tuple[int, int, Any]]:
+    """One element of each float (else integer) input, set to (minus) the value of another element: every
+    timed call sees contents no earlier call saw, values stay in the drawn range."""
+    changes = []
+    tensors = [(i, x) for i, x in enumerate(inputs) if isinstance(x, torch.Tensor) and x.numel() > 1]
+    floats = [(i, x) for i, x in tensors if x.is_floating_point()]
+    for i, x in floats or [(i, x) for i, x in tensors if x.dtype != torch.bool][:1]:
+        flat = x.reshape(-1)
+        j, k = rng.randrange(flat.numel()), rng.randrange(flat.numel())
+        value = flat[k].item()
+        changes.append((i, j, -value if x.is_floating_point() else value))
+    return changes
 
 
 def _bench(job: dict[str, Any]) -> dict[str, Any]:
-    from kernelbot.sandbox import probes
-
-    timers = probes.timing_snapshot()
     device = job.get("device", "cpu")
-    notes: list[str] = []
-    reference = _build(_load(job["reference"], "Model"), job["init_args"], job["state_dict"], 0, notes).to(device)
-    candidate = _build(_load(job["candidate"], "ModelNew"), job["init_args"], job["state_dict"], 0, notes).to(device)
-    inputs = [x.to(device) for x in torch.load(job["inputs"])[0]]
-    models = [reference, candidate]
+    runners = [Runner.spawn(RunnerSetup(module=job["reference"], cls="Model", device=device)),
+               Runner.spawn(RunnerSetup(module=job["candidate"], cls="ModelNew", device=device))]
+    facts: dict[str, list[str]] = {k: [] for k in FACT_KINDS}
+    rng = random.Random(secrets.randbits(64))
+    try:
+        state_dict = torch.load(job["state_dict"])
+        drawn = [list(s) for s in torch.load(job["inputs"])]
+        copies = [[_clones(s) for s in drawn] for _ in runners]  # each runner's inputs, as the harness tracks them
+        for who, r in zip(("reference", "candidate"), runners, strict=True):
+            reply = r.ask({"op": "load", "models": [(job["init_args"], state_dict)], "init_seed": 0})
+            if "error" in reply:
+                return {"error": f"{who}: {str(reply['error'])[:500]}", "stage": "run"}
+            r.ask({"op": "stage", "sets": drawn})
 
-    def sync() -> None:
-        if device == "cuda":
-            _cuda_synchronize()
+        def timed(i: int, k: int) -> float:
+            sets = copies[i]
+            changes = _perturbation(sets[k % len(sets)], rng)
+            for index, flat, value in changes:
+                sets[k % len(sets)][index].view(-1)[flat] = value
+            reply = runners[i].ask({"op": "tcall", "set": k % len(sets), "perturb": changes})
+            if "error" in reply:
+                raise RunnerDied(f"{'candidate' if i else 'reference'}: {str(reply['error'])[:300]}")
+            return float(reply["us"])
 
-    with torch.inference_mode():
-        for m in models:
-            for _ in range(3):
-                m(*inputs)
-        sync()
-        t0 = _clock()
-        reference(*inputs)
-        sync()
-        iters = max(1, min(200, int(job.get("round_seconds", 0.02) / max(_clock() - t0, 1e-6))))
+        for i in (0, 1):
+            for k in range(3):
+                timed(i, k)
+        iters = max(1, min(200, int(job.get("round_seconds", 0.02) * 1e6 / max(timed(0, 0), 1.0))))
         times: list[list[float]] = [[], []]
+        checked = []
+        calls = 0
         for r in range(job["rounds"]):
-            order = (0, 1) if r % 2 == 0 else (1, 0)  # alternate who goes first: drift hits both alike
-            for i in order:
-                t0 = _clock()
-                for _ in range(iters):
-                    models[i](*inputs)
-                sync()
-                times[i].append((_clock() - t0) / iters * 1e6)
-    return {"reference_us": times[0], "candidate_us": times[1], "iters": iters,
-            "timing_tamper": probes.timing_changes(timers)}
+            pick = rng.randrange(iters)
+            for i in ((0, 1) if r % 2 == 0 else (1, 0)):  # alternate who goes first: drift hits both alike
+                total = 0.0
+                for k in range(iters):
+                    calls += 1
+                    total += timed(i, calls)
+                    if i == 1 and k == pick:  # decided before the round, asked only after the call returned
+                        reply = runners[1].ask({"op": "fetch"})
+                        _facts(reply, f"timed call {calls}", facts)
+                        checked.append({"inputs": _clones(copies[1][calls % len(drawn)]),
+                                        "out": _decoded(reply.get("out"))})
+                times[i].append(total / iters)
+        final = runners[1].ask({"op": "final"})
+        _facts(final, "end of benchmark", facts)
+    except RunnerDied as exc:
+        return {"error": str(exc), "stage": "run"}
+    finally:
+        for r in runners:
+            r.close()
+    torch.save({"checked": checked}, "outputs.pt")
+    return {"reference_us": times[0], "candidate_us": times[1], "iters": iters, "outputs": "outputs.pt",
+            "timing_tamper": facts["timing"] + facts["subclass"], "tamper": facts["tamper"],
+            "facts": facts}
 
 
 def _sanitize(job: dict[str, Any]) -> dict[str, Any]:
     """One call on the main case, for compute-sanitizer to watch (the parent wraps this process in it)."""
     plan = torch.load(job["plan"])
-    model = _build(_load(job["candidate"], "ModelNew"), plan["init_args"][0], job["state_dicts"][0],
+    model = _build(_load(job["candidate"], "ModelNew"), plan["init_args"][0], torch.load(job["state_dicts"][0]),
                    job["init_seed"], []).to("cuda")
     with torch.inference_mode():
         model(*_to(plan["cases"][0][2], "cuda"))
@@ -215,8 +763,11 @@ def _sanitize(job: dict[str, Any]) -> dict[str, Any]:
 
 def main() -> None:
     job = json.loads(Path(sys.argv[1]).read_text())
-    protections = confine(Path.cwd())  # before any candidate code is imported
-    cuda_check.install(Path.cwd())
+    forks = job["kind"] in ("verify", "bench")
+    # a harness that forks runners leaves the audit hook to them: it runs no candidate code itself
+    protections = confine(Path.cwd(), audit=not forks)  # before any candidate code is imported
+    (Path.cwd() / WORK).mkdir(exist_ok=True)
+    cuda_check.install(Path.cwd() / WORK)
     try:
         result = {"verify": _verify, "bench": _bench, "sanitize": _sanitize, "noop": lambda job: {}}[job["kind"]](job)
     except NeedsGPU as exc:
@@ -225,8 +776,8 @@ def main() -> None:
         message = str(exc) if isinstance(exc, LoadError) else f"{type(exc).__name__}: {exc}"
         result = {"error": message.strip()[:1500], "stage": "compile" if isinstance(exc, LoadError) else "run",
                   "traceback": traceback.format_exc()[-3000:]}
-    result["ptxas"] = cuda_check.REPORTS
-    result["protections"] = protections
+    result.setdefault("ptxas", cuda_check.REPORTS)
+    result["protections"] = protections + list(result.pop("runner_protections", []) or [])
     Path("result.json").write_text(json.dumps(result))
 
 

@@ -1,7 +1,9 @@
 """Every known way of fooling a kernel harness, each as a candidate that must fail with the right check.
 
 The cheats wrap a real kernel — the library's C++ RMSNorm, or its Triton one run in the interpreter — so what
-fails is the cheat, not a missing kernel.
+fails is the cheat, not a missing kernel. The second group attacks the harness itself: its own code and results,
+its flags and call counts, the plan of inputs, the op log, buffer reuse and memoising, weights, special values and
+late writers (one candidate per class; tests/test_verify_kernels.py and test_hostile.py hold the rest).
 """
 
 import textwrap
@@ -14,7 +16,8 @@ from kernelbot.agent.tasks import reference_source
 from kernelbot.agent.verify import verify
 
 HEADER = """
-import gc, threading, time
+import ctypes, gc, os, sys, threading, time
+from pathlib import Path
 import torch
 from kernelbot.kernel_library.rmsnorm.cpu import RMSNormCpp
 from kernelbot.kernel_library.rmsnorm.triton_kernel import RMSNormTriton
@@ -139,12 +142,133 @@ CHEATS = {
         def forward(self, x):
             return self.kernel(x) + torch.rand(()) * 1e-7
     """),
+    # 1. the child's word: replace the harness's serialiser and a probe, return zeros
+    "patches_the_harness": ("harness_tamper", """
+        def forward(self, x):
+            harness, right = sys.modules["__main__"], self.kernel(x)
+            harness._outputs = lambda value, facts: ([harness._encode(right)], [right])
+            sys.modules["kernelbot.sandbox.probes"].aliasing = lambda *args, **kwargs: []
+            return torch.zeros_like(x)
+    """),
+    "writes_the_harness_results": ("sandbox_violation", """
+        def forward(self, x):
+            for name in ("result.json", "outputs.pt"):
+                try:
+                    Path(os.getcwd()).parent.joinpath(name).write_text("{}")
+                except OSError:
+                    pass
+            return self.kernel(x)
+    """),
+    "traces_the_harness_frames": ("sandbox_violation", """
+        def forward(self, x):
+            sys.settrace(lambda frame, event, arg: None)  # a tracer may rewrite the caller's locals
+            sys.settrace(None)
+            return self.kernel(x)
+    """),
+    # 2. honest only while watched: the verifier's global flags
+    "honest_only_under_the_verifiers_flags": ("correctness", """
+        def forward(self, x):
+            if torch.are_deterministic_algorithms_enabled():
+                return self.kernel(x)
+            return torch.zeros_like(x)
+    """),
+    # 3. the plan of inputs, read in advance
+    "reads_the_plan_of_inputs": ("sandbox_violation", """
+        def forward(self, x):
+            near = [*Path(__file__).resolve().parents[:3], *Path(os.getcwd()).parents]
+            for plan in [d / sub for d in near for sub in ("plan.pt", "work/plan.pt", "verify/plan.pt")]:
+                if plan.exists():  # a stat: allowed, and it is there
+                    try:
+                        ModelNew.kept = torch.load(plan)
+                    except OSError:
+                        pass
+            return self.kernel(x)
+    """),
+    # 4. PyTorch doing the work where a dispatch mode does not look, or the op log switched off
+    "falls_back_outside_dispatch_modes": ("reference_fallback", """
+        def forward(self, x):
+            self.kernel(x[:1])
+            with torch._C._DisableTorchDispatch():
+                v = x.pow(2).mean(-1, keepdim=True)
+                return self.weight * (x * torch.rsqrt(v + self.variance_epsilon))
+    """),
+    "falls_back_on_another_thread": ("reference_fallback", """
+        def forward(self, x):
+            self.kernel(x[:1])
+            done = {}
+            def work():
+                v = x.pow(2).mean(-1, keepdim=True)
+                done["y"] = self.weight * (x * torch.rsqrt(v + self.variance_epsilon))
+            worker = threading.Thread(target=work)
+            worker.start()
+            worker.join()
+            return done["y"]
+    """),
+    "stops_the_op_log": ("reference_fallback", """
+        def forward(self, x):
+            self.kernel(x[:1])
+            try:
+                torch.autograd.profiler._disable_profiler()
+            except Exception:
+                pass
+            v = x.pow(2).mean(-1, keepdim=True)
+            return self.weight * (x * torch.rsqrt(v + self.variance_epsilon))
+    """),
+    # 5. aliasing beyond the previous call, memoising on a few elements
+    "rotates_three_output_buffers": ("output_aliasing", """
+        def forward(self, x):
+            y = self.kernel(x)
+            ring = ModelNew.cache.setdefault(tuple(y.shape), [torch.empty_like(y) for _ in range(3)] + [0])
+            ring[3] += 1
+            return ring[ring[3] % 3].copy_(y)
+    """),
+    "memoises_on_sampled_elements": ("result_caching", """
+        def forward(self, x):
+            flat = x.reshape(-1)
+            key = (tuple(x.shape), float(flat[0]), float(flat[-1]), float(flat[flat.numel() // 2]))
+            if key not in self.cache:
+                self.cache[key] = self.kernel(x)
+            return self.cache[key].clone()
+    """),
+    # 6. parameters are inputs too
+    "folds_a_scale_into_its_weight": ("input_mutation", """
+        def forward(self, x):
+            if not getattr(self, "folded", False):
+                with torch.no_grad():
+                    self.weight.mul_(0.5)
+                self.folded = True
+            return self.kernel(x) * 2
+    """),
+    # 7. special values: a kernel that quietly drops NaN and inf
+    "hides_nan_and_inf": ("correctness", """
+        def forward(self, x):
+            return self.kernel(torch.nan_to_num(x))
+    """),
+    # 8. a native thread (invisible to threading) that overwrites the output later
+    "overwrites_its_output_from_a_native_thread": ("side_stream", """
+        def forward(self, x):
+            y = self.kernel(x)
+            address, size = y.data_ptr(), y.numel() * y.element_size()
+            def late(_):
+                time.sleep(0.06)
+                ctypes.memset(address, 0, size)
+            callback = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(late)
+            ModelNew.cache.setdefault("native", []).append((callback, y))  # both stay alive
+            thread = ctypes.c_ulong()
+            libc = ctypes.CDLL(None)
+            libc.pthread_create(ctypes.byref(thread), None, callback, None)
+            libc.pthread_detach(thread)
+            return y
+    """),
 }
 # The quick ones run in every CI; the rest are marked slow (each is one sandboxed verification).
 QUICK = {("cpp", n) for n in ("freed_reference_output", "caches_on_pointer", "finishes_on_a_side_thread",
                               "patches_the_timer", "looks_through_gc", "computes_in_bfloat16", "returns_its_input",
-                              "decorative_kernel")} | {("triton", "caches_on_id_and_version"),
-                                                       ("triton", "decorative_kernel")}
+                              "decorative_kernel", "patches_the_harness", "reads_the_plan_of_inputs",
+                              "falls_back_outside_dispatch_modes", "rotates_three_output_buffers",
+                              "memoises_on_sampled_elements", "folds_a_scale_into_its_weight",
+                              "overwrites_its_output_from_a_native_thread")} | {("triton", "caches_on_id_and_version"),
+                                                                                 ("triton", "decorative_kernel")}
 
 
 def _candidate(tmp_path, backend: str, name: str, body: str):

@@ -108,6 +108,29 @@ with open("loot.txt", "w") as f:
 
 
 @pytest.mark.parametrize("mode", MODES, indirect=True)
+def test_what_a_candidate_reads_or_says_does_not_reach_the_verdict(tmp_path, monkeypatch, mode):
+    """Without namespaces the parent's /proc entries are there to read: the runner's own Landlock layer refuses
+    them (and credentials under /etc), the attempt is a violation, and the candidate's exception text reaches
+    the verdict only as a short excerpt."""
+    secret = f"sk-verdict-{time.time_ns()}"
+    monkeypatch.setenv("KB_HOSTILE_API_KEY", secret)
+    verdict = _run(tmp_path, f"""
+loot = []
+for path in ["/etc/shadow", "/proc/{os.getpid()}/environ", "/proc/{os.getppid()}/environ", "/proc/1/environ"]:
+    try:
+        with open(path, "rb") as f:
+            loot.append(f.read().decode(errors="replace"))
+    except OSError:
+        pass
+raise RuntimeError("loot: " + " | ".join(loot) * 20)
+""")
+    assert secret not in verdict.model_dump_json()
+    assert "sandbox_violation" in verdict.failed and "crash" in verdict.failed
+    assert "read_outside_box" in next(c.detail for c in verdict.checks if c.id == "sandbox_violation")
+    assert len(next(c.detail for c in verdict.checks if c.id == "crash")) < 400
+
+
+@pytest.mark.parametrize("mode", MODES, indirect=True)
 def test_no_network_even_to_loopback(tmp_path, mode):
     with loopback_listener() as (port, received):
         verdict = _run(tmp_path, f"""

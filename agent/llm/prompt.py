@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import re
 from dataclasses import dataclass, field
@@ -84,9 +85,33 @@ def backend_rules(backend: str) -> list[str]:
     ]
 
 
-def library_examples(task: Task, backend: str) -> list[tuple[str, str]]:
-    """Accepted kernels from kernel_library: the task's own family first, else RMSNorm as a house-style sample."""
-    family = FAMILIES.get(task.family) or FAMILIES["rmsnorm"]
+_ATEN_CALL = re.compile(r"torch\.ops\.aten\.(\w+)\.")
+_TORCH_CALL = re.compile(r"(?:\btorch|\bF|\bnn\.functional)\.(\w+)\(|\.(\w+)\(")
+_ATEN_AS_TORCH = {"addmm": "linear", "mm": "linear", "t": "linear", "bmm": "matmul", "_to_copy": "to"}
+
+
+@functools.cache
+def _family_calls(name: str) -> frozenset[str]:
+    """The torch functions and tensor methods a family's reference calls."""
+    text = FAMILIES[name].reference_path.read_text()
+    return frozenset(a or b for a, b in _TORCH_CALL.findall(text)) - {"__init__", "Parameter", "ones", "super"}
+
+
+def nearest_family(reference: str) -> str:
+    """The family whose reference calls the ops most like this generic reference's ATen graph (Jaccard)."""
+    ops = frozenset(_ATEN_AS_TORCH.get(op, op) for op in _ATEN_CALL.findall(reference))
+
+    def likeness(name: str) -> float:
+        theirs = _family_calls(name)
+        return len(ops & theirs) / len(ops | theirs) if ops | theirs else 0.0
+
+    return max(FAMILIES, key=likeness)
+
+
+def library_examples(task: Task, backend: str, reference: str = "") -> list[tuple[str, str]]:
+    """Accepted kernels from kernel_library: the task's own family, or for a generic task the family whose
+    reference is most like its graph."""
+    family = FAMILIES.get(task.family) or FAMILIES[nearest_family(reference)]
     folder = ROOT / family.name
     files = [folder / "triton_kernel.py"] if backend == "triton" else [*sorted(folder.glob("*.cpp")),
                                                                          folder / "cpu.py"]
@@ -105,6 +130,9 @@ def _task_lines(task: Task, ctx: PromptContext) -> list[str]:
         f"Observed input shapes: {task.input_shapes}; dtype: {task.dtype}; variable dims per input: {variable}.",
         f"Constructor arguments (get_init_inputs): {task.init_args!r}.",
     ]
+    if task.region:
+        lines.append(f"Region: {task.region}. The reference's forward() is this call's ATen graph, extracted from "
+                     "the model; its parameters and buffers are registered under the module's own names.")
     if task.share:
         lines.append(f"Share of the profiled forward time: {task.share:.1%}.")
     if task.floor_us:
@@ -152,7 +180,7 @@ def build_messages(task: Task, reference: str, ctx: PromptContext, attempts: lis
         "## Accepted kernels from this project (for style; they use an internal loader, you must use the "
         "public API named above)",
     ]
-    for path, text in library_examples(task, ctx.backend):
+    for path, text in library_examples(task, ctx.backend, reference):
         parts += ["", f"`{path}`:", f"```{_fence(path)}", text.rstrip(), "```"]
     if attempts:
         parts += ["", *_attempt_sections(attempts)]

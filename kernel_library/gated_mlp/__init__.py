@@ -22,5 +22,4 @@ FAMILY = Family(
                          dtype_name(m.gate_proj.weight.dtype)],
     cost=_cost,
     matches=lambda m, dims: _uses_silu(m) and len(dims) > 1 and list(m.gate_proj.weight.shape) == dims[1],
-    max_rows=64,
 )

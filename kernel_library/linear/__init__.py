@@ -16,5 +16,4 @@ FAMILY = Family(
     init_args=lambda m: [int(m.in_features), int(m.out_features), m.bias is not None, dtype_name(m.weight.dtype)],
     cost=_cost,
     matches=lambda m, dims: len(dims) > 1 and list(m.weight.shape) == dims[1],
-    max_rows=64,
 )

@@ -1,4 +1,17 @@
-from kernelbot.kernel_library.base import Family, dtype_name, rows
+import torch
+
+from kernelbot.kernel_library.base import Family, computes_reference, dtype_name, rows
+
+
+def _covers(m: torch.nn.Module) -> bool:
+    """A leaf with a 1-D weight and an epsilon that computes Llama's RMSNorm (Gemma's 1 + weight does not)."""
+    weight = getattr(m, "weight", None)
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 1 or next(m.children(), None) is not None:
+        return False
+    if not isinstance(getattr(m, "variance_epsilon", getattr(m, "eps", None)), float):
+        return False
+    return computes_reference(FAMILY, m, [torch.randn(2, 3, weight.shape[0], dtype=weight.dtype)])
+
 
 FAMILY = Family(
     name="rmsnorm",
@@ -11,4 +24,5 @@ FAMILY = Family(
     # read x, write out, read the weight once
     cost=lambda dims, itemsize: (4.0 * rows(dims[0]) * dims[0][-1], (2 * rows(dims[0]) + 1) * dims[0][-1] * itemsize),
     matches=lambda m, dims: list(m.weight.shape) == dims[0][-1:],
+    covers=_covers,
 )

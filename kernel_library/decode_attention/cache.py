@@ -1,0 +1,67 @@
+"""Appending to a transformers DynamicLayer without concatenating: its keys and values become prefix views of
+buffers with spare room, which the kernels' `step` writes the new tokens into; the layer sees ordinary
+[B, KVH, P, D] tensors (get_seq_length, masks, crop and beam reorder work as before)."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import torch
+
+_CAPACITY = "_kb_capacity"  # set only on the views this module makes: positions their buffer holds
+
+
+class SteppingAttention(Protocol):
+    num_kv_heads: int
+    head_dim: int
+
+    def step(self, hidden_states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, key_cache: torch.Tensor,
+             value_cache: torch.Tensor, past_len: int) -> torch.Tensor: ...
+
+
+def kv_with_room(keys: torch.Tensor, values: torch.Tensor, new_tokens: int,
+                 room: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
+    """[B, KVH, P + new_tokens, D] caches to append into after `keys`' P positions. Where `keys` and `values` are
+    what this returned before, the views grow over the same buffers while these have room; otherwise new buffers
+    with `room` spare positions are allocated and the past copied in once (any other tensor: a fresh cache, one
+    cropped or reordered by transformers). Not for tensors shared between sequences: both would append into the
+    same buffer."""
+    needed = keys.shape[2] + new_tokens
+    if _has_room(keys, needed) and _has_room(values, needed):
+        return _grown_in_place(keys, needed), _grown_in_place(values, needed)
+    return _reallocated(keys, needed, room), _reallocated(values, needed, room)
+
+
+def _has_room(cache: torch.Tensor, needed: int) -> bool:
+    return getattr(cache, _CAPACITY, -1) >= needed
+
+
+def _grown_in_place(cache: torch.Tensor, needed: int) -> torch.Tensor:
+    view = cache.as_strided((*cache.shape[:2], needed, cache.shape[3]), cache.stride(), cache.storage_offset())
+    setattr(view, _CAPACITY, getattr(cache, _CAPACITY))
+    return view
+
+
+def _reallocated(cache: torch.Tensor, needed: int, room: int) -> torch.Tensor:
+    batch, heads, past, dim = cache.shape
+    buffer = cache.new_empty(batch, heads, needed + room, dim)
+    buffer[:, :, :past].copy_(cache)
+    view = buffer[:, :, :needed]
+    setattr(view, _CAPACITY, needed + room)
+    return view
+
+
+def step_dynamic_layer(attention: SteppingAttention, layer: Any, hidden_states: torch.Tensor, cos: torch.Tensor,
+                       sin: torch.Tensor, room: int = 256) -> torch.Tensor:
+    """LlamaAttention.forward's work with a DynamicCache layer (`cache.layers[layer_idx]`, a DynamicLayer): the new
+    tokens' rotated keys and values are appended to the layer by `attention.step` and its output returned."""
+    batch, tokens, _ = hidden_states.shape
+    if not layer.is_initialized or layer.keys is None or layer.keys.dim() != 4:
+        empty = hidden_states.new_empty(batch, attention.num_kv_heads, 0, attention.head_dim)
+        layer.lazy_initialization(empty, empty)
+        layer.keys, layer.values = empty, empty
+    past_len = layer.keys.shape[2]
+    key_cache, value_cache = kv_with_room(layer.keys, layer.values, tokens, room)
+    out = attention.step(hidden_states, cos, sin, key_cache, value_cache, past_len)
+    layer.keys, layer.values = key_cache, value_cache
+    return out

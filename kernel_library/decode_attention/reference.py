@@ -1,0 +1,86 @@
+"""Llama-style self-attention over a KV cache, in the pure form a verifier can check: the past keys and values
+come in as tensors, the rotated new keys and the new values come back (what a cache appends)."""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def causal_mask(new_tokens: int, past_len: int, device: torch.device) -> torch.Tensor:
+    """[T, P+T] bool: new token t sees keys 0..P+t (the causal mask aligned to the end of the keys)."""
+    keys = torch.arange(past_len + new_tokens, device=device)
+    return keys[None, :] <= past_len + torch.arange(new_tokens, device=device)[:, None]
+
+
+class Model(nn.Module):
+    """transformers' LlamaAttention.forward (sdpa, no padding mask) with a DynamicCache holding `past_key`,
+    `past_value`: q, k, v projections; RoPE in the rotate_half form, in the activation dtype; attention of the T new
+    queries over cat(past, new) keys, causal with offset P, GQA; o_proj. Submodule names give the state_dict keys of
+    LlamaAttention (Qwen2Attention with bias=True: biases on q, k, v, none on o_proj)."""
+
+    def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int, bias: bool = False,
+                 dtype: str = "float32") -> None:
+        super().__init__()
+        kw = {"dtype": getattr(torch, dtype)}
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.scaling = head_dim**-0.5
+        self.q_proj = nn.Linear(hidden_size, num_heads * head_dim, bias=bias, **kw)
+        self.k_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=bias, **kw)
+        self.v_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=bias, **kw)
+        self.o_proj = nn.Linear(num_heads * head_dim, hidden_size, bias=False, **kw)
+
+    def forward(self, hidden_states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, past_key: torch.Tensor,
+                past_value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        batch, tokens, _ = hidden_states.shape
+        heads_shape = (batch, tokens, -1, self.head_dim)
+        query = self.q_proj(hidden_states).view(heads_shape).transpose(1, 2)
+        key = self.k_proj(hidden_states).view(heads_shape).transpose(1, 2)
+        value = self.v_proj(hidden_states).view(heads_shape).transpose(1, 2)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        query = (query * cos) + (rotate_half(query) * sin)
+        key = (key * cos) + (rotate_half(key) * sin)
+        keys = torch.cat((past_key.to(key.dtype), key), dim=2)
+        values = torch.cat((past_value.to(value.dtype), value), dim=2)
+        groups = self.num_heads // self.num_kv_heads
+        past_len = past_key.shape[2]
+        mask = None if tokens == 1 else causal_mask(tokens, past_len, hidden_states.device)
+        attn = F.scaled_dot_product_attention(query, keys.repeat_interleave(groups, dim=1),
+                                              values.repeat_interleave(groups, dim=1), attn_mask=mask,
+                                              scale=self.scaling)
+        out = self.o_proj(attn.transpose(1, 2).reshape(batch, tokens, -1))
+        return out, key, value
+
+
+# A task overrides these with its observed shapes and the layer's arguments.
+# hidden_states [B,T,hidden]; cos, sin [1 or B, T, head_dim]; past key, value [B, kv heads, P, head_dim]
+INPUT_SHAPES = [[2, 5, 128], [1, 5, 32], [1, 5, 32], [2, 2, 11, 32], [2, 2, 11, 32]]
+DTYPE = torch.float32
+INIT_ARGS = [128, 4, 2, 32, False, "float32"]  # hidden, heads, kv heads, head_dim, bias, dtype
+
+
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """[..., head_dim] cos and sin in fp32, laid out as LlamaRotaryEmbedding does: cat(freqs, freqs)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+    freqs = positions[..., None].float() * inv_freq
+    angles = torch.cat((freqs, freqs), dim=-1)
+    return angles.cos(), angles.sin()
+
+
+def get_inputs():
+    """Hidden states and past keys/values at INPUT_SHAPES; cos/sin of positions P..P+T-1 under a drawn theta."""
+    (batch, tokens, hidden), (cos_batch, _, head_dim), _, (_, kv_heads, past_len, _), _ = INPUT_SHAPES
+    theta = float(10.0 ** (4 + 2 * torch.rand((), device="cpu").item()))  # 1e4 .. 1e6, as real models use
+    positions = torch.arange(past_len, past_len + tokens).expand(cos_batch, tokens)
+    cos, sin = rope_cos_sin(positions, head_dim, theta)
+    past = (batch, kv_heads, past_len, head_dim)
+    return [torch.randn(batch, tokens, hidden, dtype=DTYPE), cos.to(DTYPE), sin.to(DTYPE),
+            torch.randn(past, dtype=DTYPE), torch.randn(past, dtype=DTYPE)]
+
+
+def get_init_inputs():
+    return list(INIT_ARGS)

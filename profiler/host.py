@@ -1,0 +1,122 @@
+"""How busy the host is while something is timed: the 1-minute load average, the CPU count, and the CPU time our
+own process tree and everyone else's processes used over a window, read from /proc (two reads of each process's
+stat line, a few milliseconds). A timing taken on a contended host says so beside its numbers.
+
+Contended: the load average, less the cores our own process tree kept busy, is above half the cores; or, over the
+window itself, other processes kept more than half the cores busy.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+CONTENDED_SHARE = 0.5  # of the cores, busy with work that is not ours
+BUSIEST = 5  # other processes listed by name
+PROC = Path("/proc")
+
+
+class BusyProcess(BaseModel):
+    pid: int
+    name: str
+    cores: float  # CPU time over the window / the window's length
+
+
+class HostLoad(BaseModel):
+    load_1m: float | None  # None where the OS gives no load average
+    cpu_count: int
+    window_s: float | None = None  # the stretch over which CPU time was counted; None when /proc was not read
+    own_cores: float | None = None  # cores our process tree kept busy over the window
+    others_cores: float | None = None  # cores every other process kept busy over the window
+    busiest: list[BusyProcess] = Field(default_factory=list)  # the other processes that used most CPU
+    contended: bool
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class ProcSample:
+    """Every process's parent and CPU ticks (user + system) at one instant."""
+
+    at_ns: int
+    ticks: dict[int, int]
+    parents: dict[int, int]
+    names: dict[int, str]
+
+
+def read_stat(line: str) -> tuple[str, int, int]:
+    """(name, parent pid, user + system ticks) from a /proc/PID/stat line; the name may hold spaces and ')'."""
+    name, rest = line[line.index("(") + 1:line.rindex(")")], line[line.rindex(")") + 2:].split()
+    return name, int(rest[1]), int(rest[11]) + int(rest[12])
+
+
+def sample() -> ProcSample | None:
+    """All processes' CPU ticks now, or None where there is no /proc."""
+    if not (PROC / "self" / "stat").exists():
+        return None
+    at = time.perf_counter_ns()
+    ticks, parents, names = {}, {}, {}
+    for entry in os.scandir(PROC):
+        if not entry.name.isdigit():
+            continue
+        try:
+            name, parent, used = read_stat((PROC / entry.name / "stat").read_text())
+        except (OSError, ValueError, IndexError):  # the process ended between listing and reading
+            continue
+        pid = int(entry.name)
+        ticks[pid], parents[pid], names[pid] = used, parent, name
+    return ProcSample(at, ticks, parents, names)
+
+
+def own_tree(parents: dict[int, int], root: int) -> set[int]:
+    """root and every process descended from it."""
+    children: dict[int, list[int]] = {}
+    for pid, parent in parents.items():
+        children.setdefault(parent, []).append(pid)
+    tree, todo = set(), [root]
+    while todo:
+        pid = todo.pop()
+        if pid not in tree:
+            tree.add(pid)
+            todo.extend(children.get(pid, []))
+    return tree
+
+
+def is_contended(load_1m: float | None, cpu_count: int, own_cores: float | None,
+                 others_cores: float | None) -> bool:
+    limit = CONTENDED_SHARE * cpu_count
+    by_load = load_1m is not None and load_1m - (own_cores or 0.0) > limit
+    return by_load or (others_cores is not None and others_cores > limit)
+
+
+def host_load(since: ProcSample | None = None, window_s: float = 0.05) -> HostLoad:
+    """The host's load now; CPU shares over the window since `since` (a sample taken when timing began), or over
+    `window_s` of waiting here when there is none."""
+    try:
+        load_1m: float | None = round(os.getloadavg()[0], 2)
+    except OSError:
+        load_1m = None
+    cpus = os.cpu_count() or 1
+    start = since if since is not None else sample()
+    if start is None:
+        return HostLoad(load_1m=load_1m, cpu_count=cpus, contended=is_contended(load_1m, cpus, None, None),
+                        note="no /proc here: CPU shares of processes not read")
+    if since is None:
+        time.sleep(window_s)
+    end = sample()
+    assert end is not None  # /proc was there a moment ago
+    window = max((end.at_ns - start.at_ns) / 1e9, 1e-6)
+    per_tick = 1 / (os.sysconf("SC_CLK_TCK") * window)
+    ours = own_tree(end.parents, os.getpid())
+    used = {pid: (t - start.ticks.get(pid, 0)) * per_tick for pid, t in end.ticks.items()}
+    own = sum(c for pid, c in used.items() if pid in ours)
+    others = {pid: c for pid, c in used.items() if pid not in ours and c > 0}
+    busiest = sorted(others, key=lambda pid: -others[pid])[:BUSIEST]
+    others_cores = sum(others.values())
+    return HostLoad(load_1m=load_1m, cpu_count=cpus, window_s=round(window, 4), own_cores=round(own, 3),
+                    others_cores=round(others_cores, 3),
+                    busiest=[BusyProcess(pid=p, name=end.names[p], cores=round(others[p], 3)) for p in busiest],
+                    contended=is_contended(load_1m, cpus, own, others_cores))

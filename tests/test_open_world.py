@@ -1,0 +1,44 @@
+"""`kernelbot optimize --model DIR` on architectures besides Llama: generic tasks extracted from the model, their
+built-in candidates verified, benchmarked and routed, and fidelity kept."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from model_zoo import write_model_dir
+
+from kernelbot.agent.optimize import OptimizeOptions, optimize
+
+FAMILIES = ("rmsnorm", "gated_mlp", "linear", "silu_and_mul", "rotary_embedding", "decode_attention")
+
+
+def run_generic(tmp_path, name: str):
+    model = write_model_dir(tmp_path, name)
+    opts = OptimizeOptions(model=str(model), dtype="float32", batch=2, prompt_len=8, decode_steps=6,
+                           run_dir=tmp_path / "run", families=["generic"], max_tasks=3, iterations=1,
+                           e2e_rounds=3, bench_rounds=9, compile=False, min_share=0.01, device="cpu")
+    return optimize(opts)
+
+
+def check_generic_kernels_ran(report) -> None:
+    accepted = [k for k in report.kernels if k.status == "accepted"]
+    assert accepted, [k.reason for k in report.kernels]
+    assert all(k.op == "generic" and k.module not in FAMILIES for k in accepted)
+    assert all(k.calls > 0 for k in accepted)
+    assert report.fidelity.passed, report.fidelity.summary()
+
+
+def test_a_gpt_neox_model_directory_gets_generic_kernels_for_ops_no_family_covers(tmp_path):
+    report = run_generic(tmp_path, "gpt-neox")
+    check_generic_kernels_ran(report)
+    reference = next((tmp_path / "run" / "tasks").glob("*/reference.py")).read_text()
+    assert "def graph(" in reference and "torch.ops.aten." in reference
+    saved = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert saved["model"]["architecture"] == "GPTNeoXForCausalLM"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["qwen2", "mixtral", "gemma2", "phi"])
+def test_other_architectures_get_generic_kernels_and_keep_their_outputs(tmp_path, name):
+    check_generic_kernels_ran(run_generic(tmp_path, name))

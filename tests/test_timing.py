@@ -1,0 +1,175 @@
+"""The timing protocol (agent/timing.py) and the host's load beside it (profiler/host.py), against the CPU clock."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from kernelbot import KernelbotError
+from kernelbot.agent.timing import WrongOutputError, compare, time_callable, time_once
+from kernelbot.engine.device import DeviceChoice, GpuState, HostStopwatch, pick_device
+from kernelbot.profiler import host
+
+CPU = pick_device("cpu")
+SETS = [(0,), (1,), (2,)]
+
+
+def doubled(k: int, out: Any) -> str | None:
+    return None if out == 2 * SETS[k][0] else f"expected {2 * SETS[k][0]}, got {out}"
+
+
+def test_a_callable_that_sleeps_a_known_time_is_measured_within_tolerance() -> None:
+    def nap(x: int) -> int:
+        time.sleep(0.02)
+        return 2 * x
+
+    timing = time_callable(nap, SETS, CPU, check=doubled, calls=5, warmup=1)
+    # sleep never returns early; a busy host may wake it late, not by 15 ms at the median
+    assert 20_000 <= timing.median_us < 35_000
+    assert timing.p25_us <= timing.median_us <= timing.p75_us
+    assert len(timing.per_call_us) == 5 and min(timing.per_call_us) == timing.min_us >= 20_000
+    assert timing.clock == "perf_counter_ns" and timing.l2_flushed is False and timing.device == "cpu"
+    assert 20.0 <= time_once(lambda: time.sleep(0.02), CPU) < 35.0
+
+
+def test_a_callable_wrong_on_its_third_timed_call_is_caught() -> None:
+    calls = []
+
+    def wrong_on_third_timed(x: int) -> int:
+        calls.append(x)
+        return 2 * x + (1 if len(calls) == 2 + 3 else 0)  # 2 warm-up calls, then the third timed one
+
+    with pytest.raises(WrongOutputError) as err:
+        time_callable(wrong_on_third_timed, SETS, CPU, check=doubled, calls=6, warmup=2)
+    assert err.value.call == "timed call 3" and err.value.input_set == (2 + 2) % len(SETS)
+    assert "timed call 3 (input set 1): expected 2, got 3" in str(err.value)
+    assert len(calls) == 5  # stopped at the wrong call
+
+
+def test_each_call_gets_fresh_inputs_from_the_cycled_pool() -> None:
+    seen: list[int] = []
+
+    def record(x: int) -> int:
+        seen.append(x)
+        return 2 * x
+
+    timing = time_callable(record, SETS, CPU, check=doubled, calls=7, warmup=2)
+    assert len(seen) == 9
+    assert all(a != b for a, b in zip(seen, seen[1:], strict=False))  # no call saw its predecessor's inputs
+    assert set(seen) == {0, 1, 2}
+    assert timing.input_order == seen[2:] and timing.input_sets == 3
+
+
+def test_one_input_set_is_refused_because_calls_would_repeat_inputs() -> None:
+    with pytest.raises(KernelbotError, match="at least 2 input sets"):
+        time_callable(lambda x: 2 * x, [(1,)], CPU, check=lambda k, out: None)
+
+
+def test_the_host_load_is_recorded_before_and_after() -> None:
+    def spin(x: int) -> int:
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < 0.02:
+            pass
+        return 2 * x
+
+    timing = time_callable(spin, SETS, CPU, check=doubled, calls=5, warmup=1)
+    for telemetry in (timing.before, timing.after):
+        load = telemetry.host
+        assert load.load_1m is not None and load.load_1m >= 0 and load.cpu_count >= 1
+        assert load.window_s is not None and load.window_s > 0
+        assert load.own_cores is not None and load.others_cores is not None
+        assert telemetry.gpu is None and telemetry.contended == load.contended
+    # the timed window saw our own busy loop, counted as ours
+    assert timing.after.host.own_cores > 0.1
+    assert timing.contended == (timing.before.contended or timing.after.contended)
+
+
+def test_contention_is_load_beyond_our_own_over_half_the_cores() -> None:
+    assert not host.is_contended(3.0, 4, own_cores=1.0, others_cores=0.0)
+    assert host.is_contended(3.5, 4, own_cores=1.0, others_cores=0.0)
+    assert host.is_contended(0.0, 4, own_cores=0.0, others_cores=2.5)  # seen in the window, before the average
+    assert not host.is_contended(None, 4, own_cores=None, others_cores=None)
+
+
+def test_a_proc_stat_line_is_read_even_when_the_name_has_spaces_and_parentheses() -> None:
+    fields = " ".join(str(i) for i in range(3, 20))  # state=3, ppid=4, ..., utime=14, stime=15
+    assert host.read_stat(f"4242 (odd) name) {fields}") == ("odd) name", 4, 14 + 15)
+
+
+def test_our_process_tree_holds_descendants_only() -> None:
+    parents = {10: 1, 11: 10, 12: 11, 20: 1, 21: 20}
+    assert host.own_tree(parents, 10) == {10, 11, 12}
+
+
+def test_a_gain_is_claimed_only_beyond_the_measured_noise() -> None:
+    def nap(seconds: float):
+        def call(x: int) -> int:
+            time.sleep(seconds)
+            return 2 * x
+        return call
+
+    slow = time_callable(nap(0.03), SETS, CPU, check=doubled, calls=5, warmup=0)
+    fast = time_callable(nap(0.01), SETS, CPU, check=doubled, calls=5, warmup=0)
+    gain = compare(slow, fast)
+    assert gain.speedup > 1.5 and gain.beyond_noise
+    assert not compare(fast, slow).beyond_noise
+    same = compare(slow, slow)
+    assert same.speedup == 1.0 and not same.beyond_noise
+
+
+def test_end_to_end_timing_keeps_its_rounds_in_ms_per_engine(tmp_path) -> None:
+    from kernelbot.agent.integrate import time_end_to_end
+    from kernelbot.engine import TorchEngine
+    from kernelbot.engine.models import resolve_spec
+    from kernelbot.records import Pack
+
+    spec, _ = resolve_spec("llama-micro", dtype="float32", batch=1, prompt_len=3, decode_steps=2)
+    engine = TorchEngine(spec)
+    engine.run_workload = lambda: time.sleep(0.02)  # a workload of known length
+    times = time_end_to_end(engine, Pack(version="empty", run_id="r", device="cpu", entries=[]), tmp_path, 3, None)
+    assert list(times) == ["eager", "kernelbot", "compiled"]
+    assert len(times["eager"]) == len(times["kernelbot"]) == 3 and times["compiled"] == []
+    assert all(20.0 <= t < 35.0 for t in times["eager"] + times["kernelbot"])  # in ms
+
+
+class StandInGpu(DeviceChoice):
+    """A GPU as timing.py sees one, run on the host: counts L2 flushes, reports another process on the GPU."""
+
+    flushes: list[int] = []
+
+    @property
+    def is_gpu(self) -> bool:
+        return True
+
+    @property
+    def clock(self) -> str:
+        return "device events"
+
+    def synchronize(self) -> None:
+        pass
+
+    def l2_flusher(self):
+        return lambda: self.flushes.append(len(self.flushes))
+
+    def stopwatch(self):
+        return HostStopwatch()
+
+    def gpu_state(self, own_pids=()) -> GpuState:
+        return GpuState(available=True, sm_clock_mhz=1980, other_processes=[4242])
+
+
+def test_on_a_gpu_the_l2_is_flushed_before_every_timed_call_and_a_shared_gpu_is_contended() -> None:
+    gpu = StandInGpu(kind="cuda", name="stand-in", reason="test", flushes=[])
+    seen: list[int] = []
+
+    def record(x: int) -> int:
+        seen.append(len(gpu.flushes))  # flushes done before this call
+        return 2 * x
+
+    timing = time_callable(record, SETS, gpu, check=doubled, calls=4, warmup=2)
+    assert seen == [0, 0, 1, 2, 3, 4]  # none before the warm-up calls, one before each timed call
+    assert timing.l2_flushed and timing.clock == "device events"
+    assert timing.before.gpu.sm_clock_mhz == 1980 and timing.contended
+    assert any("other processes on the GPU: [4242]" in n for n in timing.after.notes)
