@@ -30,7 +30,7 @@ def new_row(task: Task, cand: Candidate) -> KernelResult:
                         status="rejected", reason="", speedup=None, candidate_id=f"{task.id}/{cand.id}")
 
 
-SEVERITY = ("sandbox_violation", "timing_tamper", "crash", "timeout", "compile")
+SEVERITY = ("sandbox_violation", "harness_tamper", "timing_tamper", "crash", "timeout", "compile")
 
 
 def _failure_report(verdict: Verdict) -> str:

@@ -46,6 +46,12 @@ def compare(out: object, native: torch.Tensor, exact: torch.Tensor) -> str | Non
         wrong = int((out != native).sum())
         return f"{wrong} of {out.numel()} elements differ (exact match required for {out.dtype})" if wrong else None
     o, n, e = out.double(), native.double(), exact.double()
+    if n.dim() and n.shape[-1]:
+        # rows where the reference has no finite value at all (NaN fed in, spread by its own arithmetic, e.g.
+        # through masked scores) say nothing: a kernel that contains the NaN better is not wrong there
+        rows = torch.isfinite(n).reshape(-1, n.shape[-1]).any(-1)
+        if not bool(rows.all()):
+            o, n, e = (t.reshape(-1, t.shape[-1])[rows] for t in (o, n, e))
     inf = torch.isinf(n)
     if not torch.equal(torch.isnan(o), torch.isnan(n)) or not torch.equal(torch.isinf(o), inf) \
             or not torch.equal(o[inf], n[inf]):

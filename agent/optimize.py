@@ -36,6 +36,7 @@ from kernelbot.engine.device import device_record, pick_device
 from kernelbot.engine.models import resolve_spec
 from kernelbot.kernel_library import classes_covered
 from kernelbot.kernel_library.base import GENERIC
+from kernelbot.kernel_library.base import rows as call_rows
 from kernelbot.kernel_library.store import KernelStore
 from kernelbot.profiler.hotspots import op_breakdown, rank_hotspots
 from kernelbot.profiler.trace import load_trace
@@ -54,6 +55,7 @@ from kernelbot.records import (
 )
 from kernelbot.rundir import new_run_dir, write_record
 
+INTERPRETED_ROWS = 64  # on a CPU, Triton candidates of bigger calls are not run through the interpreter
 COMPILE_GUESS_S = 90.0  # torch.compile's warm-up, when a budget must decide whether it fits
 
 
@@ -144,6 +146,14 @@ def try_candidates(task: Task, task_dir: Path, backends: list[str], device_kind:
                                     candidate_id=f"{task.id}/builtin"))
         proposed = []
     for cand, source in proposed:
+        n_rows = call_rows(task.input_shapes[0])
+        if cand.backend == "triton" and device_kind == "cpu" and n_rows > INTERPRETED_ROWS:
+            results.append(KernelResult(
+                op=task.family, module=task.module_class, backend="triton", shapes=task.input_shapes,
+                status="rejected", speedup=None, candidate_id=f"{task.id}/{cand.id}",
+                reason=f"not verified here: Triton's CPU interpreter takes minutes at {n_rows} rows, and no GPU here "
+                       "could time it (a GPU run verifies and times it)"))
+            continue
         if night is not None and not night.clock.affords_candidate() and not night.recorded(task.id, cand):
             night.stop_reason = night.stop_reason or night.clock.spent_reason()
             break

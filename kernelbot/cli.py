@@ -85,7 +85,8 @@ def _verify(args: argparse.Namespace) -> int:
     if not args.candidate.is_file():
         raise KernelbotError(f"{args.candidate}: no such candidate file")
     verdict = verify(task, args.reference, args.candidate, args.workdir or args.candidate.with_suffix(".verify"),
-                     seed=args.seed, timeout=args.timeout, device=args.device, trials=args.trials)
+                     seed=args.seed, timeout=args.timeout, device=args.device, trials=args.trials,
+                     require_deterministic=args.require_deterministic)
     if args.json:
         print(verdict.model_dump_json(indent=2))
     else:
@@ -201,6 +202,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--trials", type=int, default=1, help="independent random input draws at the main sizes")
+    p.add_argument("--require-deterministic", action="store_true",
+                   help="fail kernels whose results depend on the order of float atomics (split reductions)")
     p.add_argument("--seed", type=int, default=None, help="input seed (default: a fresh secret one; the verdict "
                                                           "records it for replay)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds for the sandboxed candidate job")

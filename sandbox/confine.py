@@ -246,8 +246,9 @@ def confine_runner(work: Path, extra_readable: Iterable[Path], trusted: Iterable
         read = LL_EXECUTE | LL_READ_FILE | LL_READ_DIR
         writes = ll.WRITE_FILE | ll.REMOVE_DIR | ll.REMOVE_FILE | ll.MAKE_ANY | (ll.REFER if abi >= 2 else 0) | \
             (ll.TRUNCATE if abi >= 3 else 0)
-        rules = [(p, read) for p in readable] + [(work, read | writes),
-                                                 (Path("/dev/null"), ll.WRITE_FILE | (ll.TRUNCATE if abi >= 3 else 0))]
+        devices = [Path(p) for p in glob.glob("/dev/nvidia*")] + [Path("/dev/null")]  # opened read-write
+        rules = [(p, read) for p in readable] + [(work, read | writes)] + \
+            [(d, read | ll.WRITE_FILE | (ll.TRUNCATE if abi >= 3 else 0)) for d in devices]
         problem = _landlock_layer(ll, abi, read | writes, rules)
         protections.append(problem or "runner: Landlock layer of its own (reads only system, Python and kernelbot "
                                       "files and its module; writes only its scratch dir; cannot signal or trace "
@@ -257,7 +258,8 @@ def confine_runner(work: Path, extra_readable: Iterable[Path], trusted: Iterable
     install_audit(record, trusted)
     trap_environment(record)
     protections.append("audit hook (blocks sockets and signals from Python; records reads outside what it may "
-                       "read, trace/profile functions, gc and frame walks) and environment trap")
+                       "read, trace/profile functions and walks over the garbage collector's objects) and "
+                       "environment trap")
     return protections
 
 

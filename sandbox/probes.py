@@ -16,7 +16,6 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -64,7 +63,9 @@ M_PERTURB = -6  # glibc mallopt: fill allocations with ~byte and freed memory wi
 POISON_BYTE = 0x7F  # what poisoned allocations hold: float32 3.4e38, float16 NaN, bfloat16 3.4e38
 SENTINEL_SHAPE = [5, 3]  # a profiled op of the harness's own, run after the candidate's call
 _SENTINEL = torch.ops.aten.bitwise_xor.Tensor
-_clone, _equal = torch._C.TensorBase.clone, torch.equal
+_T = torch._C.TensorBase  # its methods cannot be replaced (an immutable type): bound here, used below
+_clone, _equal, _reshape, _view, _detach, _storage_of = _T.clone, torch.equal, _T.reshape, _T.view, _T.detach, \
+    _T.untyped_storage
 _FOREIGN_OK = ("torch", "numpy", "triton")  # and Python's own modules (sys.stdlib_module_names)
 
 
@@ -75,11 +76,6 @@ def timing_snapshot() -> dict[str, int]:
 def timing_changes(before: dict[str, int]) -> list[str]:
     now = timing_snapshot()
     return [f"{name} was replaced" for name in before if now[name] != before[name]]
-
-
-def busy_threads(before: set[int]) -> list[str]:
-    """Python threads the candidate started that are still running."""
-    return [t.name for t in threading.enumerate() if t.ident not in before and t.is_alive()]
 
 
 def os_threads() -> dict[int, int]:
@@ -103,14 +99,18 @@ def poison_allocations() -> bool:
         return False
 
 
-def seal(modules: Iterable[ModuleType], attributes: dict[str, tuple[Any, str]]) -> tuple[tuple[str, int], ...]:
+def seal(modules: Iterable[ModuleType], attributes: dict[str, tuple[Any, str]],
+         classes: Iterable[type] = (torch.Tensor, torch.UntypedStorage)) -> tuple[tuple[str, int], ...]:
     """Identities of everything the harness relies on: each module's functions, classes and their methods (with
-    their code, defaults and closure contents), and `attributes` (patched library attributes, clocks)."""
+    their code, defaults and closure contents), `attributes` (patched library attributes, clocks), and every
+    attribute of `classes` (torch.Tensor: a method added or replaced there changes every tensor)."""
     found: list[tuple[str, int]] = []
     for module in modules:
         for name, value in list(vars(module).items()):
             if isinstance(value, (ModuleType, type)) or callable(value):
                 found += _identities(f"{module.__name__}.{name}", value, module.__name__)
+    for cls in classes:
+        found += [(f"{cls.__qualname__}.{name}", id(value)) for name, value in list(vars(cls).items())]
     for label, (owner, attr) in attributes.items():
         found += _identities(label, getattr(owner, attr, None), None)
     return tuple(sorted(found))
@@ -150,7 +150,7 @@ def weights(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
 def weight_snapshot(model: torch.nn.Module) -> tuple[tuple[str, torch.Tensor, torch.Tensor], ...]:
     """(name, the tensor itself, a copy of its values) per parameter and buffer."""
     with torch.no_grad():
-        return tuple((n, t, _clone(t.detach())) for n, t in weights(model))
+        return tuple((n, t, _clone(_detach(t))) for n, t in weights(model))
 
 
 def weight_changes(snapshot: tuple[tuple[str, torch.Tensor, torch.Tensor], ...], model: torch.nn.Module) -> list[str]:
@@ -161,17 +161,17 @@ def weight_changes(snapshot: tuple[tuple[str, torch.Tensor, torch.Tensor], ...],
         current = now.get(name)
         if current is None or current is not tensor:
             problems.append(f"{name} was replaced or removed")
-        elif current.shape != values.shape or current.dtype != values.dtype or not _same(current.detach(), values):
+        elif current.shape != values.shape or current.dtype != values.dtype or not _same(_detach(current), values):
             problems.append(f"{name} changed in place")
     return problems
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return _equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)) if a.numel() else True
+    return _equal(_view(_reshape(a, (-1,)), torch.uint8), _view(_reshape(b, (-1,)), torch.uint8)) if a.numel() else True
 
 
 def _storage(t: torch.Tensor) -> tuple[int, int]:
-    s = t.untyped_storage()
+    s = _storage_of(t)
     return s.data_ptr(), s.data_ptr() + s.nbytes()
 
 

@@ -135,6 +135,7 @@ def run_job(job: dict[str, Any], workdir: Path, timeout: float, env: dict[str, s
     if docker_runner.choose(runner) == "docker":
         return docker_runner.run_job(job, workdir, timeout, env, wrapper, gpu)
     workdir = workdir.resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
     box = Path(tempfile.mkdtemp(prefix="kb-", dir=os.environ.get("KERNELBOT_BOX_ROOT") or None)).resolve()
     (box / "tmp").mkdir(parents=True)
     (box / "job.json").write_text(json.dumps(job))

@@ -54,6 +54,7 @@ _numpy, _untyped_storage, _set, _empty = _T.numpy, _T.untyped_storage, _T.set_, 
 _dumps, _sha256, _write, _read = pickle.dumps, hashlib.sha256, os.write, os.read
 WORK = "tmp"  # the runner's only writable directory, inside the box
 _PROTECTIONS: list[str] = []  # the runner's own, reported with its first reply
+CHECKS_PER_ROUND = 4  # timed candidate calls per round whose outputs go back to be checked
 FACT_KINDS = ("subclass", "aliasing", "late", "threads", "weights", "tamper", "timing", "notes")
 
 
@@ -213,7 +214,11 @@ class Runner:
         """End the runner; how it ended when that was not our doing."""
         ended = None
         try:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            for _ in range(50):  # a runner that just died may not have been reaped yet
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+                if pid:
+                    break
+                time.sleep(0.01)
             if pid == 0:
                 os.kill(self.pid, signal.SIGKILL)
                 os.waitpid(self.pid, 0)
@@ -594,6 +599,15 @@ def _triton_report(runner: Runner) -> dict[str, Any]:
     return report
 
 
+def _orders_missing(events: list[tuple[str, dict[str, Any]]], label: str) -> list[str]:
+    """A request that asked for every program order must show launches in each (counted here, in the harness)."""
+    ran = [data.get("order") for kind, data in events if kind == "triton_launch"]
+    if not ran:
+        return []
+    return [f"{label}: no Triton launch ran in {order} program order although the harness asked for it"
+            for order in ("reversed", "shuffled") if order not in ran]
+
+
 def _verify(job: dict[str, Any]) -> dict[str, Any]:
     device = job.get("device", "cpu")
     setup = RunnerSetup(module=job["candidate"], cls="ModelNew", device=device, triton=bool(job.get("triton")),
@@ -612,10 +626,12 @@ def _verify(job: dict[str, Any]) -> dict[str, Any]:
         protections = [str(p) for p in loaded.get("protections", [])][:4]
         runs, extra = [], {}
         for i, (label, index, inputs) in enumerate(plan["cases"]):
-            orders = setup.triton and i < 2
+            orders, seen = setup.triton and i < 2, len(runner.events)
             reply = runner.ask({"op": "case", "model": index, "inputs": inputs, "again": True, "orders": orders,
                                 "order_seed": i, "inputs_after": True, "keep": "main" if i == 0 else None})
             _facts(reply, label, facts)
+            if orders and "error" not in reply:
+                facts["tamper"] += _orders_missing(runner.events[seen:], label)
             run = {k: _decoded(reply.get(k)) for k in ("out", "again", "reversed", "shuffled", "inputs_after")
                    if k in reply}
             if "error" in reply:
@@ -677,11 +693,21 @@ def _later_calls(runner: Runner, plan: dict[str, Any], main: int, facts: dict[st
     return extra
 
 
+def _mask_like(x: torch.Tensor) -> bool:
+    """bool, only 0s and 1s, or not all finite (an additive mask): left alone by the benchmark's changes."""
+    if x.dtype == torch.bool:
+        return True
+    if x.is_floating_point() and not bool(torch.isfinite(x).all()):
+        return True
+    return bool(((x == 0) | (x == 1)).all())
+
+
 def _perturbation(inputs: list[Any], rng: random.Random) -> list[tuple[int, int, Any]]:
-    """One element of each float (else integer) input, set to (minus) the value of another element: every
-    timed call sees contents no earlier call saw, values stay in the drawn range."""
+    """One element of each float (else integer) input that is not a mask, set to (minus) the value of another
+    element: every timed call sees contents no earlier call saw, values stay in the drawn range."""
     changes = []
-    tensors = [(i, x) for i, x in enumerate(inputs) if isinstance(x, torch.Tensor) and x.numel() > 1]
+    tensors = [(i, x) for i, x in enumerate(inputs)
+               if isinstance(x, torch.Tensor) and x.numel() > 1 and not _mask_like(x)]
     floats = [(i, x) for i, x in tensors if x.is_floating_point()]
     for i, x in floats or [(i, x) for i, x in tensors if x.dtype != torch.bool][:1]:
         flat = x.reshape(-1)
@@ -693,8 +719,9 @@ def _perturbation(inputs: list[Any], rng: random.Random) -> list[tuple[int, int,
 
 def _bench(job: dict[str, Any]) -> dict[str, Any]:
     device = job.get("device", "cpu")
-    runners = [Runner.spawn(RunnerSetup(module=job["reference"], cls="Model", device=device)),
-               Runner.spawn(RunnerSetup(module=job["candidate"], cls="ModelNew", device=device))]
+    # the candidate's runner first: its pid is then the same as in verification (2 in a pid namespace)
+    candidate = Runner.spawn(RunnerSetup(module=job["candidate"], cls="ModelNew", device=device))
+    runners = [Runner.spawn(RunnerSetup(module=job["reference"], cls="Model", device=device)), candidate]
     facts: dict[str, list[str]] = {k: [] for k in FACT_KINDS}
     rng = random.Random(secrets.randbits(64))
     try:
@@ -725,13 +752,13 @@ def _bench(job: dict[str, Any]) -> dict[str, Any]:
         checked = []
         calls = 0
         for r in range(job["rounds"]):
-            pick = rng.randrange(iters)
+            picks = set(rng.sample(range(iters), min(CHECKS_PER_ROUND, iters)))
             for i in ((0, 1) if r % 2 == 0 else (1, 0)):  # alternate who goes first: drift hits both alike
                 total = 0.0
                 for k in range(iters):
                     calls += 1
                     total += timed(i, calls)
-                    if i == 1 and k == pick:  # decided before the round, asked only after the call returned
+                    if i == 1 and k in picks:  # decided before the round, asked only after the call returned
                         reply = runners[1].ask({"op": "fetch"})
                         _facts(reply, f"timed call {calls}", facts)
                         checked.append({"inputs": _clones(copies[1][calls % len(drawn)]),

@@ -165,6 +165,11 @@ CHEATS = {
             sys.settrace(None)
             return self.kernel(x)
     """),
+    "forces_natural_program_order": ("harness_tamper", """
+        def forward(self, x):
+            sys.modules["kernelbot.sandbox.triton_check"]._state["order"] = "natural"  # hides order-dependence
+            return self.kernel(x)
+    """),
     # 2. honest only while watched: the verifier's global flags
     "honest_only_under_the_verifiers_flags": ("correctness", """
         def forward(self, x):
@@ -276,8 +281,12 @@ def _candidate(tmp_path, backend: str, name: str, body: str):
     return write_module(tmp_path / name / "candidate.py", source)
 
 
+TRITON_ONLY = {"forces_natural_program_order"}  # program orders exist for Triton launches only
+
+
 @pytest.mark.parametrize("backend,name", [
-    (b, n) if (b, n) in QUICK else pytest.param(b, n, marks=pytest.mark.slow) for b in BASES for n in CHEATS])
+    (b, n) if (b, n) in QUICK else pytest.param(b, n, marks=pytest.mark.slow) for b in BASES for n in CHEATS
+    if b == "triton" or n not in TRITON_ONLY])
 def test_cheat_is_caught(tmp_path, backend, name):
     check, body = CHEATS[name]
     ref = write_module(tmp_path / "reference.py", reference_source(RMS_TASK))
