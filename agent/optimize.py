@@ -345,13 +345,12 @@ def _plan(hotspots: list[Hotspot], attempted: set[str], opts: OptimizeOptions, e
             continue  # tried in an earlier iteration
         if reason is None and len(tasks) >= opts.max_tasks:
             reason = f"over the --max-tasks {opts.max_tasks} budget of iteration {iteration + 1}"
-        task = None
+        task, reference = None, None
         if reason is None and h.family is None:
             if labels is None:
                 labels = module_labels(engine.model, engine.run_workload)
             try:
-                task = make_generic_task(h, engine.model, labels, engine.run_workload,
-                                         lambda tid: run_dir / "tasks" / tid)
+                task, reference = make_generic_task(h, engine.model, labels, engine.run_workload)
             except NotExtractable as exc:
                 reason = f"no generic task: {exc}"
             twin = next((t for t in tasks if task and t.signature == task.signature
@@ -373,9 +372,9 @@ def _plan(hotspots: list[Hotspot], attempted: set[str], opts: OptimizeOptions, e
             except LookupError as exc:
                 notes.append(f"{h.id} {h.module_class} ({h.share:.1%}): no task, {exc}")
                 continue
-            write_task(task, run_dir / "tasks" / task.id)
         else:
             covered.extend(task.module_paths)
+        write_task(task, run_dir / "tasks" / task.id, reference)
         tasks.append(task)
     return tasks
 

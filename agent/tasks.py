@@ -92,9 +92,9 @@ def module_labels(model: torch.nn.Module, run: Callable[[], Any]) -> dict[str, s
 
 
 def make_generic_task(hotspot: Hotspot, model: torch.nn.Module, labels: dict[str, str],
-                      run: Callable[[], Any], task_dir_of: Callable[[str], Path]) -> Task:
-    """A task for a module no family covers (or a module's own ops: then the module whole), its reference
-    extracted from the model at its most frequent call. Raises extract.NotExtractable with the reason."""
+                      run: Callable[[], Any]) -> tuple[Task, str]:
+    """A task for a module no family covers (or a module's own ops: then the module whole) and its reference's
+    source, extracted from the model at its profiled call. Raises extract.NotExtractable with the reason."""
     cls = hotspot.module_class.removesuffix(OWN_OPS)
     names = [labels[p.rsplit("/", 1)[-1]] for p in hotspot.module_paths if p.rsplit("/", 1)[-1] in labels]
     if not names:
@@ -116,11 +116,7 @@ def make_generic_task(hotspot: Hotspot, model: torch.nn.Module, labels: dict[str
         signature=ex.signature, module_paths=same,
         region=f"{cls} at {names[0]}, whole call" + (" (children included: its own ops are the hotspot)"
                                                       if hotspot.module_class.endswith(OWN_OPS) else ""))
-    task_dir = task_dir_of(task.id)
-    task_dir.mkdir(parents=True, exist_ok=True)
-    (task_dir / "reference.py").write_text(extract.reference_source(ex, module, task.region, dtype))
-    (task_dir / "task.json").write_text(task.model_dump_json(indent=2))
-    return task
+    return task, extract.reference_source(ex, module, task.region, dtype)
 
 
 def _siblings(model: torch.nn.Module, module: torch.nn.Module) -> list[str]:
@@ -151,8 +147,8 @@ def reference_source(task: Task) -> str:
     return body + constants + ("" if "\ndef get_inputs(" in body else DEFAULT_INPUTS)
 
 
-def write_task(task: Task, task_dir: Path) -> None:
-    """A family task's reference and record (generic tasks are written when they are extracted)."""
+def write_task(task: Task, task_dir: Path, reference: str | None = None) -> None:
+    """The task's record and reference: the given source (a generic task's), else its family's."""
     task_dir.mkdir(parents=True, exist_ok=True)
-    (task_dir / "reference.py").write_text(reference_source(task))
+    (task_dir / "reference.py").write_text(reference if reference is not None else reference_source(task))
     (task_dir / "task.json").write_text(task.model_dump_json(indent=2))
