@@ -51,6 +51,20 @@ def _reallocated(cache: torch.Tensor, needed: int, room: int) -> torch.Tensor:
     return view
 
 
+def pure_forward(attention: SteppingAttention, hidden_states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                 past_key: torch.Tensor, past_value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The reference's pure form on `step`: fresh caches holding the past, appended to, and the new keys and values
+    returned (none of the outputs aliases an input)."""
+    batch, tokens, _ = hidden_states.shape
+    past_len = past_key.shape[2]
+    shape = (batch, attention.num_kv_heads, past_len + tokens, attention.head_dim)
+    key_cache, value_cache = hidden_states.new_empty(shape), hidden_states.new_empty(shape)
+    key_cache[:, :, :past_len].copy_(past_key)
+    value_cache[:, :, :past_len].copy_(past_value)
+    out = attention.step(hidden_states, cos, sin, key_cache, value_cache, past_len)
+    return out, key_cache[:, :, past_len:], value_cache[:, :, past_len:]
+
+
 def step_dynamic_layer(attention: SteppingAttention, layer: Any, hidden_states: torch.Tensor, cos: torch.Tensor,
                        sin: torch.Tensor, room: int = 256) -> torch.Tensor:
     """LlamaAttention.forward's work with a DynamicCache layer (`cache.layers[layer_idx]`, a DynamicLayer): the new

@@ -12,6 +12,7 @@ import triton
 import triton.language as tl
 
 from kernelbot import KernelbotError
+from kernelbot.kernel_library.decode_attention.cache import pure_forward
 from kernelbot.kernel_library.decode_attention.reference import Model
 from kernelbot.kernel_library.linear.cpu import PackedWeights
 from kernelbot.kernel_library.linear.triton_kernel import triton_linear
@@ -117,15 +118,7 @@ class DecodeAttentionTriton(Model):
 
     def forward(self, hidden_states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, past_key: torch.Tensor,
                 past_value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        batch, tokens, _ = hidden_states.shape
-        past_len = past_key.shape[2]
-        shape = (batch, self.num_kv_heads, past_len + tokens, self.head_dim)
-        key_cache = hidden_states.new_empty(shape)
-        value_cache = hidden_states.new_empty(shape)
-        key_cache[:, :, :past_len].copy_(past_key)
-        value_cache[:, :, :past_len].copy_(past_value)
-        out = self.step(hidden_states, cos, sin, key_cache, value_cache, past_len)
-        return out, key_cache[:, :, past_len:], value_cache[:, :, past_len:]
+        return pure_forward(self, hidden_states, cos, sin, past_key, past_value)
 
     def step(self, hidden_states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, key_cache: torch.Tensor,
              value_cache: torch.Tensor, past_len: int) -> torch.Tensor:
