@@ -37,7 +37,8 @@ def one_cpp_candidate(monkeypatch):
 
     real = proposer.propose
     monkeypatch.setattr("kernelbot.agent.optimize.propose",
-                        lambda task, backends: [c for c in real(task, backends) if c[0].backend == "cpp"][:1])
+                        lambda task, backends, reference: [c for c in real(task, backends, reference)
+                                                           if c[0].backend == "cpp"][:1])
 
 
 def _run(tmp_path: Path, launch: str, port: int, *extra: str) -> tuple[int, Path]:
