@@ -20,6 +20,7 @@ from kernelbot.agent.cases import inputs_at
 from kernelbot.agent.numerics import compare
 from kernelbot.agent.verify import load_reference
 from kernelbot.kernel_library.cpp_build import prebuild_library
+from kernelbot.profiler import host
 from kernelbot.records import Bench, Task
 from kernelbot.sandbox import run_job
 
@@ -43,7 +44,9 @@ def bench(task: Task, reference_path: Path, candidate_path: Path, workdir: Path,
     job = {"kind": "bench", "reference": str(reference_path.resolve()), "candidate": str(candidate_path.resolve()),
            "init_args": task.init_args, "state_dict": str((workdir / "state_dict.pt").resolve()),
            "inputs": str((workdir / "inputs.pt").resolve()), "rounds": rounds, "device": device}
+    since = host.sample()
     result = run_job(job, workdir, timeout=timeout, env=prebuild_library())
+    load = host.host_load(since)
     if result.status != "ok" or not result.payload:
         raise RuntimeError(f"benchmark {result.status}: {result.detail[-300:]}")
     refused = list(result.payload.get("timing_tamper") or []) + list(result.payload.get("tamper") or [])
@@ -63,7 +66,7 @@ def bench(task: Task, reference_path: Path, candidate_path: Path, workdir: Path,
     return Bench(candidate_id=candidate_path.parent.name, rounds=rounds, reference_us=round(ref_med, 2),
                  candidate_us=round(cand_med, 2), reference_spread=round(spread(ref), 3),
                  candidate_spread=round(spread(cand), 3), speedup=round(speedup, 3),
-                 significant=_quantile(ratios, 0.25) > 1.0 and speedup > 1.03)
+                 significant=_quantile(ratios, 0.25) > 1.0 and speedup > 1.03, host=load)
 
 
 def _wrong_timed_outputs(model: torch.nn.Module, path: Path) -> str | None:

@@ -10,7 +10,7 @@ from pathlib import Path
 from kernelbot.agent.bench import bench
 from kernelbot.agent.pack import Accepted
 from kernelbot.agent.verify import verify
-from kernelbot.records import Bench, Candidate, KernelResult, Task, Verdict
+from kernelbot.records import Bench, Candidate, KernelOutcome, KernelResult, Task, Verdict
 from kernelbot.rundir import write_record
 
 DETAIL_CHARS = 1500  # per failed check, in the report
@@ -25,9 +25,11 @@ class Outcome:
     report: str = ""
 
 
-def new_row(task: Task, cand: Candidate) -> KernelResult:
+def new_row(task: Task, cand: Candidate, outcome: KernelOutcome = KernelOutcome.NO_CANDIDATE) -> KernelResult:
+    """A rejected row for a candidate; until something runs it, there was no candidate to run."""
     return KernelResult(op=task.family, module=task.module_class, backend=cand.backend, shapes=task.input_shapes,
-                        status="rejected", reason="", speedup=None, candidate_id=f"{task.id}/{cand.id}")
+                        status="rejected", reason="", speedup=None, outcome=outcome,
+                        candidate_id=f"{task.id}/{cand.id}")
 
 
 SEVERITY = ("sandbox_violation", "harness_tamper", "timing_tamper", "crash", "timeout", "compile")
@@ -61,6 +63,7 @@ def evaluate(task: Task, task_dir: Path, cand: Candidate, path: Path, device_kin
             failing = sorted((c for c in verdict.checks if c.status == "fail"),
                              key=lambda c: SEVERITY.index(c.id) if c.id in SEVERITY else len(SEVERITY))
             failed = failing[0] if failing else None
+            row.outcome = KernelOutcome.FAILED if failed else KernelOutcome.NOT_VERIFIED
             row.reason = (f"failed {', '.join(c.id for c in failing)}: {failed.detail[:300]}" if failed else
                           "not verified: correctness could not run here (" +
                           next(c.detail for c in verdict.checks if c.id == "correctness")[:200] + ")")
@@ -69,6 +72,7 @@ def evaluate(task: Task, task_dir: Path, cand: Candidate, path: Path, device_kin
         elif (cand.backend == "cpp") != (device_kind == "cpu"):  # C++ runs on a CPU, Triton and CUDA on a GPU
             why = "no GPU here, so it cannot join this cpu pack" if device_kind == "cpu" else \
                 f"a {cand.backend} kernel does not run on this {device_kind} device"
+            row.outcome = KernelOutcome.NOT_TIMED
             row.reason = (f"verified ({'Triton interpreter' if cand.backend == 'triton' else 'compiled'}); "
                           f"not timed: {why}")
             out.report = f"verdict: pass on {len(verdict.shapes)} input sets; not timed on this {device_kind}"
@@ -79,12 +83,15 @@ def evaluate(task: Task, task_dir: Path, cand: Candidate, path: Path, device_kin
             write_record(path.parent / "bench.json", result)
             row.speedup, row.reference_us, row.time_us = result.speedup, result.reference_us, result.candidate_us
             row.floor_us = round(task.floor_us, 2)
+            busy = f"; timed on a busy host ({result.host.summary()})" if result.host and result.host.contended else ""
             if result.significant:
                 out.accepted = Accepted(task, cand, path, verdict, result)
-                row.reason = f"verified; {result.speedup:.2f}x beyond noise"
+                row.outcome = KernelOutcome.FASTER
+                row.reason = f"verified; {result.speedup:.2f}x beyond noise{busy}"
             else:
+                row.outcome = KernelOutcome.NOT_FASTER
                 row.reason = (f"verified but not faster beyond noise: {result.speedup:.2f}x "
-                              f"(spread {result.reference_spread:.0%}/{result.candidate_spread:.0%})")
+                              f"(spread {result.reference_spread:.0%}/{result.candidate_spread:.0%}){busy}")
             speed = "faster beyond noise" if result.significant else "not faster beyond noise"
             out.report = (f"verdict: pass on {len(verdict.shapes)} input sets\n"
                           f"benchmark ({result.rounds} interleaved rounds, medians): reference "
@@ -92,6 +99,7 @@ def evaluate(task: Task, task_dir: Path, cand: Candidate, path: Path, device_kin
                           f"{result.speedup:.2f}x; {speed}"
                           f"; roofline floor {task.floor_us:.2f} µs")
     except Exception as exc:  # a broken candidate or harness error is this candidate's verdict, not the run's
+        row.outcome = KernelOutcome.HARNESS_ERROR
         row.reason = f"harness error: {type(exc).__name__}: {exc}"[:400]
         (path.parent / "error.txt").write_text(traceback.format_exc())
         out.report = row.reason
@@ -132,7 +140,8 @@ def pick_best(task: Task, rows: list[KernelResult], winners: list[Accepted]) -> 
     best = max(winners, key=lambda a: a.bench.speedup, default=None)
     for row in rows:
         if best and row.candidate_id == f"{task.id}/{best.candidate.id}":
-            row.status = "accepted"
-        elif best and row.speedup and row.reason.startswith("verified;"):
+            row.status, row.outcome = "accepted", KernelOutcome.ACCEPTED
+        elif best and row.speedup and row.outcome is KernelOutcome.FASTER:
+            row.outcome = KernelOutcome.OUTPACED
             row.reason = f"verified and faster ({row.speedup:.2f}x), but {best.candidate.id} was faster still"
     return best

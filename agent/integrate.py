@@ -9,7 +9,8 @@ import torch
 
 from kernelbot.agent.timing import time_once
 from kernelbot.engine import TorchEngine
-from kernelbot.records import Fidelity, KLCheck, Pack
+from kernelbot.profiler import host
+from kernelbot.records import EndToEndTimes, Fidelity, KLCheck, Pack
 
 
 def count_calls(engine: TorchEngine, pack: Pack, pack_dir: Path) -> tuple[dict[str, int], dict[str, int]]:
@@ -98,19 +99,22 @@ def distinct_ngrams(sequences: list[list[int]], n: int = 3) -> float:
 
 
 def time_end_to_end(engine: TorchEngine, pack: Pack, pack_dir: Path, rounds: int,
-                    compiled: TorchEngine | None) -> dict[str, list[float]]:
+                    compiled: TorchEngine | None) -> EndToEndTimes:
     """Workload time in ms for eager, kernelbot-patched and torch.compile, interleaved round by round so that drift
-    on a noisy machine hits all of them alike; each round from an idle device until the device is done."""
-    times: dict[str, list[float]] = {"eager": [], "kernelbot": [], "compiled": []}
+    on a noisy machine hits all of them alike; each round from an idle device until the device is done. The host's
+    load over the rounds comes with them: other processes' CPU time makes every ratio doubtful."""
+    times = EndToEndTimes(eager=[], kernelbot=[])
+    since = host.sample()
     for _ in range(rounds):
-        times["eager"].append(time_once(engine.run_workload, engine.device))
+        times.eager.append(time_once(engine.run_workload, engine.device))
         engine.apply_pack(pack, pack_dir)
         try:
-            times["kernelbot"].append(time_once(engine.run_workload, engine.device))
+            times.kernelbot.append(time_once(engine.run_workload, engine.device))
         finally:
             engine.remove_pack()
         if compiled is not None:
-            times["compiled"].append(time_once(compiled.run_workload, engine.device))
+            times.compiled.append(time_once(compiled.run_workload, engine.device))
+    times.host = host.host_load(since)
     return times
 
 

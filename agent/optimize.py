@@ -7,19 +7,22 @@ Every stage result, candidate outcome and LLM answer goes into the run's journal
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
 import shutil
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
 from kernelbot import KernelbotError
-from kernelbot.agent.evaluate import duel, evaluate, pick_best
+from kernelbot.agent.compile_baseline import RegionCompile, time_region_compile
+from kernelbot.agent.evaluate import Outcome, duel, evaluate, pick_best
 from kernelbot.agent.extract import NotExtractable
 from kernelbot.agent.integrate import count_calls, fidelity, median, time_end_to_end
 from kernelbot.agent.journal import Journal
@@ -32,7 +35,7 @@ from kernelbot.agent.proposer import available_backends, propose, write_candidat
 from kernelbot.agent.report import llm_line, write_report
 from kernelbot.agent.tasks import make_generic_task, make_task, module_labels, skip_reason, write_task
 from kernelbot.engine import TorchEngine
-from kernelbot.engine.device import device_record, pick_device
+from kernelbot.engine.device import DeviceChoice, device_record, pick_device
 from kernelbot.engine.models import resolve_spec
 from kernelbot.kernel_library import classes_covered
 from kernelbot.kernel_library.base import GENERIC
@@ -44,8 +47,10 @@ from kernelbot.records import (
     Bench,
     Candidate,
     Device,
+    EndToEndTimes,
     Fidelity,
     Hotspot,
+    KernelOutcome,
     KernelResult,
     LLMUsage,
     ModelSpec,
@@ -54,6 +59,9 @@ from kernelbot.records import (
     Task,
 )
 from kernelbot.rundir import new_run_dir, write_record
+
+if TYPE_CHECKING:
+    from kernelbot.agent.cluster import ClusterExecutor
 
 INTERPRETED_ROWS = 64  # on a CPU, Triton candidates of bigger calls are not run through the interpreter
 COMPILE_GUESS_S = 90.0  # torch.compile's warm-up, when a budget must decide whether it fits
@@ -81,6 +89,7 @@ class OptimizeOptions:
     max_task_minutes: float | None = None  # per task, built-in and stored candidates
     store: Path | None = None  # kernel store to reuse from and add to (None: none)
     device: str = "auto"  # auto: a GPU when one is visible, else the CPU (engine/device.py)
+    cluster: str | None = None  # a Ray cluster's address: candidates are evaluated there (agent/cluster.py)
 
 
 def options_to_json(opts: OptimizeOptions) -> dict[str, Any]:
@@ -127,33 +136,57 @@ def _hotspot_fields(task: Task, hotspot: Hotspot | None, iteration: int) -> dict
             "bytes": hotspot.bytes if hotspot and hotspot.bytes else None}
 
 
-def try_candidates(task: Task, task_dir: Path, backends: list[str], device_kind: str, opts: OptimizeOptions,
-                    stages: Stages, night: Night | None = None,
-                    hotspot: Hotspot | None = None) -> tuple[list[KernelResult], Accepted | None]:
-    results: list[KernelResult] = []
-    winners: list[Accepted] = []
-    run = journaled(night, functools.partial(evaluate, task, task_dir, device_kind=device_kind, seed=opts.seed,
-                                             timeout=opts.timeout, bench_rounds=opts.bench_rounds),
-                    task, _hotspot_fields(task, hotspot, night.iteration if night else 0))
-    t0 = time.perf_counter()
+def _evaluator(task: Task, task_dir: Path, device_kind: str, opts: OptimizeOptions,
+               executor: ClusterExecutor | None) -> Callable[[Candidate, Path], Outcome]:
+    """Where a candidate is verified and benchmarked: here, or on the cluster (--cluster), one at a time."""
+    if executor is not None:
+        return executor.evaluator(task, task_dir)
+    return functools.partial(evaluate, task, task_dir, device_kind=device_kind, seed=opts.seed, timeout=opts.timeout,
+                             bench_rounds=opts.bench_rounds)
+
+
+def _builtin_proposals(task: Task, task_dir: Path, backends: list[str], device_kind: str,
+                       stages: Stages) -> list[KernelResult | tuple[Candidate, str]]:
+    """The built-in proposer's candidates for a task, in order, as (candidate, source) to run, or as the row of one
+    that cannot run here (or of the generator's failure)."""
+    items: list[KernelResult | tuple[Candidate, str]] = []
     try:
         proposed = propose(task, backends, task_dir / "reference.py")
     except Exception as exc:  # a graph the generator cannot translate, or a generator bug: this task's row, not the run
         why = str(exc) if isinstance(exc, KernelbotError) else f"generator error ({type(exc).__name__}: {exc})"
         stages.say(f"  {task.id}: built-in generator: {why}", style="yellow")
-        results.append(KernelResult(op=task.family, module=task.module_class, backend="cpp", shapes=task.input_shapes,
-                                    status="rejected", reason=f"no built-in candidate: {why}"[:300], speedup=None,
-                                    candidate_id=f"{task.id}/builtin"))
+        items.append(KernelResult(op=task.family, module=task.module_class, backend="cpp", shapes=task.input_shapes,
+                                  status="rejected", reason=f"no built-in candidate: {why}"[:300], speedup=None,
+                                  outcome=KernelOutcome.NO_CANDIDATE,
+                                  candidate_id=f"{task.id}/builtin"))
         proposed = []
     for cand, source in proposed:
         n_rows = call_rows(task.input_shapes[0])
         if cand.backend == "triton" and device_kind == "cpu" and n_rows > INTERPRETED_ROWS:
-            results.append(KernelResult(
+            items.append(KernelResult(
                 op=task.family, module=task.module_class, backend="triton", shapes=task.input_shapes,
                 status="rejected", speedup=None, candidate_id=f"{task.id}/{cand.id}",
+                outcome=KernelOutcome.NOT_VERIFIED,
                 reason=f"not verified here: Triton's CPU interpreter takes minutes at {n_rows} rows, and no GPU here "
                        "could time it (a GPU run verifies and times it)"))
             continue
+        items.append((cand, source))
+    return items
+
+
+def try_candidates(task: Task, task_dir: Path, backends: list[str], device_kind: str, opts: OptimizeOptions,
+                    stages: Stages, night: Night | None = None, hotspot: Hotspot | None = None,
+                    executor: ClusterExecutor | None = None) -> tuple[list[KernelResult], Accepted | None]:
+    results: list[KernelResult] = []
+    winners: list[Accepted] = []
+    run = journaled(night, _evaluator(task, task_dir, device_kind, opts, executor),
+                    task, _hotspot_fields(task, hotspot, night.iteration if night else 0))
+    t0 = time.perf_counter()
+    for item in _builtin_proposals(task, task_dir, backends, device_kind, stages):
+        if isinstance(item, KernelResult):  # no candidate to run: the row says why
+            results.append(item)
+            continue
+        cand, source = item
         if night is not None and not night.clock.affords_candidate() and not night.recorded(task.id, cand):
             night.stop_reason = night.stop_reason or night.clock.spent_reason()
             break
@@ -169,26 +202,33 @@ def try_candidates(task: Task, task_dir: Path, backends: list[str], device_kind:
     return results, pick_best(task, results, winners)
 
 
-def _from_store(task: Task, task_dir: Path, backends: list[str], device_kind: str, opts: OptimizeOptions,
-                stages: Stages, night: Night, hotspot: Hotspot | None) -> tuple[list[KernelResult], Accepted | None]:
-    """A kernel the store holds for this op, backend and device, verified and benchmarked again here."""
+def _stored(task: Task, backends: list[str], night: Night) -> list[tuple[Candidate, str, dict[str, Any]]]:
+    """The kernels the store holds for this op, backend and device, as candidates (with source and entry)."""
     if night.store is None:
-        return [], None
-    rows: list[KernelResult] = []
-    winners: list[Accepted] = []
-    run = journaled(night, functools.partial(evaluate, task, task_dir, device_kind=device_kind, seed=opts.seed,
-                                             timeout=opts.timeout, bench_rounds=opts.bench_rounds),
-                    task, _hotspot_fields(task, hotspot, night.iteration))
+        return []
     # what the store held when this task was first planned: a resumed run must see the same (the run itself may
     # have added this op's kernel since)
     found_all = night.memo(f"store:{task.id}", "stage", lambda: [
         [backend, *found] for backend in backends
         if (found := night.store.lookup(task, backend, night.device_name)) is not None])
-    for backend, source, entry in found_all:
-        cand = Candidate(id=f"store-{backend}", task_id=task.id, backend=backend,
-                         proposer=f"store:{entry.get('proposer', '?')}",
-                         config={"from_run": entry.get("run_id"), **entry.get("config", {})},
-                         source_hash=entry.get("source_hash", ""))
+    return [(Candidate(id=f"store-{backend}", task_id=task.id, backend=backend,
+                       proposer=f"store:{entry.get('proposer', '?')}",
+                       config={"from_run": entry.get("run_id"), **entry.get("config", {})},
+                       source_hash=entry.get("source_hash", "")), source, entry)
+            for backend, source, entry in found_all]
+
+
+def _from_store(task: Task, task_dir: Path, backends: list[str], device_kind: str, opts: OptimizeOptions,
+                stages: Stages, night: Night, hotspot: Hotspot | None,
+                executor: ClusterExecutor | None = None) -> tuple[list[KernelResult], Accepted | None]:
+    """A kernel the store holds for this op, backend and device, verified and benchmarked again here."""
+    if night.store is None:
+        return [], None
+    rows: list[KernelResult] = []
+    winners: list[Accepted] = []
+    run = journaled(night, _evaluator(task, task_dir, device_kind, opts, executor),
+                    task, _hotspot_fields(task, hotspot, night.iteration))
+    for cand, source, entry in _stored(task, backends, night):
         outcome = run(cand, write_candidate(cand, source, task_dir))
         stages.say(f"  {task.id} {cand.id} (from the kernel store, run {entry.get('run_id')}): {outcome.row.reason}")
         rows.append(outcome.row)
@@ -216,15 +256,20 @@ def _session(opts: OptimizeOptions, run_dir: Path, stages: Stages, night: Night 
 
 def _generate(tasks: list[Task], hotspots: list[Hotspot], device: Device, run_dir: Path, opts: OptimizeOptions,
               stages: Stages, notes: list[str], night: Night | None = None,
-              incumbents: dict[str, Accepted] | None = None) -> tuple[list[KernelResult], list[Accepted],
-                                                                      LLMUsage | None]:
+              incumbents: dict[str, Accepted] | None = None,
+              executor: ClusterExecutor | None = None) -> tuple[list[KernelResult], list[Accepted], LLMUsage | None]:
     """Candidates for every task, most headroom first: the incumbent (an accepted kernel being challenged, or a
     stored kernel for the op), then the LLM when one is given (the built-in proposer once it is down or its budget
     is spent, for tasks without an incumbent), every candidate verified and benchmarked."""
     backends = available_backends(device.kind)
     session = _session(opts, run_dir, stages, night) if opts.llm else None
     source = f"LLM {opts.llm.model}" if opts.llm else "built-in proposer"
-    stages.say(f"[4/7] generate + verify + benchmark ({source}; candidates run in the sandbox)")
+    where = f"on the Ray cluster {opts.cluster}" if executor is not None else ""
+    stages.say(f"[4/7] generate + verify + benchmark ({source}; candidates run in the sandbox{' ' + where})")
+    if executor is not None:
+        executor.target_device = f"{device.kind}:{device.name}"
+        if session is None:
+            return _generate_on_cluster(tasks, hotspots, device, run_dir, opts, stages, notes, night, executor)
     by_id = {h.id: h for h in hotspots}
     kernels: list[KernelResult] = []
     accepted: list[Accepted] = []
@@ -241,10 +286,10 @@ def _generate(tasks: list[Task], hotspots: list[Hotspot], device: Device, run_di
         if incumbents and task.id in incumbents:
             rows, best = [], incumbents[task.id]
         else:
-            rows, best = (_from_store(task, task_dir, backends, device.kind, opts, stages, night, hotspot)
+            rows, best = (_from_store(task, task_dir, backends, device.kind, opts, stages, night, hotspot, executor)
                           if night is not None else ([], None))
         if session is not None and session.active:  # a stored kernel is the incumbent, not the end of the search
-            more, challenger = _llm_task(session, task, task_dir, device, opts, night, hotspot)
+            more, challenger = _llm_task(session, task, task_dir, device, opts, night, hotspot, executor)
             rows += more
             best = _crown(task, task_dir, best, challenger, rows, opts, stages, night)
             if not session.active:
@@ -253,7 +298,8 @@ def _generate(tasks: list[Task], hotspots: list[Hotspot], device: Device, run_di
                 stages.say(f"{why}: the built-in proposer takes over from {task.id} on", style="yellow")
                 notes.append(f"{why}: built-in proposer from {task.id} on")
         if best is None and (session is None or not session.active):
-            more, best = try_candidates(task, task_dir, backends, device.kind, opts, stages, night, hotspot)
+            more, best = try_candidates(task, task_dir, backends, device.kind, opts, stages, night, hotspot,
+                                        executor)
             rows += more
         kernels += rows
         if best:
@@ -265,8 +311,117 @@ def _generate(tasks: list[Task], hotspots: list[Hotspot], device: Device, run_di
     return kernels, accepted, usage
 
 
+def _generate_on_cluster(tasks: list[Task], hotspots: list[Hotspot], device: Device, run_dir: Path,
+                         opts: OptimizeOptions, stages: Stages, notes: list[str], night: Night | None,
+                         executor: ClusterExecutor) -> tuple[list[KernelResult], list[Accepted], None]:
+    """The built-in proposer's candidates of every task at once, as many as the cluster holds: first the kernels
+    the store holds, then the proposer's for the tasks no stored kernel won; each recorded as it arrives."""
+    backends = available_backends(device.kind)
+    by_id = {h.id: h for h in hotspots}
+    rows: dict[str, list[KernelResult]] = {t.id: [] for t in tasks}
+    winners: dict[str, list[Accepted]] = {t.id: [] for t in tasks}
+    if night is not None:
+        night.stage("generate", done=0, planned=len(tasks))
+    stored = [(t, cand, source) for t in tasks if night is not None for cand, source, _ in _stored(t, backends, night)]
+    for task, out in _on_cluster(stored, by_id, run_dir, opts, stages, notes, night, executor):
+        rows[task.id].append(out.row)
+        if out.accepted:
+            winners[task.id].append(out.accepted)
+            night.reused.append(out.row.candidate_id)
+    best = {t.id: pick_best(t, rows[t.id], winners[t.id]) for t in tasks}
+    proposed: list[tuple[Task, Candidate, str]] = []
+    for task in (t for t in tasks if best[t.id] is None):
+        for item in _builtin_proposals(task, run_dir / "tasks" / task.id, backends, device.kind, stages):
+            if isinstance(item, KernelResult):
+                rows[task.id].append(item)
+            else:
+                proposed.append((task, *item))
+    for task, out in _on_cluster(proposed, by_id, run_dir, opts, stages, notes, night, executor):
+        rows[task.id].append(out.row)
+        if out.accepted:
+            winners[task.id].append(out.accepted)
+    kernels: list[KernelResult] = []
+    accepted: list[Accepted] = []
+    for task in tasks:
+        chosen = best[task.id] or pick_best(task, rows[task.id], winners[task.id])
+        kernels += rows[task.id]
+        if chosen:
+            accepted.append(chosen)
+    if night is not None:
+        night.stage("generate", done=len(tasks), planned=len(tasks))
+    return kernels, accepted, None
+
+
+def _on_cluster(items: list[tuple[Task, Candidate, str]], by_id: dict[str, Hotspot], run_dir: Path,
+                opts: OptimizeOptions, stages: Stages, notes: list[str], night: Night | None,
+                executor: ClusterExecutor) -> list[tuple[Task, Outcome]]:
+    """Candidates evaluated concurrently on the cluster (recorded ones replayed from the journal), their outcomes
+    in the order given; a candidate the time budget or the per-task cap leaves unstarted has none."""
+    from kernelbot.agent.cluster import ClusterProgress, Job
+
+    outcomes: dict[str, Outcome] = {}
+    jobs: list[Job] = []
+    sources: dict[str, str] = {}
+    started: dict[str, float] = {}  # job key → when it was shipped
+    task_start: dict[str, float] = {}  # task id → when its first candidate was shipped
+
+    def journal_for(task: Task, evaluated: Outcome | None) -> Callable[[Candidate, Path], Outcome]:
+        return journaled(night, lambda cand, path: evaluated, task,
+                         _hotspot_fields(task, by_id.get(task.hotspot_id), night.iteration if night else 0))
+
+    for task, cand, source in items:
+        task_dir = run_dir / "tasks" / task.id
+        job = Job(task, task_dir, cand, task_dir / "candidates" / cand.id / "candidate.py")
+        if night is not None and night.recorded(task.id, cand):
+            outcomes[job.key] = journal_for(task, None)(cand, write_candidate(cand, source, task_dir))
+            stages.say(f"  {job.key} (recorded): {outcomes[job.key].row.reason}")
+        else:
+            jobs.append(job)
+            sources[job.key] = source
+
+    def may_start(job: Job) -> bool:
+        now = time.perf_counter()
+        if night is not None and not night.clock.affords_candidate():
+            night.stop_reason = night.stop_reason or night.clock.spent_reason()
+            return False
+        first = task_start.setdefault(job.task.id, now)
+        if opts.max_task_minutes is not None and now - first > opts.max_task_minutes * 60:
+            return False
+        write_candidate(job.candidate, sources[job.key], job.task_dir)
+        started[job.key] = now
+        return True
+
+    def done(job: Job, out: Outcome) -> None:
+        outcomes[job.key] = journal_for(job.task, out)(job.candidate, job.path)
+        if night is not None:
+            took = time.perf_counter() - started[job.key]
+            night.clock.longest_candidate = max(night.clock.longest_candidate, took)
+        where = out.row.placement
+        stages.say(f"  {job.key}: {out.row.reason}" + (f" [node {where.node[:8]}, worker {where.worker[:8]}, "
+                                                        f"{where.device}, try {where.attempts}]" if where else ""))
+
+    shown: list[Any] = [None]
+
+    def report(progress: ClusterProgress) -> None:
+        if night is not None:
+            night.journal.set_meta("cluster", progress.model_dump())
+        if progress.signature() != shown[0]:  # the same work as last time, only older: said already
+            shown[0] = progress.signature()
+            for line in progress.lines():
+                stages.say(f"      {line}")
+
+    refused = executor.run(jobs, done, may_start, report)
+    if refused:
+        why = night.stop_reason if night is not None and night.stop_reason else \
+            f"the per-task cap of {opts.max_task_minutes} min"
+        notes.append(f"{len(refused)} candidates not tried ({', '.join(j.key for j in refused[:4])}"
+                     f"{', ...' if len(refused) > 4 else ''}): {why}")
+    return [(task, outcomes[f"{task.id}/{cand.id}"]) for task, cand, _ in items if f"{task.id}/{cand.id}" in outcomes]
+
+
 def _llm_task(session: LLMSession, task: Task, task_dir: Path, device: Device, opts: OptimizeOptions,
-              night: Night | None, hotspot: Hotspot | None) -> tuple[list[KernelResult], Accepted | None]:
+              night: Night | None, hotspot: Hotspot | None,
+              executor: ClusterExecutor | None = None) -> tuple[list[KernelResult], Accepted | None]:
     """The LLM's generate → verify → repair rounds for one task, within what the time budget leaves."""
     if night is not None and night.clock.limit is not None:
         left = max(1.0, night.clock.left() - night.clock.reserve)
@@ -276,9 +431,8 @@ def _llm_task(session: LLMSession, task: Task, task_dir: Path, device: Device, o
             opts.llm.budget, max_seconds=min(cap, spent + left) if cap else spent + left)
     ctx = PromptContext(device, "cpp" if device.kind == "cpu" else "triton", hotspot)
     fields = _hotspot_fields(task, hotspot, night.iteration if night else 0)
-    run = run_task(session, task, task_dir, ctx, journaled(night, functools.partial(
-        evaluate, task, task_dir, device_kind=device.kind, seed=opts.seed, timeout=opts.timeout,
-        bench_rounds=opts.bench_rounds), task, fields))
+    run = run_task(session, task, task_dir, ctx, journaled(
+        night, _evaluator(task, task_dir, device.kind, opts, executor), task, fields))
     return run.rows, run.best
 
 
@@ -300,7 +454,7 @@ def _crown(task: Task, task_dir: Path, incumbent: Accepted | None, challenger: A
     winner, loser = (challenger, incumbent) if won else (incumbent, challenger)
     for row in rows:
         if row.candidate_id == f"{task.id}/{loser.candidate.id}":
-            row.status = "rejected"
+            row.status, row.outcome = "rejected", KernelOutcome.OUTPACED
             row.reason = (f"verified and faster than the op, but {result.speedup:.2f}x against "
                           f"{winner.candidate.id} in a duel, which {'replaced it' if won else 'stays'}")
     return winner
@@ -343,7 +497,8 @@ def _plan(hotspots: list[Hotspot], attempted: set[str], opts: OptimizeOptions, e
             reason = f"family {family} not selected (--families)"
         if reason is None and _signature(h) in attempted:
             continue  # tried in an earlier iteration
-        if reason is None and len(tasks) >= opts.max_tasks:
+        over_budget = reason is None and len(tasks) >= opts.max_tasks  # deferred to a later iteration, not dropped
+        if over_budget:
             reason = f"over the --max-tasks {opts.max_tasks} budget of iteration {iteration + 1}"
         task, reference = None, None
         if reason is None and h.family is None:
@@ -361,7 +516,7 @@ def _plan(hotspots: list[Hotspot], attempted: set[str], opts: OptimizeOptions, e
             reason = "inside a module that a generic task replaces whole"
         if reason:
             note = f"{h.id} {h.module_class} {h.input_dims} ({h.share:.1%}): no task, {reason}"
-            if "--max-tasks" in reason:
+            if over_budget:
                 deferred[_signature(h)] = note  # a later iteration may take it
             elif h.share >= opts.min_share and note not in notes and iteration == 0:
                 notes.append(note)
@@ -411,7 +566,22 @@ def optimize(opts: OptimizeOptions, console: Console | None = None) -> Report:
             raise KernelbotError(f"{run_dir} already holds a run; continue it with `kernelbot optimize --resume "
                                  f"{run_dir}` or pass another --run-dir")
         journal.set_meta("options", options_to_json(opts))
-        return _run(opts, journal, console or Console(soft_wrap=True))
+        with _cluster(opts) as executor:
+            return _run(opts, journal, console or Console(soft_wrap=True), executor)
+
+
+@contextlib.contextmanager
+def _cluster(opts: OptimizeOptions) -> Iterator[ClusterExecutor | None]:
+    """The Ray cluster the candidates run on (--cluster), connected for this session; None without one (and then
+    nothing of Ray is imported)."""
+    if not opts.cluster:
+        yield None
+        return
+    from kernelbot.agent.cluster import connected
+
+    with connected(opts.cluster, pick_device(opts.device).kind, seed=opts.seed, timeout=opts.timeout,
+                   bench_rounds=opts.bench_rounds) as executor:
+        yield executor
 
 
 def resume(run_dir: Path, console: Console | None = None, *, budget_hours: float | None = None,
@@ -432,10 +602,12 @@ def resume(run_dir: Path, console: Console | None = None, *, budget_hours: float
             opts.llm.budget = dataclasses.replace(b, max_cost=max_cost if max_cost is not None else b.max_cost,
                                                   max_tokens=max_tokens if max_tokens is not None else b.max_tokens)
         journal.set_meta("options", options_to_json(opts))
-        return _run(opts, journal, console or Console(soft_wrap=True))
+        with _cluster(opts) as executor:
+            return _run(opts, journal, console or Console(soft_wrap=True), executor)
 
 
-def _run(opts: OptimizeOptions, journal: Journal, console: Console) -> Report:
+def _run(opts: OptimizeOptions, journal: Journal, console: Console,
+         executor: ClusterExecutor | None = None) -> Report:
     t_start = time.perf_counter()
     run_dir = Path(opts.run_dir or ".")
     run_id = run_dir.name
@@ -525,7 +697,7 @@ def _run(opts: OptimizeOptions, journal: Journal, console: Console) -> Report:
             report_notes.append(f"iteration {it + 1}'s tasks not tried: {night.stop_reason}")
             break
         new_rows, new_accepted, usage = _generate(tasks, hotspots_now, device, run_dir, opts, stages, report_notes,
-                                                  night, incumbents)
+                                                  night, incumbents, executor)
         kernels += new_rows
         if incumbents and all(a is incumbents.get(a.task.id) for a in new_accepted):
             break  # every incumbent stayed: the pack is what it was
@@ -542,12 +714,36 @@ def _run(opts: OptimizeOptions, journal: Journal, console: Console) -> Report:
 
     hotspots_after = _final_profile(engine, device, pack, pack_dir, run_dir, hotspots_now, night, accepted)
     rounds, compile_ = _finish_plan(night, opts, profile_s, stages, report_notes)
+    if compile_:
+        _compile_regions(accepted, kernels, run_dir, choice, night, stages)
     report = _measure_and_report(engine, spec, device, pack, pack_dir, run_dir, kernels, accepted, night, stages,
                                  report_notes, rounds, compile_, usage, hotspots_before, hotspots_after,
                                  iterations_done, sessions, t_start, opts, console)
     journal.set_meta("state", "done")
     clock.save()
     return report
+
+
+def _compile_regions(accepted: list[Accepted], kernels: list[KernelResult], run_dir: Path, choice: DeviceChoice,
+                     night: Night, stages: Stages) -> None:
+    """torch.compile of each accepted kernel's own region, timed beside eager (agent/compile_baseline.py): the rows
+    of its task get compile's gain over eager there, so the report can set each kernel beside compile."""
+    for a in accepted:
+        task_dir = run_dir / "tasks" / a.task.id
+        stages.say(f"      torch.compile of {a.task.id}'s region: compiling and timing it beside eager")
+        region = RegionCompile.model_validate(night.memo(
+            f"region_compile:{a.task.id}", "stage",
+            functools.partial(_region_compile, a.task, task_dir / "reference.py", choice)))
+        write_record(task_dir / "compile.json", region)
+        if region.error:
+            stages.say(f"      {a.task.id}: torch.compile not timed: {region.error}", style="yellow")
+        for row in kernels:
+            if row.candidate_id.startswith(f"{a.task.id}/"):
+                row.region_compile_speedup = region.speedup
+
+
+def _region_compile(task: Task, reference: Path, choice: DeviceChoice) -> dict[str, Any]:
+    return time_region_compile(task, reference, choice).model_dump()
 
 
 def _profile_with(engine: TorchEngine, device: Device, pack: Pack, pack_dir: Path, trace: Path) -> list[dict]:
@@ -598,7 +794,7 @@ def _measure_and_report(engine: TorchEngine, spec: ModelSpec, device: Device, pa
     night.stage("measure")
     stages.say(f"[6/7] measure: eager vs kernelbot vs torch.compile, {rounds} interleaved rounds")
 
-    def measure() -> dict[str, list[float]]:
+    def measure() -> dict[str, Any]:
         compiled = None
         if compile_:
             t0 = time.perf_counter()
@@ -609,14 +805,17 @@ def _measure_and_report(engine: TorchEngine, spec: ModelSpec, device: Device, pa
         engine.apply_pack(pack, pack_dir)
         engine.run_workload()  # warm the kernels (weights packed on first call)
         engine.remove_pack()
-        return time_end_to_end(engine, pack, pack_dir, rounds, compiled)
+        return time_end_to_end(engine, pack, pack_dir, rounds, compiled).model_dump()
 
-    times = night.memo(f"timings:{pack.version}", "stage", measure)
-    (run_dir / "timings.json").write_text(json.dumps(times, indent=2))
+    times = EndToEndTimes.model_validate(night.memo(f"timings:{pack.version}", "stage", measure))
+    write_record(run_dir / "timings.json", times)
+    if times.host is not None and times.host.contended:
+        stages.say(f"      the host was busy while timing ({times.host.summary()}): the ratios are doubtful",
+                   style="yellow")
 
     night.stage("report")
     stages.say("[7/7] report")
-    baseline, optimized, comp = median(times["eager"]), median(times["kernelbot"]), median(times["compiled"])
+    baseline, optimized, comp = median(times.eager), median(times.kernelbot), median(times.compiled)
     assert baseline and optimized
     if not fid.passed:
         report_notes.append("fidelity: the pack changed the model's outputs beyond its dtype's own error; "
@@ -639,7 +838,7 @@ def _measure_and_report(engine: TorchEngine, spec: ModelSpec, device: Device, pa
         speedup_vs_compiled=round(comp / optimized, 3) if comp else None, timing_rounds=rounds, fidelity=fid,
         kernels=kernels, hotspots_before=hotspots_before, hotspots_after=hotspots_after, notes=report_notes,
         seconds=round(night.clock.elapsed(), 1), llm=usage, iterations=max(iterations, 1),
-        stop_reason=night.stop_reason, budget=budget, reused=night.reused, sessions=sessions)
+        stop_reason=night.stop_reason, budget=budget, reused=night.reused, sessions=sessions, host=times.host)
     write_report(report, run_dir, console)
     if night.store is not None and fid.passed:
         for a in accepted:

@@ -14,7 +14,24 @@ from pathlib import Path
 from typing import Any
 
 from kernelbot import KernelbotError
-from kernelbot.records import Bench, Candidate, Hotspot, KernelResult, Pack, Report, ServedReport, Verdict
+from kernelbot.records import (
+    Bench,
+    Candidate,
+    EndToEndTimes,
+    Hotspot,
+    KernelResult,
+    Pack,
+    Report,
+    ServedReport,
+    Verdict,
+)
+
+
+def _host(timings: EndToEndTimes) -> str:
+    if timings.host is None:
+        return "not read"
+    return timings.host.summary() + (" (busy: every ratio is doubtful)" if timings.host.contended else "")
+
 
 DETAIL = 240  # characters of a check's detail in the description
 TOLERANCES = {  # relative L2, absolute (of max|ref|), per element; agent/numerics.py's table, kept torch-free here
@@ -146,7 +163,8 @@ def describe(run_dir: Path) -> tuple[str, str, Report, Pack]:
         path = run_dir / f"hotspots_iter{i + 1}.json"
         if path.exists():
             by_iteration[i] = {h["id"]: Hotspot.model_validate(h) for h in json.loads(path.read_text())}
-    timings = json.loads((run_dir / "timings.json").read_text()) if (run_dir / "timings.json").exists() else {}
+    timings = EndToEndTimes.model_validate_json((run_dir / "timings.json").read_text()) \
+        if (run_dir / "timings.json").exists() else EndToEndTimes(eager=[], kernelbot=[])
     f = report.fidelity
     title = (f"kernelbot: {len(accepted)} kernels for {report.model.name}, {report.speedup:.2f}x end to end "
              f"(run {report.run_id})")
@@ -160,7 +178,7 @@ def describe(run_dir: Path) -> tuple[str, str, Report, Pack]:
         "", "## End to end", "",
         f"- eager {report.baseline_ms:.1f} ms → kernelbot {report.optimized_ms:.1f} ms: **{report.speedup:.2f}x** "
         f"(medians of interleaved rounds)",
-        f"- noise: eager {_spread(timings.get('eager', []))}; kernelbot {_spread(timings.get('kernelbot', []))}",
+        f"- noise: eager {_spread(timings.eager)}; kernelbot {_spread(timings.kernelbot)}; host: {_host(timings)}",
         f"- torch.compile: {f'{report.compiled_ms:.1f} ms' if report.compiled_ms else 'not measured'}",
         "", "## Fidelity", "",
         f"- {f.summary()}; passed: **{f.passed}**",

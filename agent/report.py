@@ -28,13 +28,18 @@ def _hotspot_rows(hotspots: list[Hotspot], top: int = 12) -> list[str]:
 
 
 def _kernel_rows(kernels: list[KernelResult]) -> list[str]:
-    rows = ["| candidate | op | module | backend | shapes | status | speedup | calls | reason |",
-            "|---|---|---|---|---|---|---:|---:|---|"]
+    rows = ["| candidate | op | module | backend | shapes | status | outcome | speedup | calls | reason |",
+            "|---|---|---|---|---|---|---|---:|---:|---|"]
     for k in kernels:
         speed = f"{k.speedup:.2f}x" if k.speedup else "—"
-        rows.append(f"| {k.candidate_id} | {k.op} | {k.module} | {k.backend} | {k.shapes} | {k.status} | {speed} | "
-                    f"{k.calls} | {k.reason.replace('|', '/')} |")
+        rows.append(f"| {k.candidate_id} | {k.op} | {k.module} | {k.backend} | {k.shapes} | {k.status} | "
+                    f"{outcome_label(k)} | {speed} | {k.calls} | {k.reason.replace('|', '/')} |")
     return rows
+
+
+def outcome_label(k: KernelResult) -> str:
+    """What became of the candidate, in words (`not_faster` → `not faster`)."""
+    return k.outcome.value.replace("_", " ")
 
 
 def _closing(notes: list[str], seconds: float) -> list[str]:
@@ -70,6 +75,15 @@ def _spend_section(r: Report) -> list[str]:
             f"- {spend}"] + ([f"- reused from the kernel store: {', '.join(r.reused)}"] if r.reused else [])
 
 
+def _contended_banner(r: Report) -> list[str]:
+    """At the top of a report timed on a busy host: its ratios are doubtful (on 2 cores one other CPU-bound process
+    made eager rounds 5-10x slower)."""
+    if r.host is None or not r.host.contended:
+        return []
+    return [f"> **The host was busy while the end-to-end rounds were timed** ({r.host.summary()}): every ratio "
+            "below is doubtful. Rerun on a quiet machine before acting on it.", ""]
+
+
 def render_markdown(r: Report, figures: Iterable[str] = ()) -> str:
     accepted = [k for k in r.kernels if k.status == "accepted"]
     lines = [
@@ -80,6 +94,7 @@ def render_markdown(r: Report, figures: Iterable[str] = ()) -> str:
         f"Device: {r.device.name}, {r.device.threads} threads ({r.device.peak_gflops} GFLOP/s, "
         f"{r.device.peak_gbps} GB/s, {r.device.peaks_source}).",
         "",
+        *_contended_banner(r),
         "## End to end",
         "",
         f"Medians of {r.timing_rounds} rounds, eager / kernelbot / torch.compile interleaved in each round.",
@@ -102,12 +117,18 @@ def render_markdown(r: Report, figures: Iterable[str] = ()) -> str:
               "Per call, from each candidate's benchmark; floor = max(FLOPs / peak FLOP/s, bytes / peak GB/s), with "
               "the bandwidth of a copy too large for the caches. Above 100% means the benchmark's working set "
               "(one layer's weights, reused every call) stayed in cache; in the end-to-end run all layers' weights "
-              "stream from memory, so the per-hotspot floors after integration are the better guide.", "",
-              "| candidate | replaced op µs | kernel µs | floor µs | of roofline |", "|---|---:|---:|---:|---:|"]
+              "stream from memory, so the per-hotspot floors after integration are the better guide. torch.compile "
+              "of the same region: its gain over eager, timed beside eager in kernelbot's process "
+              "(tasks/<id>/compile.json); the kernel's estimated gain over it is its own gain over eager divided by "
+              "that.", "",
+              "| candidate | replaced op µs | kernel µs | floor µs | of roofline | compile vs eager "
+              "| kernel vs compile (est.) |", "|---|---:|---:|---:|---:|---:|---:|"]
     for k in accepted:
         if k.time_us and k.floor_us is not None:
+            region = k.region_compile_speedup
+            versus = f"{k.speedup / region:.2f}x" if region and k.speedup else "—"
             lines.append(f"| {k.candidate_id} | {k.reference_us:.1f} | {k.time_us:.1f} | {k.floor_us:.1f} | "
-                         f"{k.floor_us / k.time_us:.0%} |")
+                         f"{k.floor_us / k.time_us:.0%} | {f'{region:.2f}x' if region else '—'} | {versus} |")
     lines += ["", "## Hotspots before (profiled, roofline floor from the device's peaks)", "",
               *_hotspot_rows(r.hotspots_before), "", "## Hotspots after", "", *_hotspot_rows(r.hotspots_after)]
     lines += _spend_section(r)
@@ -147,7 +168,7 @@ def summary_table(r: Report) -> Table:
     for col in ("candidate", "backend", "status", "speedup", "calls", "reason"):
         table.add_column(col, overflow="fold")
     # One line per candidate that decided something: the winners, and the failures worth reading.
-    shown = [k for k in r.kernels if k.status == "accepted" or not k.reason.startswith("verified")]
+    shown = [k for k in r.kernels if k.status == "accepted" or not k.outcome.verified]
     for k in shown:
         style = "green" if k.status == "accepted" else ""
         table.add_row(k.candidate_id, k.backend, k.status, f"{k.speedup:.2f}x" if k.speedup else "—", str(k.calls),

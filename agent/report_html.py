@@ -6,7 +6,7 @@ import base64
 from html import escape
 
 from kernelbot.agent.plots import roofline_points
-from kernelbot.agent.report import llm_line
+from kernelbot.agent.report import llm_line, outcome_label
 from kernelbot.records import Hotspot, KernelResult, Report
 
 CAPTIONS = {
@@ -36,8 +36,8 @@ def _table(header: list[str], rows: list[list[str]], classes: list[str] | None =
 
 def _kernels(kernels: list[KernelResult]) -> str:
     rows = [[k.candidate_id, k.op, k.backend, k.proposer or "—", f"{k.speedup:.2f}x" if k.speedup else "—",
-             k.calls, k.status, k.reason] for k in kernels]
-    return _table(["candidate", "op", "backend", "proposer", "speedup", "calls", "status", "reason"], rows,
+             k.calls, k.status, outcome_label(k), k.reason] for k in kernels]
+    return _table(["candidate", "op", "backend", "proposer", "speedup", "calls", "status", "outcome", "reason"], rows,
                   [k.status for k in kernels])
 
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import sqlite3
+import time
 from pathlib import Path
 from typing import Any
 
 from kernelbot import KernelbotError
 from kernelbot.agent.journal import Journal, lock_owner
+from kernelbot.records import KernelOutcome, KernelResult
 
 
 def _tail(path: Path, n: int) -> list[str]:
@@ -31,6 +33,7 @@ def run_status(run_dir: Path) -> dict[str, Any]:
             sessions = int(journal.meta("sessions", 0))
             candidates = journal.records("candidate")
             llm = journal.records("llm")
+            cluster = journal.meta("cluster")
         finally:
             journal.db.close()
     except sqlite3.DatabaseError as exc:
@@ -39,8 +42,9 @@ def run_status(run_dir: Path) -> dict[str, Any]:
     if state == "running" and owner is None:
         state = "stopped (killed or crashed; continue with kernelbot optimize --resume)"
     rows = [c["row"] for _, c in candidates]
-    accepted = sorted((r for r in rows if (r.get("speedup") or 0) > 1 and r["reason"].startswith("verified")),
-                      key=lambda r: -r["speedup"])
+    faster = (KernelOutcome.ACCEPTED, KernelOutcome.FASTER, KernelOutcome.OUTPACED)
+    accepted = sorted((r for r in rows if KernelResult.model_validate(r).outcome in faster),
+                      key=lambda r: -(r.get("speedup") or 0))
     answers = [a["answer"] for _, a in llm]
     return {
         "run_dir": str(run_dir), "state": state, "pid": owner, "stage": stage, "sessions": sessions,
@@ -51,6 +55,7 @@ def run_status(run_dir: Path) -> dict[str, Any]:
         "llm": {"calls": len(answers), "tokens": sum(a["prompt_tokens"] + a["completion_tokens"] for a in answers),
                 "cost_usd": round(sum(a["cost_usd"] for a in answers), 6)},
         "recent": _tail(run_dir / "log.txt", 5),
+        "cluster": cluster,  # optimize --cluster: the queue and what each worker is doing (agent/cluster.py)
     }
 
 
@@ -68,7 +73,20 @@ def render_status(s: dict[str, Any]) -> str:
         f"progress  {s['candidates']} candidates evaluated, {s['verified']} verified",
         f"spend     LLM {s['llm']['calls']} calls, {s['llm']['tokens']} tokens, ${s['llm']['cost_usd']:.4f}",
         "best      " + (", ".join(f"{b['candidate']} {b['speedup']:.2f}x" for b in s["faster"]) or "none yet"),
+        *_cluster_lines(s.get("cluster")),
         f"log       tail -f {Path(s['run_dir']) / 'log.txt'}",
         *[f"          {line}" for line in s["recent"]],
     ]
     return "\n".join(lines)
+
+
+def _cluster_lines(progress: dict[str, Any] | None) -> list[str]:
+    """The cluster's queue and workers as the driver last recorded them (a run without --cluster has none)."""
+    if not progress:
+        return []
+    from kernelbot.agent.cluster import ClusterProgress
+
+    record = ClusterProgress.model_validate(progress)
+    first, *rest = record.lines()
+    age = time.time() - record.updated
+    return [f"cluster   {first.removeprefix('cluster ')} ({age:.0f} s ago)", *[f"         {line}" for line in rest]]

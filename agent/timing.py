@@ -86,8 +86,7 @@ def telemetry(device: DeviceChoice, since: host.ProcSample | None = None) -> Tel
     gpu = device.gpu_state(host.own_tree(_parents(), os.getpid())) if device.is_gpu else None
     notes = []
     if load.contended:
-        notes.append(f"host busy: load average {load.load_1m} on {load.cpu_count} cores"
-                     + (f", other processes {load.others_cores} cores" if load.others_cores is not None else ""))
+        notes.append(f"host busy: {load.summary()}")
     shared = bool(gpu and gpu.other_processes)
     if shared:
         notes.append(f"other processes on the GPU: {gpu.other_processes}")

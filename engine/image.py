@@ -1,5 +1,11 @@
 """Ship a run's kernel pack as a container image on top of the engine's image, push it, keep an index
-of promoted images. Built and pushed through the Docker SDK (`pip install 'kernelbot[docker]'`)."""
+of promoted images. Built and pushed through the Docker SDK (`pip install 'kernelbot[docker]'`).
+
+kernelbot's wheel goes into the Python the engine runs from, found in the base image by INSTALL_SCRIPT (a POSIX
+shell script, so that it runs in any base and can be tried here against local interpreters): the build arg
+KERNELBOT_PYTHON when given, else the first Python that can import the engine (sglang). pip is asked to override
+PEP 668's "externally managed" refusal only for a system Python that carries the marker; a venv or conda
+environment is installed into as it is."""
 
 from __future__ import annotations
 
@@ -22,7 +28,77 @@ from kernelbot.records import Fidelity, Pack
 PACK_PATH = "/opt/kernelbot/pack"
 LABEL = "org.kernelbot."
 DEFAULT_INDEX = Path.home() / ".kernelbot" / "promotions.jsonl"
-PIP_INSTALL = "python3 -m pip install --no-deps --no-cache-dir"
+INSTALL_DIR = "/opt/kernelbot"
+PYTHON_ARG = "KERNELBOT_PYTHON"  # build arg: the interpreter to install into, when the search should not decide
+# Usage: install.sh WHEEL, with $KERNELBOT_PYTHON from the build arg; $KERNELBOT_ENGINE_MODULE (default sglang) names
+# the module the engine's interpreter imports. Exits non-zero with a line saying what to do when it cannot install.
+INSTALL_SCRIPT = r"""#!/bin/sh
+# Installs kernelbot's wheel into the Python the engine runs from (written by kernelbot.engine.image).
+set -eu
+wheel="$1"
+engine="${KERNELBOT_ENGINE_MODULE:-sglang}"
+nl='
+'
+
+candidates() {  # python3 and python in PATH order, then the usual places
+    IFS=:
+    for dir in $PATH; do
+        for name in python3 python; do [ -z "$dir" ] || echo "$dir/$name"; done
+    done
+    for path in /opt/conda/bin/python3 /opt/venv/bin/python3 /usr/local/bin/python3 /usr/bin/python3; do
+        echo "$path"
+    done
+}
+
+runs() { [ -x "$1" ] && "$1" -c 'import sys; sys.exit(sys.version_info < (3, 8))' >/dev/null 2>&1; }
+
+imports_engine() {
+    "$1" -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec(sys.argv[1]) is None)' "$engine" \
+        >/dev/null 2>&1
+}
+
+if [ -n "${KERNELBOT_PYTHON:-}" ]; then
+    python="$KERNELBOT_PYTHON"
+    runs "$python" || { echo "kernelbot: KERNELBOT_PYTHON=$python is not a Python 3.8+ in this image:" \
+        "pass the engine's interpreter (e.g. --build-arg KERNELBOT_PYTHON=/usr/bin/python3)" >&2; exit 1; }
+else
+    python=""
+    first=""
+    IFS=$nl
+    for candidate in $(candidates); do
+        runs "$candidate" || continue
+        [ -n "$first" ] || first="$candidate"
+        if imports_engine "$candidate"; then python="$candidate"; break; fi
+    done
+    unset IFS
+    if [ -z "$python" ]; then
+        [ -n "$first" ] || { echo "kernelbot: no Python 3.8+ in this image: use a base with the engine's Python," \
+            "or build with --no-install" >&2; exit 1; }
+        echo "kernelbot: no Python here imports $engine; installing into $first"
+        python="$first"
+    fi
+fi
+
+# PEP 668: pip refuses a system Python whose stdlib holds EXTERNALLY-MANAGED (Debian 12, Ubuntu 24.04), not a venv
+kind=$("$python" -c '
+import os, sys, sysconfig
+venv = sys.prefix != getattr(sys, "base_prefix", sys.prefix) or hasattr(sys, "real_prefix")
+marked = os.path.isfile(os.path.join(sysconfig.get_path("stdlib"), "EXTERNALLY-MANAGED"))
+conda = os.path.isdir(os.path.join(sys.prefix, "conda-meta"))
+print("venv" if venv else "externally-managed" if marked else "conda" if conda else "system")
+')
+if ! "$python" -m pip --version >/dev/null 2>&1; then
+    [ "$kind" = externally-managed ] || "$python" -m ensurepip --default-pip >/dev/null 2>&1 || true
+    "$python" -m pip --version >/dev/null 2>&1 || { echo "kernelbot: $python ($kind) has no pip: add pip to the" \
+        "base image (Debian/Ubuntu: apt-get install python3-pip) or build with --no-install" >&2; exit 1; }
+fi
+set -- --no-deps --no-cache-dir
+if [ "$kind" = externally-managed ]; then
+    set -- "$@" --break-system-packages  # the engine lives in this system Python: that is where the plugin must go
+fi
+echo "kernelbot: $python ($kind): pip install $* $wheel"
+exec "$python" -m pip install "$@" "$wheel"
+"""
 
 
 @dataclass
@@ -86,14 +162,17 @@ def labels(info: RunInfo) -> dict[str, str]:
 
 
 def dockerfile(base: str, info: RunInfo, wheel: str | None, install: bool) -> str:
+    """The image's Dockerfile; with `install`, the build context must hold install.sh (INSTALL_SCRIPT)."""
     lines = [f"FROM {base}"]
     lines += [f"LABEL {k}={json.dumps(v)}" for k, v in labels(info).items()]
     lines.append(f"COPY pack/ {PACK_PATH}/")
     if wheel:
-        lines.append(f"COPY {wheel} /opt/kernelbot/{wheel}")
+        lines.append(f"COPY {wheel} {INSTALL_DIR}/{wheel}")
         if install:
             # no deps: the engine image brings torch and the rest; the plugin needs only those and pydantic
-            lines.append(f"RUN {PIP_INSTALL} /opt/kernelbot/{wheel}")
+            lines.append(f"COPY install.sh {INSTALL_DIR}/install.sh")
+            lines.append(f"ARG {PYTHON_ARG}=")
+            lines.append(f"RUN sh {INSTALL_DIR}/install.sh {INSTALL_DIR}/{wheel}")
     # the activation: SGLang loads the kernelbot plugin in every rank and it reads the pack from here
     lines.append(f"ENV SGLANG_PLUGINS={PLUGIN_NAME} {PACK_ENV}={PACK_PATH}")
     return "\n".join(lines) + "\n"
@@ -125,8 +204,10 @@ def build_wheel(dest: Path) -> str:
     return wheels[-1].name
 
 
-def build(run_dir: Path, base: str, tag: str, install: bool = True, client: Any = None) -> dict[str, Any]:
-    """Build TAG from BASE with the run's pack, kernelbot and its activation; returns id, tag and labels."""
+def build(run_dir: Path, base: str, tag: str, install: bool = True, client: Any = None,
+          python: str | None = None) -> dict[str, Any]:
+    """Build TAG from BASE with the run's pack, kernelbot and its activation; returns id, tag and labels.
+    `python`: the base's interpreter to install kernelbot into (default: the one that imports the engine)."""
     info = read_run(run_dir)
     client = client or _client()
     with tempfile.TemporaryDirectory(prefix="kernelbot-image-") as tmp:
@@ -134,8 +215,10 @@ def build(run_dir: Path, base: str, tag: str, install: bool = True, client: Any 
         shutil.copytree(run_dir / "pack", ctx / "pack")
         wheel = build_wheel(ctx)
         (ctx / "Dockerfile").write_text(dockerfile(base, info, wheel, install))
+        (ctx / "install.sh").write_text(INSTALL_SCRIPT)
         try:
-            image, _ = client.images.build(path=str(ctx), tag=tag, rm=True, pull=False)
+            image, _ = client.images.build(path=str(ctx), tag=tag, rm=True, pull=False,
+                                           buildargs={PYTHON_ARG: python} if python else None)
         except Exception as exc:
             text = "".join(str(chunk.get("stream", "")) for chunk in getattr(exc, "build_log", None) or [])
             log = [line for line in re.sub(r"\x1b\[[0-9;]*m", "", text).splitlines() if line.strip()]
@@ -162,14 +245,14 @@ def push(tag: str, client: Any = None) -> str:
 
 
 def promote(run_dir: Path, base: str, tag: str, index: Path = DEFAULT_INDEX, install: bool = True,
-            client: Any = None) -> dict[str, Any]:
+            client: Any = None, python: str | None = None) -> dict[str, Any]:
     """Build and push only a run whose every kernel is verified and whose fidelity check passed, then
     append (tag, digest, run, date) to the promotions index."""
     info = read_run(run_dir)
     if info.problems:
         raise KernelbotError(f"{run_dir} cannot be promoted: {'; '.join(info.problems)}")
     client = client or _client()
-    built = build(run_dir, base, tag, install=install, client=client)
+    built = build(run_dir, base, tag, install=install, client=client, python=python)
     digest = push(tag, client=client)
     record = {"tag": tag, "digest": digest, "run_id": info.pack.run_id, "run_dir": str(run_dir.resolve()),
               "model": info.model, "pack_digest": info.digest, "image_id": built["id"],

@@ -46,6 +46,12 @@ def _without_grouped_experts(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
+def _greedy(logits: torch.Tensor) -> torch.Tensor:
+    """The next token of each sequence from the last position's logits, taken in fp32 as transformers' generate
+    and serving engines sample (argmax over bf16 logits is also several times slower on CPUs)."""
+    return logits[:, -1].float().argmax(-1, keepdim=True)
+
+
 class TorchEngine:
     """Runs a transformers causal LM in this process, the way a serving engine would:
     a batch of prompts through prefill, then greedy decode steps over the KV cache."""
@@ -67,29 +73,31 @@ class TorchEngine:
         self.cache_name = cache_kwarg(forward_of or model)
         params = inspect.signature((forward_of or model).forward).parameters
         takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-        self.cache_flag = {"use_cache": True} if "use_cache" in params or takes_any else {}
+        self.forward_flags = {"use_cache": True} if "use_cache" in params or takes_any else {}
+        if "logits_to_keep" in params:  # the last position's logits only, as generate and serving engines ask
+            self.forward_flags["logits_to_keep"] = 1
 
     @torch.inference_mode()
     def generate(self, record_logits: bool = False,
                  forced: torch.Tensor | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Greedy decoding; with `forced` ([batch, decode_steps + 1] tokens), each step is fed the forced token
         instead of its own choice (teacher forcing), so logits compare in the same contexts."""
-        out = self.model(input_ids=self.prompts, **self.cache_flag)
+        out = self.model(input_ids=self.prompts, **self.forward_flags)
         cache = returned_cache(out)
         logits = [out.logits[:, -1].double()] if record_logits else []
-        tokens = [out.logits[:, -1].argmax(-1, keepdim=True)]
+        tokens = [_greedy(out.logits)]
         fed_so_far: list[torch.Tensor] = []
         for step in range(self.spec.decode_steps):
             fed = tokens[-1] if forced is None else forced[:, step:step + 1]
             fed_so_far.append(fed)
             if self.cache_name is not None and cache is not None:
-                out = self.model(input_ids=fed, **self.cache_flag, **{self.cache_name: cache})
+                out = self.model(input_ids=fed, **self.forward_flags, **{self.cache_name: cache})
             else:  # a model that keeps no cache sees the whole sequence again
-                out = self.model(input_ids=torch.cat([self.prompts, *fed_so_far], dim=1), **self.cache_flag)
+                out = self.model(input_ids=torch.cat([self.prompts, *fed_so_far], dim=1), **self.forward_flags)
             cache = returned_cache(out)
             if record_logits:
                 logits.append(out.logits[:, -1].double())
-            tokens.append(out.logits[:, -1].argmax(-1, keepdim=True))
+            tokens.append(_greedy(out.logits))
         return torch.cat(tokens, dim=1), logits
 
     def run_workload(self) -> torch.Tensor:

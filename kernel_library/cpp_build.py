@@ -13,14 +13,14 @@ from pathlib import Path
 from types import ModuleType
 
 from kernelbot.loading import load_module
+from kernelbot.paths import CACHE_ENV, cache_dir
 
 CFLAGS = ["-O3", "-mavx2", "-mfma", "-fno-math-errno", "-fno-trapping-math", "-fopenmp"]  # no flag changes results
 _loaded: dict[str, ModuleType] = {}
 
 
 def cache_root() -> Path:
-    root = os.environ.get("KERNELBOT_CACHE") or Path.home() / ".cache" / "kernelbot"
-    return Path(root) / "cpp"
+    return cache_dir("cpp")
 
 
 def source_hash(path: Path) -> str:
@@ -35,7 +35,7 @@ def prebuild_library() -> dict[str, str]:
     Returns the environment that points a sandboxed child at those builds."""
     for source in sorted(Path(__file__).parent.glob("*/*.cpp")):
         load_cpp(source)
-    return {"KERNELBOT_CACHE": str(cache_root().parent.resolve())}
+    return {CACHE_ENV: str(cache_dir().resolve())}
 
 
 def load_cpp(path: Path) -> ModuleType:

@@ -1,26 +1,27 @@
 """The store of accepted kernels, keyed by op signature, backend and device, so that a later run (or another model
 with the same op) reuses a verified kernel before spending on a new one.
 
-Data lives under $KERNELBOT_STORE, else ~/.cache/kernelbot/store: one folder per (signature, backend, device) holding
-`candidate.py` and `entry.json` (the candidate, its verdict and benchmark, the run it came from). A reused kernel is
-verified and benchmarked again in the run that reuses it, like any candidate.
+Data lives under $KERNELBOT_STORE, else ~/.cache/kernelbot/store (store/ under $KERNELBOT_CACHE when that is set; see
+kernelbot.paths): one folder per (signature, backend, device) holding `candidate.py` and `entry.json` (the candidate,
+its verdict and benchmark, the run it came from). A reused kernel is verified and benchmarked again in the run that
+reuses it, like any candidate.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
 
+from kernelbot.paths import store_dir
 from kernelbot.records import Task
 
 
 def store_root() -> Path:
-    env = os.environ.get("KERNELBOT_STORE")
-    return Path(env) if env else Path.home() / ".cache" / "kernelbot" / "store"
+    """Where the store lives unless a caller names a root (kernelbot.paths.store_dir)."""
+    return store_dir()
 
 
 def op_signature(task: Task) -> dict[str, Any]:

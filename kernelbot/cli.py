@@ -20,9 +20,18 @@ def _optimize(args: argparse.Namespace) -> int:
                            prompt_len=args.prompt_len, decode_steps=args.decode_steps, seed=args.seed,
                            run_dir=args.run_dir, max_tasks=args.max_tasks, timeout=args.timeout, e2e_rounds=args.rounds,
                            compile=not args.no_compile, families=args.families.split(",") if args.families else None,
-                           device=args.device)
+                           device=args.device, cluster=args.cluster)
     if args.engine == "sglang":
+        if args.cluster:
+            raise KernelbotError("--cluster evaluates candidates of the in-process engine; drop it with --engine "
+                                 "sglang")
         return _optimize_served(args, opts)
+    if args.cluster is not None:
+        from kernelbot.agent.cluster import require_ray
+
+        require_ray()
+        if args.resume is not None:
+            _point_run_at_cluster(args.resume, args.cluster)
     from kernelbot.engine.device import pick_device
     from kernelbot.engine.models import model_argument
 
@@ -31,6 +40,19 @@ def _optimize(args: argparse.Namespace) -> int:
     opts.model = model_argument(opts.model)  # a built-in name, or the model directory's absolute path
     opts.llm = llm_options(args)
     return run_optimize(args, opts)
+
+
+def _point_run_at_cluster(run_dir: Path, address: str) -> None:
+    """`--resume RUN_DIR --cluster ADDRESS`: the run continues on this cluster (say, the head moved); the journal's
+    options are what a resumed run reads."""
+    from kernelbot.agent.journal import Journal
+
+    if not (Path(run_dir) / "journal.sqlite").exists():
+        return  # resume itself says what is wrong with the directory
+    with Journal(Path(run_dir)) as journal:
+        options = journal.meta("options")
+        if options is not None:
+            journal.set_meta("options", {**options, "cluster": address})
 
 
 def _optimize_served(args: argparse.Namespace, candidate_opts) -> int:
@@ -170,6 +192,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where the model runs and candidates are verified and timed: auto (a GPU when one is visible, "
                         "else the CPU), cpu (C++ kernels), cuda (a GPU; Triton kernels)")
     p.add_argument("--families", default=None, help="comma-separated kernel families to try (default: all)")
+    p.add_argument("--cluster", default=None, metavar="ADDRESS",
+                   help="evaluate candidates on a Ray cluster: auto, host:port or ray://host:port (what ray.init "
+                        "takes); one GPU (or CPU) per candidate, as many at once as it holds; needs "
+                        "pip install 'kernelbot[ray]'. With --resume: continue the run on this cluster")
     g = p.add_argument_group("--engine sglang (the server is started, measured and stopped by kernelbot)")
     g.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks")
     g.add_argument("--port", type=int, default=30000)

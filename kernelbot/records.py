@@ -6,9 +6,12 @@ rerun from the files of the one before.
 
 from __future__ import annotations
 
+from enum import Enum
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, computed_field
+from pydantic import BaseModel, Field, computed_field, model_validator
+
+from kernelbot.profiler.host import HostLoad
 
 
 class Device(BaseModel):
@@ -145,6 +148,7 @@ class Bench(BaseModel):
     speedup: float
     significant: bool  # faster beyond the measured noise
     compiled_us: float | None = None
+    host: HostLoad | None = None  # over the benchmark: other processes' CPU time makes its ratio doubtful
 
 
 class PackEntry(BaseModel):
@@ -242,14 +246,62 @@ class Fidelity(BaseModel):
                 f"({self.token_agreement:.1%} agreement){kl}")
 
 
+class KernelOutcome(str, Enum):
+    """What became of a candidate. Decisions are taken from this value; a KernelResult's reason says it for people."""
+
+    ACCEPTED = "accepted"  # verified, faster beyond noise and the fastest of its task: it joins the pack
+    FASTER = "faster"  # verified and faster beyond noise, not yet weighed against its task's other candidates
+    OUTPACED = "outpaced"  # verified and faster beyond noise, but another candidate was faster (or won the duel)
+    NOT_FASTER = "not_faster"  # verified, not faster beyond the measured noise
+    NOT_TIMED = "not_timed"  # verified, but its backend cannot be timed on this device
+    NOT_VERIFIED = "not_verified"  # correctness could not run here, or the candidate was not run at all
+    FAILED = "failed"  # a verification check failed
+    HARNESS_ERROR = "harness_error"  # verifying or benchmarking raised: no verdict
+    NO_CANDIDATE = "no_candidate"  # no code to run: the generator could not write one, or an LLM answer held none
+
+    @property
+    def verified(self) -> bool:
+        """The candidate passed verification (whatever its timing showed)."""
+        return self in VERIFIED_OUTCOMES
+
+
+VERIFIED_OUTCOMES = frozenset({KernelOutcome.ACCEPTED, KernelOutcome.FASTER, KernelOutcome.OUTPACED,
+                               KernelOutcome.NOT_FASTER, KernelOutcome.NOT_TIMED})
+# How rows written before outcomes were recorded said them: the start of their reason (first match wins).
+LEGACY_REASONS = (("verified; ", KernelOutcome.FASTER), ("verified and faster", KernelOutcome.OUTPACED),
+                  ("verified but not faster", KernelOutcome.NOT_FASTER), ("verified (", KernelOutcome.NOT_TIMED),
+                  ("failed ", KernelOutcome.FAILED), ("harness error", KernelOutcome.HARNESS_ERROR),
+                  ("no built-in candidate", KernelOutcome.NO_CANDIDATE),
+                  ("LLM answer unusable", KernelOutcome.NO_CANDIDATE))
+
+
+def legacy_outcome(status: str, reason: str) -> KernelOutcome:
+    """The outcome of a row written before KernelResult had one (old report.json files and journals), from its
+    status and reason; the only place a reason is read. Any reason not listed was never verified."""
+    if status == "accepted":
+        return KernelOutcome.ACCEPTED
+    return next((o for start, o in LEGACY_REASONS if reason.startswith(start)), KernelOutcome.NOT_VERIFIED)
+
+
+class Placement(BaseModel):
+    """Where a candidate was verified and timed when a Ray cluster ran it (`optimize --cluster`)."""
+
+    node: str  # Ray node id (hex)
+    node_ip: str
+    worker: str  # Ray worker id (hex)
+    device: str  # "<kind>:<model name>", e.g. "cuda:NVIDIA H100 80GB HBM3"; timings compare only within one
+    attempts: int = 1  # tries it took: more than one when a worker or node died mid-candidate
+
+
 class KernelResult(BaseModel):
     op: str
     module: str
     backend: str
     shapes: list[list[int]]
     status: Literal["accepted", "rejected"]
-    reason: str
+    reason: str  # for people; decisions read `outcome`
     speedup: float | None
+    outcome: KernelOutcome  # given by every stage that makes or changes a row; derived for older rows, see below
     reference_us: float | None = None  # per call, in the candidate's benchmark
     time_us: float | None = None
     floor_us: float | None = None  # roofline floor per call on this device
@@ -263,6 +315,17 @@ class KernelResult(BaseModel):
     flops: float | None = None  # per call, from the hotspot's shapes (roofline position)
     bytes: float | None = None
     iteration: int = 0
+    placement: Placement | None = None  # cluster runs only: node, worker and device that ran it
+    # torch.compile's gain over eager on this task's own region (tasks/<id>/compile.json), for accepted kernels' tasks
+    region_compile_speedup: float | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _outcome_of_older_rows(cls, data: Any) -> Any:
+        """Rows written before outcomes were recorded still load: theirs is read from status and reason."""
+        if isinstance(data, dict) and "outcome" not in data:
+            return {**data, "outcome": legacy_outcome(str(data.get("status", "")), str(data.get("reason", "")))}
+        return data
 
 
 class LLMCall(BaseModel):
@@ -307,6 +370,15 @@ class LLMUsage(BaseModel):
     budgets: dict[str, Any] = Field(default_factory=dict)
 
 
+class EndToEndTimes(BaseModel):
+    """Workload times (ms) of the interleaved end-to-end rounds, and how busy the host was over them."""
+
+    eager: list[float]
+    kernelbot: list[float]
+    compiled: list[float] = Field(default_factory=list)
+    host: HostLoad | None = None  # None in runs recorded before the host was read
+
+
 class Report(BaseModel):
     run_id: str
     model: ModelSpec
@@ -329,6 +401,7 @@ class Report(BaseModel):
     budget: dict[str, Any] = Field(default_factory=dict)  # the run's budgets as given
     reused: list[str] = Field(default_factory=list)  # candidates taken from the kernel store
     sessions: int = 1  # 1 + how many times the run was resumed
+    host: HostLoad | None = None  # over the end-to-end rounds: a contended host makes every ratio above doubtful
 
 
 class KernelStat(BaseModel):

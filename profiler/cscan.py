@@ -19,6 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
+from kernelbot.paths import cache_dir
+
 # event kinds, by "cat"
 CPU_OP, KERNEL, MEMCPY, MEMSET, RUNTIME, DRIVER, ANNOTATION, PYFUNC = range(8)
 CATS = ("cpu_op", "kernel", "gpu_memcpy", "gpu_memset", "cuda_runtime", "cuda_driver", "user_annotation",
@@ -416,7 +418,7 @@ def _build() -> ctypes.CDLL | None:
     cc = os.environ.get("CC", "cc")
     if not shutil.which(cc):
         return None
-    cache = Path(os.environ.get("KERNELBOT_CACHE") or Path.home() / ".cache" / "kernelbot")
+    cache = cache_dir()
     target = cache / f"cscan-{hashlib.sha256(SOURCE.encode()).hexdigest()[:16]}.so"
     if not target.exists():
         try:

@@ -36,6 +36,12 @@ class HostLoad(BaseModel):
     contended: bool
     note: str = ""
 
+    def summary(self) -> str:
+        """One line for people: the load average, and what other processes used while it was read."""
+        others = f", other processes {self.others_cores} cores" if self.others_cores is not None else ""
+        busiest = f" (busiest: {', '.join(f'{b.name} {b.cores}' for b in self.busiest)})" if self.busiest else ""
+        return f"load average {self.load_1m} on {self.cpu_count} cores{others}{busiest}"
+
 
 @dataclass(frozen=True)
 class ProcSample:
@@ -45,6 +51,7 @@ class ProcSample:
     ticks: dict[int, int]
     parents: dict[int, int]
     names: dict[int, str]
+    reaped: int = 0  # our process's children that ended and were waited for: their ticks (and their children's)
 
 
 def read_stat(line: str) -> tuple[str, int, int]:
@@ -68,7 +75,17 @@ def sample() -> ProcSample | None:
             continue
         pid = int(entry.name)
         ticks[pid], parents[pid], names[pid] = used, parent, name
-    return ProcSample(at, ticks, parents, names)
+    return ProcSample(at, ticks, parents, names, reaped_ticks())
+
+
+def reaped_ticks() -> int:
+    """CPU ticks of this process's children that have ended and been waited for (cutime + cstime): a sandboxed job
+    that finished inside a timing window is our work, not another process's."""
+    try:
+        rest = (PROC / "self" / "stat").read_text().rsplit(")", 1)[1].split()
+        return int(rest[13]) + int(rest[14])
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def own_tree(parents: dict[int, int], root: int) -> set[int]:
@@ -112,7 +129,7 @@ def host_load(since: ProcSample | None = None, window_s: float = 0.05) -> HostLo
     per_tick = 1 / (os.sysconf("SC_CLK_TCK") * window)
     ours = own_tree(end.parents, os.getpid())
     used = {pid: (t - start.ticks.get(pid, 0)) * per_tick for pid, t in end.ticks.items()}
-    own = sum(c for pid, c in used.items() if pid in ours)
+    own = sum(c for pid, c in used.items() if pid in ours) + (end.reaped - start.reaped) * per_tick
     others = {pid: c for pid, c in used.items() if pid not in ours and c > 0}
     busiest = sorted(others, key=lambda pid: -others[pid])[:BUSIEST]
     others_cores = sum(others.values())

@@ -27,6 +27,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from types import CodeType
 
+from kernelbot.paths import CACHE_ENV, cache_dir
+
 MS_RDONLY, MS_NOSUID, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 32, 4096, 16384, 1 << 18
 PR_CAPBSET_DROP = 24
 SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL|AUTH", re.IGNORECASE)
@@ -215,8 +217,8 @@ def readable_paths(extra: Iterable[Path]) -> list[Path]:
         except (ImportError, ValueError):
             continue
         paths += [Path(p) for p in (spec.submodule_search_locations or [])] if spec else []
-    if os.environ.get("KERNELBOT_CACHE"):
-        paths.append(Path(os.environ["KERNELBOT_CACHE"]))
+    if os.environ.get(CACHE_ENV):  # the kernel library's builds, made by the trusted parent (prebuild_library)
+        paths.append(cache_dir())
     paths.append(Path(f"/proc/{os.getpid()}"))
     paths += [Path(p) for p in glob.glob("/dev/nvidia*")]
     paths += [Path("/etc") / name for name in _listdir("/etc") if not ETC_WITHHELD.search(name)]

@@ -1,12 +1,13 @@
 """The Docker runner: the same job as the process runner, in a throwaway container.
 
-The image is nearly empty (a passwd file and the host's /bin, /lib... symlinks, imported once and tagged by
-its content); the host's runtime comes in through read-only bind mounts (/usr, the Python installation, the
-venv, the kernelbot checkout, the job's input files). The box is the only writable mount, at the same path
-as on the host, so job.json, HOME and TMPDIR mean the same inside. The root filesystem is read-only, there
-is no network, no capability, no new privilege, memory and process counts are capped by cgroups, and the
-candidate runs as nobody (or as the calling user when that is not root). Audit records go through a FIFO
-that is mounted write-only for the container: the candidate can add records but not read them back.
+The box is the process runner's (sandbox/box.py); this module only confines and starts the job in a container, named
+at random like the box. The image is nearly empty (a passwd file and the host's /bin, /lib... symlinks, imported
+once and tagged by its content); the host's runtime comes in through read-only bind mounts (/usr, the Python
+installation, the venv, the kernelbot checkout, the job's input files). The box is the only writable mount, at the
+same path as on the host, so job.json, HOME and TMPDIR mean the same inside. The root filesystem is read-only, there
+is no network, no capability, no new privilege, memory and process counts are capped by cgroups, and the candidate
+runs as nobody (or as the calling user when that is not root). Audit records go through a FIFO that is mounted
+write-only for the container: the candidate can add records but not read them back.
 Through the Docker SDK: no CLI process per job, structured errors, and the env never on a command line.
 """
 
@@ -15,11 +16,8 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import io
-import json
 import os
 import select
-import shutil
-import signal
 import socket
 import sys
 import tarfile
@@ -29,13 +27,26 @@ from pathlib import Path
 from typing import Any
 
 from kernelbot import KernelbotError
-from kernelbot.sandbox.runner import MAX_FILE_BYTES, MAX_PROCESSES, OUTPUTS, SandboxResult, child_env, memory_limit
+from kernelbot.sandbox.box import (
+    AUDIT_LIMIT,
+    MAX_FILE_BYTES,
+    MAX_PROCESSES,
+    STDERR,
+    Ending,
+    SandboxResult,
+    box_env,
+    child_env,
+    close_box,
+    memory_limit,
+    open_box,
+    outcome,
+    random_name,
+)
 
 RUNNERS = ("auto", "process", "docker")
 LABEL = "org.kernelbot.sandbox"  # value: host:pid of the kernelbot that started the container
 NOBODY = 65534
 AUDIT_TARGET = "/.kernelbot/audit"
-AUDIT_LIMIT = 1 << 20
 # Runs first in the container: opens the audit FIFO for writing, hands it to the worker as KERNELBOT_AUDIT_FD.
 LAUNCH = ("import os, sys; fd = os.open(sys.argv[1], os.O_WRONLY); os.set_inheritable(fd, True); "
           "os.environ['KERNELBOT_AUDIT_FD'] = str(fd); os.execvp(sys.argv[2], sys.argv[2:])")
@@ -164,18 +175,13 @@ def run_job(job: dict[str, Any], workdir: Path, timeout: float, env: dict[str, s
             wrapper: list[str] | None = None, gpu: int | None = None) -> SandboxResult:
     """runner.run_job, in a container: same box, same result files, same statuses, same GPU health check."""
     import docker
-    import requests
 
     client, tag = _engine()
     if client is None:
         raise KernelbotError(f"the docker sandbox runner is unavailable: {tag}")
     workdir = workdir.resolve()
-    box = workdir / "box"
-    shutil.rmtree(box, ignore_errors=True)
-    (box / "tmp").mkdir(parents=True)
-    (box / "job.json").write_text(json.dumps(job))
-    for name in (*OUTPUTS, "audit.fifo"):
-        (workdir / name).unlink(missing_ok=True)
+    box = open_box(job, workdir)
+    (workdir / "audit.fifo").unlink(missing_ok=True)
     uid, gid = (NOBODY, NOBODY) if os.geteuid() == 0 else (os.getuid(), os.getgid())
     for path in (box, box / "tmp", box / "job.json"):
         os.chown(path, uid, gid)
@@ -183,23 +189,9 @@ def run_job(job: dict[str, Any], workdir: Path, timeout: float, env: dict[str, s
     os.mkfifo(audit)
     audit_fd = os.open(audit, os.O_RDWR | os.O_NONBLOCK)  # a writer of our own: the container's never sees EOF
     os.chmod(audit, 0o200 if uid == os.getuid() else 0o002)  # the container may write, never read
-    extra = {"HOME": str(box), "TMPDIR": str(box / "tmp"), "PYTHONDONTWRITEBYTECODE": "1",
-             "TORCHINDUCTOR_CACHE_DIR": str(box / "tmp" / "inductor"), "TRITON_CACHE_DIR": str(box / "tmp" / "triton"),
-             "XDG_CACHE_HOME": str(box / "tmp" / "cache"), **(env or {})}
-    environment = {k: v for k, v in child_env(extra).items() if not k.startswith("DOCKER_")}
-    device = None if gpu is None else str(gpu)
-    if device is None and job.get("device") == "cuda":  # the GPU the process runner's child would get
-        device = (environment.get("CUDA_VISIBLE_DEVICES", "") or "0").split(",")[0]
-    if device is not None:  # inside, the container's one GPU is index 0
-        environment.pop("CUDA_VISIBLE_DEVICES", None)
+    environment, device = _environment(job, box, env, gpu)
     memory = memory_limit()
-    protections = [f"docker runner ({tag})", f"timeout {timeout:.0f} s (container killed)", "secrets scrubbed from env",
-                   "no network (--network none)", "read-only root filesystem; host runtime mounted read-only",
-                   "writable: the work dir only", f"memory {memory >> 30} GiB, no swap (cgroup)",
-                   f"address space {memory >> 30} GiB", f"≤ {MAX_PROCESSES} processes (--pids-limit)",
-                   f"files ≤ {MAX_FILE_BYTES >> 30} GiB", "no core dumps", "no capabilities (--cap-drop ALL)",
-                   "no new privileges", f"user {uid}", "own pid namespace; container removed afterwards"]
-    protections.append(f"GPU {device} only (--gpus device={device})" if device is not None else "no GPU")
+    protections = _protections(tag, timeout, memory, uid, device)
     command = [sys.executable, "-c", LAUNCH, AUDIT_TARGET, *(wrapper or []), sys.executable, "-m",
                "kernelbot.sandbox.worker", "job.json"]
     records, stop = bytearray(), threading.Event()
@@ -214,12 +206,12 @@ def run_job(job: dict[str, Any], workdir: Path, timeout: float, env: dict[str, s
         ecc_before = ecc_errors(gpu)
     gpus = [docker.types.DeviceRequest(device_ids=[device], capabilities=[["gpu"]])] if device is not None else []
     t0 = time.perf_counter()
-    container, timed_out, code, oom = None, False, None, False
+    container = None
     try:
         try:
             container = client.containers.create(
-                tag, command, environment=environment, working_dir=str(box), user=f"{uid}:{gid}",
-                mounts=_mounts(job, env or {}, box, audit), read_only=True, network_mode="none",
+                tag, command, name=random_name(), environment=environment, working_dir=str(box),
+                user=f"{uid}:{gid}", mounts=_mounts(job, env or {}, box, audit), read_only=True, network_mode="none",
                 cap_drop=["ALL"], security_opt=["no-new-privileges"], mem_limit=memory, memswap_limit=memory,
                 pids_limit=MAX_PROCESSES, ulimits=ulimits, labels={LABEL: f"{socket.gethostname()}:{os.getpid()}"},
                 log_config=docker.types.LogConfig(type="json-file", config={"max-size": "1m", "max-file": "1"}),
@@ -228,22 +220,11 @@ def run_job(job: dict[str, Any], workdir: Path, timeout: float, env: dict[str, s
         except docker.errors.DockerException as exc:
             raise KernelbotError(f"docker runner: could not start the job container: {str(exc).splitlines()[0]}") \
                 from exc
-        try:
-            code = container.wait(timeout=timeout)["StatusCode"]
-        except requests.exceptions.RequestException:
-            timed_out = True
-            try:  # SIGKILL to the container's pid 1: the kernel then kills everything in its pid namespace
-                container.kill()
-            except docker.errors.APIError:
-                pass  # it ended meanwhile, or is still tearing down (hundreds of torch processes take seconds)
-            try:
-                code = container.wait(timeout=600)["StatusCode"]
-            except requests.exceptions.RequestException:
-                code = None  # removed by force below all the same
+        timed_out, code = _wait(container, timeout)
         seconds = time.perf_counter() - t0
         container.reload()
         oom = bool(container.attrs["State"].get("OOMKilled"))
-        (workdir / "stderr.txt").write_bytes(container.logs(stdout=True, stderr=True))
+        (workdir / STDERR).write_bytes(container.logs(stdout=True, stderr=True))
     finally:
         if container is not None:
             try:
@@ -254,43 +235,52 @@ def run_job(job: dict[str, Any], workdir: Path, timeout: float, env: dict[str, s
         reader.join()
         os.close(audit_fd)
         audit.unlink(missing_ok=True)
-    for name in OUTPUTS:
-        if (box / name).is_file() and not (box / name).is_symlink():
-            shutil.move(box / name, workdir / name)
-    shutil.rmtree(box, ignore_errors=True)
+        close_box(box, workdir)
     if gpu is not None and (timed_out or code != 0):  # the container is gone, and every process of it
         protections.append(check_health(gpu, set(), ecc_before))
-    return _result(workdir, timeout, timed_out, code, oom, seconds, records, protections)
+    ending = Ending(timed_out, code, seconds, bytes(records), " (out of memory)" if oom else "")
+    return outcome(workdir, timeout, ending, protections)
 
 
-def _result(workdir: Path, timeout: float, timed_out: bool, code: int | None, oom: bool, seconds: float,
-            records: bytearray, protections: list[str]) -> SandboxResult:
-    """The statuses, violations and protections exactly as the process runner reports them."""
-    violations = []
-    for line in records.decode(errors="replace").splitlines():
-        try:
-            violations.append(json.loads(line))
-        except json.JSONDecodeError:
-            violations.append({"kind": "garbled", "detail": line[:200]})
-    tail = (workdir / "stderr.txt").read_text(errors="replace")[-2000:]
+def _environment(job: dict[str, Any], box: Path, env: dict[str, str] | None,
+                 gpu: int | None) -> tuple[dict[str, str], str | None]:
+    """The container's environment (the box's, the caller's, no secrets, nothing of Docker's) and the GPU it
+    gets, if any: `gpu`, else for a CUDA job the one the process runner's child would see."""
+    environment = {k: v for k, v in child_env({**box_env(box), **(env or {})}).items() if not k.startswith("DOCKER_")}
+    device = None if gpu is None else str(gpu)
+    if device is None and job.get("device") == "cuda":
+        device = (environment.get("CUDA_VISIBLE_DEVICES", "") or "0").split(",")[0]
+    if device is not None:  # inside, the container's one GPU is index 0
+        environment.pop("CUDA_VISIBLE_DEVICES", None)
+    return environment, device
+
+
+def _protections(tag: str, timeout: float, memory: int, uid: int, device: str | None) -> list[str]:
+    protections = [f"docker runner ({tag})", f"timeout {timeout:.0f} s (container killed)", "secrets scrubbed from env",
+                   "no network (--network none)", "read-only root filesystem; host runtime mounted read-only",
+                   "writable: the job's box only", f"memory {memory >> 30} GiB, no swap (cgroup)",
+                   f"address space {memory >> 30} GiB", f"≤ {MAX_PROCESSES} processes (--pids-limit)",
+                   f"files ≤ {MAX_FILE_BYTES >> 30} GiB", "no core dumps", "no capabilities (--cap-drop ALL)",
+                   "no new privileges", f"user {uid}", "own pid namespace; container removed afterwards"]
+    protections.append(f"GPU {device} only (--gpus device={device})" if device is not None else "no GPU")
+    return protections
+
+
+def _wait(container: Any, timeout: float) -> tuple[bool, int | None]:
+    """(timed out, exit status) of the container; past `timeout` it is killed, and its status is None when even
+    the kill does not end it within 10 minutes (it is removed by force all the same)."""
+    import docker
+    import requests
+
     try:
-        payload = json.loads((workdir / "result.json").read_text()) if (workdir / "result.json").exists() else None
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        payload = None
-    if isinstance(payload, dict):
-        protections += [p for p in payload.get("protections", []) if isinstance(p, str)]
-
-    def result(status, detail) -> SandboxResult:
-        return SandboxResult(status, seconds, code, detail, payload, violations, protections)
-
-    if timed_out:
-        return result("timeout", f"no result after {timeout:.0f} s")
-    if code is not None and code >= 128:  # docker-init reports a signalled worker as 128 + signal
-        sig = code - 128
-        name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
-        return result("crash", f"killed by {name}{' (out of memory)' if oom else ''}\n{tail}")
-    if not isinstance(payload, dict) or code != 0:
-        return result("crash", f"exit code {code}, no result\n{tail}")
-    if payload.get("error"):
-        return result("error", str(payload["error"]))
-    return result("ok", tail)
+        return False, container.wait(timeout=timeout)["StatusCode"]
+    except requests.exceptions.RequestException:
+        pass
+    try:  # SIGKILL to the container's pid 1: the kernel then kills everything in its pid namespace
+        container.kill()
+    except docker.errors.APIError:
+        pass  # it ended meanwhile, or is still tearing down (hundreds of torch processes take seconds)
+    try:
+        return True, container.wait(timeout=600)["StatusCode"]
+    except requests.exceptions.RequestException:
+        return True, None

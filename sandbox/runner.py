@@ -1,46 +1,45 @@
+"""The process runner: a job's worker as a child process in its own session and process group, in a pids cgroup and
+(as root, with util-linux) its own pid, net and mount namespaces, with rlimits on memory, file size, core dumps and
+CPU time; audit records come back through a pipe. The box (sandbox/box.py) is the same as the docker runner's; this
+module only confines and starts the child, and dispatches to the docker runner when that one is chosen.
+"""
+
 from __future__ import annotations
 
 import functools
-import json
 import os
 import resource
 import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from kernelbot.sandbox.confine import SECRET_NAME, libc
+from kernelbot.sandbox import docker_runner
+from kernelbot.sandbox.box import (
+    AUDIT_LIMIT,
+    MAX_FILE_BYTES,
+    MAX_PROCESSES,
+    STDERR,
+    Ending,
+    SandboxResult,
+    box_env,
+    child_env,
+    close_box,
+    memory_limit,
+    open_box,
+    outcome,
+)
+from kernelbot.sandbox.confine import libc
 from kernelbot.sandbox.gpu import check_health, ecc_errors
 from kernelbot.sandbox.gpu import isolation_env as gpu_env
 
+__all__ = ["PIDS_CGROUP", "SandboxResult", "child_env", "namespaces_available", "run_job"]
 PR_SET_PDEATHSIG = 1
 PIDS_CGROUP = Path("/sys/fs/cgroup/pids")
-MAX_PROCESSES = 256  # per job: a fork bomb hits this instead of the machine
-MAX_FILE_BYTES = 2 << 30
-OUTPUTS = ("result.json", "outputs.pt")  # what the parent takes out of the box before it is removed
-
-
-@dataclass
-class SandboxResult:
-    status: Literal["ok", "timeout", "crash", "error"]
-    seconds: float
-    returncode: int | None
-    detail: str  # last lines of the child's stderr, or its own error report
-    payload: dict[str, Any] | None  # what the worker wrote to result.json
-    violations: list[dict[str, str]] = field(default_factory=list)  # what the candidate tried and was refused
-    protections: list[str] = field(default_factory=list)  # what was in force
-
-
-def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not SECRET_NAME.search(k)}
-    env.update(extra or {})
-    return env
 
 
 def namespaces_available() -> bool:
@@ -55,11 +54,6 @@ def _can_unshare() -> bool:
         return False
     probe = subprocess.run(["unshare", "--pid", "--fork", "--net", "--mount", "true"], capture_output=True)
     return probe.returncode == 0
-
-
-def memory_limit() -> int:
-    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return min(16 << 30, int(total * 0.6))
 
 
 def _make_cgroup() -> Path | None:
@@ -123,58 +117,31 @@ def _end_everything(proc: subprocess.Popen, group: Path | None) -> set[int]:
 
 def run_job(job: dict[str, Any], workdir: Path, timeout: float, env: dict[str, str] | None = None,
             wrapper: list[str] | None = None, gpu: int | None = None, runner: str | None = None) -> SandboxResult:
-    """Run one worker job in a fresh child process inside a fresh box (a directory of a random name under the
-    system's temporary directory, or $KERNELBOT_BOX_ROOT, removed afterwards: its path says nothing about the job,
-    so a candidate cannot tell verification from timing by it);
+    """Run one worker job in a fresh child process inside a fresh box (sandbox/box.py: a directory of a random name,
+    removed afterwards; result.json and outputs.pt come back to `workdir`, with the child's stderr.txt);
     whatever happens, nothing it started survives. `wrapper` prefixes the worker's command (a sanitizer).
     With `gpu`, the job sees only that GPU, and after a crash or timeout the GPU must come back healthy
     (gpu.GPUUnhealthy is raised when it does not). `runner` (else $KERNELBOT_SANDBOX): process, docker, or
     auto (docker when a daemon is reachable and the sandbox image builds; see docker_runner)."""
-    from kernelbot.sandbox import docker_runner
-
     if docker_runner.choose(runner) == "docker":
         return docker_runner.run_job(job, workdir, timeout, env, wrapper, gpu)
     workdir = workdir.resolve()
-    workdir.mkdir(parents=True, exist_ok=True)
-    box = Path(tempfile.mkdtemp(prefix="kb-", dir=os.environ.get("KERNELBOT_BOX_ROOT") or None)).resolve()
-    (box / "tmp").mkdir(parents=True)
-    (box / "job.json").write_text(json.dumps(job))
-    for name in OUTPUTS:
-        (workdir / name).unlink(missing_ok=True)
+    box = open_box(job, workdir)
     group = _make_cgroup()
     isolated = namespaces_available()
-    protections = ["process runner", f"timeout {timeout:.0f} s", "own session and process group",
-                   "secrets scrubbed from env", f"address space {memory_limit() >> 30} GiB",
-                   f"files ≤ {MAX_FILE_BYTES >> 30} GiB", "no core dumps"]
-    protections.append(f"≤ {MAX_PROCESSES} processes (pids cgroup)" if group else "no process cap (no pids cgroup)")
-    if not isolated:
-        protections.append("no namespaces (needs root and util-linux unshare): Landlock, where the kernel has it, "
-                           "and the audit hook stand in")
-    read_fd, write_fd = os.pipe()
-
-    def limit() -> None:  # runs in the child between fork and exec
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # if kernelbot itself dies, the job dies with it
-        if group is not None:
-            (group / "cgroup.procs").write_text(str(os.getpid()))
-        resource.setrlimit(resource.RLIMIT_AS, (memory_limit(),) * 2)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (MAX_FILE_BYTES,) * 2)
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        resource.setrlimit(resource.RLIMIT_CPU, (int(timeout) + 5,) * 2)
-
+    protections = _protections(timeout, group, isolated)
     command = [*(wrapper or []), sys.executable, "-m", "kernelbot.sandbox.worker", "job.json"]
     if isolated:
         command = ["unshare", "--pid", "--fork", "--net", "--mount", "--kill-child", *command]
-    # Every place a library writes to by default is pointed into the box (the parent's own values, e.g. the
-    # TORCHINDUCTOR_CACHE_DIR that torch exports once it has used the cache, would lead outside it).
-    extra = {"HOME": str(box), "TMPDIR": str(box / "tmp"), "PYTHONDONTWRITEBYTECODE": "1",
-             "TORCHINDUCTOR_CACHE_DIR": str(box / "tmp" / "inductor"), "TRITON_CACHE_DIR": str(box / "tmp" / "triton"),
-             "XDG_CACHE_HOME": str(box / "tmp" / "cache"),
-             "KERNELBOT_AUDIT_FD": str(write_fd), **(env or {}), **(gpu_env(gpu) if gpu is not None else {})}
+    read_fd, write_fd = os.pipe()
+    extra = {**box_env(box), "KERNELBOT_AUDIT_FD": str(write_fd), **(env or {}),
+             **(gpu_env(gpu) if gpu is not None else {})}
     ecc_before = ecc_errors(gpu) if gpu is not None else None
     t0 = time.perf_counter()
-    with open(workdir / "stderr.txt", "wb") as err:
+    with open(workdir / STDERR, "wb") as err:
         proc = subprocess.Popen(command, cwd=box, stdin=subprocess.DEVNULL, stdout=err, stderr=err,
-                                env=child_env(extra), start_new_session=True, preexec_fn=limit, pass_fds=(write_fd,))
+                                env=child_env(extra), start_new_session=True,
+                                preexec_fn=functools.partial(_limit_child, group, timeout), pass_fds=(write_fd,))
         os.close(write_fd)
         try:
             proc.wait(timeout=timeout)
@@ -186,41 +153,32 @@ def run_job(job: dict[str, Any], workdir: Path, timeout: float, env: dict[str, s
             proc.wait()
     seconds = time.perf_counter() - t0
     with os.fdopen(read_fd, "rb") as pipe:
-        records = pipe.read(1 << 20).decode(errors="replace").splitlines()
-    violations = []
-    for line in records:
-        try:
-            violations.append(json.loads(line))
-        except json.JSONDecodeError:
-            violations.append({"kind": "garbled", "detail": line[:200]})
-    for name in OUTPUTS:
-        if (box / name).is_file() and not (box / name).is_symlink():
-            shutil.move(box / name, workdir / name)
-    shutil.rmtree(box, ignore_errors=True)
-    tail = (workdir / "stderr.txt").read_text(errors="replace")[-2000:]
-    result_path = workdir / "result.json"
-    try:
-        payload = json.loads(result_path.read_text()) if result_path.exists() else None
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        payload = None
-    if isinstance(payload, dict):
-        protections += [p for p in payload.get("protections", []) if isinstance(p, str)]
-
-    def result(status, code, detail) -> SandboxResult:
-        return SandboxResult(status, seconds, code, detail, payload, violations, protections)
-
+        records = pipe.read(AUDIT_LIMIT)
+    close_box(box, workdir)
     if gpu is not None:
         protections.append(f"GPU {gpu} only (CUDA_VISIBLE_DEVICES)")
         if timed_out or proc.returncode != 0:
             protections.append(check_health(gpu, pids, ecc_before))
-    if timed_out:
-        return result("timeout", None, f"no result after {timeout:.0f} s")
-    if proc.returncode < 0 or proc.returncode >= 128:  # unshare reports a signalled child as 128 + signal
-        sig = -proc.returncode if proc.returncode < 0 else proc.returncode - 128
-        name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
-        return result("crash", proc.returncode, f"killed by {name}\n{tail}")
-    if not isinstance(payload, dict) or proc.returncode != 0:
-        return result("crash", proc.returncode, f"exit code {proc.returncode}, no result\n{tail}")
-    if payload.get("error"):
-        return result("error", proc.returncode, str(payload["error"]))
-    return result("ok", proc.returncode, tail)
+    return outcome(workdir, timeout, Ending(timed_out, proc.returncode, seconds, records), protections)
+
+
+def _protections(timeout: float, group: Path | None, isolated: bool) -> list[str]:
+    protections = ["process runner", f"timeout {timeout:.0f} s", "own session and process group",
+                   "secrets scrubbed from env", f"address space {memory_limit() >> 30} GiB",
+                   f"files ≤ {MAX_FILE_BYTES >> 30} GiB", "no core dumps"]
+    protections.append(f"≤ {MAX_PROCESSES} processes (pids cgroup)" if group else "no process cap (no pids cgroup)")
+    if not isolated:
+        protections.append("no namespaces (needs root and util-linux unshare): Landlock, where the kernel has it, "
+                           "and the audit hook stand in")
+    return protections
+
+
+def _limit_child(group: Path | None, timeout: float) -> None:
+    """Runs in the child between fork and exec."""
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # if kernelbot itself dies, the job dies with it
+    if group is not None:
+        (group / "cgroup.procs").write_text(str(os.getpid()))
+    resource.setrlimit(resource.RLIMIT_AS, (memory_limit(),) * 2)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (MAX_FILE_BYTES,) * 2)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    resource.setrlimit(resource.RLIMIT_CPU, (int(timeout) + 5,) * 2)

@@ -54,7 +54,12 @@ _numpy, _untyped_storage, _set, _empty = _T.numpy, _T.untyped_storage, _T.set_, 
 _dumps, _sha256, _write, _read = pickle.dumps, hashlib.sha256, os.write, os.read
 WORK = "tmp"  # the runner's only writable directory, inside the box
 _PROTECTIONS: list[str] = []  # the runner's own, reported with its first reply
+HOST_THREADS = torch.get_num_threads()  # read at import, before main() makes the harness single-threaded
 CHECKS_PER_ROUND = 4  # timed candidate calls per round whose outputs go back to be checked
+# Between one runner's calls and the other's: longer than an OpenMP pool spins after its last parallel region
+# (libgomp's default, ~300k pause iterations), so the idle runner's threads sleep before the other's are timed.
+# Without it the two pools fight for the cores: on 2 cores a 77 µs op was timed at 2.5 ms.
+SWITCH_GAP_S = 0.05
 FACT_KINDS = ("subclass", "aliasing", "late", "threads", "weights", "tamper", "timing", "notes")
 
 
@@ -157,6 +162,7 @@ class RunnerSetup:
     triton: bool = False
     poison: bool = False  # CPU allocations filled with a pattern (verification; never when timing)
     settle_s: float = 0.02
+    threads: int = field(default_factory=lambda: HOST_THREADS)  # torch's intra-op threads, as a real process has
 
 
 @dataclass
@@ -240,9 +246,23 @@ class Runner:
 
 # ---------------------------------------------------------------- the runner
 
-def _warm_up(device: str) -> None:
+# Made in the runner (_warm_up), never in the harness: a parallel op there before forking leaves the runners an
+# OpenMP pool that does not exist. Large enough that summing it is a parallel region on any thread count.
+_WAKE: list[torch.Tensor] = []
+
+
+def _wake_threads() -> None:
+    """Just before a timed CPU call: one parallel region, so the OpenMP pool's threads are awake and spinning when
+    the clock starts, as they are between the ops of a forward pass. After the harness's round trip they may have
+    gone to sleep, and waking them inside the timed call charged every op with it (50 µs ops timed at 190 µs)."""
+    _WAKE[0].sum()
+
+
+def _warm_up(device: str, threads: int) -> None:
     """Start torch's thread pool, the profiler (and CUDA) now, so the threads a candidate starts are told apart
     from theirs."""
+    torch.set_num_threads(threads)  # the harness runs single-threaded (main); a runner has the host's threads
+    _WAKE.append(torch.ones(1 << 17))
     torch.ones(1 << 20).sum()
     probes.measure_work(lambda: None, all_threads=True)
     if device == "cuda":
@@ -323,6 +343,7 @@ class Tools(NamedTuple):
     clock: Callable[[], float]
     sleep: Callable[[float], None]
     cuda_sync: Callable[[], None]
+    wake_threads: Callable[[], None]
     sha256: Callable[[bytes], Any]
     clones: Callable[[list[Any]], list[Any]]
     to: Callable[[list[Any], str], list[Any]]
@@ -426,12 +447,12 @@ def _prepare(setup: RunnerSetup, wfd: int) -> Watch:
 
     work = Path.cwd() / WORK
     os.chdir(work)
-    _warm_up(setup.device)
+    _warm_up(setup.device, setup.threads)
     tools = Tools(_send, _recv, pickle.dumps, pickle.loads, _encode, _outputs, probes.os_threads, probes.aliasing,
                   probes.storages, probes.weight_snapshot, probes.weight_changes, probes.profile_call,
                   triton_check.set_order, probes.seal, probes.seal_changes, probes.timing_snapshot,
-                  probes.timing_changes, _clock, _sleep, _cuda_synchronize, _sha256, _clones, _to, _refill,
-                  _threads_after, _op_load, _op_call, _op_timed_call, _op_final, _tampered)
+                  probes.timing_changes, _clock, _sleep, _cuda_synchronize, _wake_threads, _sha256, _clones, _to,
+                  _refill, _threads_after, _op_load, _op_call, _op_timed_call, _op_final, _tampered)
     codes = tuple((fn, fn.__code__) for fn in tools if hasattr(fn, "__code__"))
     probes.install()
     phase = ["natural"]
@@ -518,6 +539,8 @@ def _op_timed_call(watch: Watch, model: torch.nn.Module, inputs: tuple, request:
     for index, flat, value in request.get("perturb", ()):
         inputs[index].view(-1)[flat] = value
     with torch.inference_mode():
+        if not cuda:
+            tools.wake_threads()
         t0 = tools.clock()
         out = model(*inputs)
         if cuda:
@@ -754,6 +777,7 @@ def _bench(job: dict[str, Any]) -> dict[str, Any]:
         for r in range(job["rounds"]):
             picks = set(rng.sample(range(iters), min(CHECKS_PER_ROUND, iters)))
             for i in ((0, 1) if r % 2 == 0 else (1, 0)):  # alternate who goes first: drift hits both alike
+                time.sleep(SWITCH_GAP_S)
                 total = 0.0
                 for k in range(iters):
                     calls += 1
@@ -789,6 +813,10 @@ def _sanitize(job: dict[str, Any]) -> dict[str, Any]:
 
 
 def main() -> None:
+    # The harness's own tensor work stays on this thread: an OpenMP pool of its own would spin on a core after each
+    # parallel op (and runners forked from it would inherit the pool's state), taking the core a timed call needs.
+    # On 2 cores that made a 60 µs op time at 2.4 ms. Runners restore the host's thread count (RunnerSetup.threads).
+    torch.set_num_threads(1)
     job = json.loads(Path(sys.argv[1]).read_text())
     forks = job["kind"] in ("verify", "bench")
     # a harness that forks runners leaves the audit hook to them: it runs no candidate code itself

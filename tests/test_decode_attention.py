@@ -174,7 +174,7 @@ def test_cpp_forward_in_bf16_is_as_accurate_as_eager(name, path, monkeypatch):
     """Through the avx512_bf16 GEMMs (where the CPU has them) and through the fp32 GEMMs other CPUs use."""
     from kernelbot.kernel_library.decode_attention import cpu
 
-    if path == "native" and not cpu.load_cpp(cpu.LINEAR_SOURCE).has_avx512_bf16():
+    if path == "native" and not cpu.load_cpp(cpu.SOURCE).has_avx512_bf16():
         pytest.skip("this CPU has no avx512_bf16")
     if path == "fp32":
         monkeypatch.setattr(cpu, "bf16_path", lambda ext, x: False)

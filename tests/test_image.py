@@ -60,7 +60,9 @@ def test_dockerfile_has_pack_activation_and_labels(tmp_path):
     text = image.dockerfile("lmsysorg/sglang:v0.5.23", info, "kernelbot-0.1.0-py3-none-any.whl", install=True)
     assert text.startswith("FROM lmsysorg/sglang:v0.5.23\n")
     assert f"COPY pack/ {image.PACK_PATH}/" in text
-    assert "RUN python3 -m pip install --no-deps --no-cache-dir /opt/kernelbot/kernelbot-0.1.0" in text
+    assert "COPY install.sh /opt/kernelbot/install.sh\nARG KERNELBOT_PYTHON=\n" in text
+    assert "RUN sh /opt/kernelbot/install.sh /opt/kernelbot/kernelbot-0.1.0-py3-none-any.whl\n" in text
+    assert "install.sh" not in image.dockerfile("b:1", info, "kernelbot-0.1.0-py3-none-any.whl", install=False)
     assert f"ENV SGLANG_PLUGINS=kernelbot_pack KERNELBOT_PACK_DIR={image.PACK_PATH}" in text
     assert f'LABEL org.kernelbot.pack-digest="{info.digest}"' in text
     assert 'org.kernelbot.verification="1/1 kernels verified; greedy_match=True' in text

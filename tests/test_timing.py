@@ -129,9 +129,24 @@ def test_end_to_end_timing_keeps_its_rounds_in_ms_per_engine(tmp_path) -> None:
     engine = TorchEngine(spec)
     engine.run_workload = lambda: time.sleep(0.02)  # a workload of known length
     times = time_end_to_end(engine, Pack(version="empty", run_id="r", device="cpu", entries=[]), tmp_path, 3, None)
-    assert list(times) == ["eager", "kernelbot", "compiled"]
-    assert len(times["eager"]) == len(times["kernelbot"]) == 3 and times["compiled"] == []
-    assert all(20.0 <= t < 35.0 for t in times["eager"] + times["kernelbot"])  # in ms
+    assert len(times.eager) == len(times.kernelbot) == 3 and times.compiled == []
+    assert all(20.0 <= t < 35.0 for t in times.eager + times.kernelbot)  # in ms
+    assert times.host is not None and times.host.window_s is not None and times.host.window_s >= 0.1  # the rounds'
+
+
+def test_a_report_timed_on_a_busy_host_says_so_at_the_top(tmp_path) -> None:
+    from night_fixtures import fake_run
+
+    from kernelbot.agent.report import render_markdown
+    from kernelbot.profiler.host import BusyProcess, HostLoad
+
+    quiet = fake_run(tmp_path)
+    assert "host was busy" not in render_markdown(quiet)
+    busy = quiet.model_copy(update={"host": HostLoad(load_1m=3.1, cpu_count=2, others_cores=1.2, contended=True,
+                                                     busiest=[BusyProcess(pid=7, name="cc1plus", cores=1.1)])})
+    text = render_markdown(busy)
+    banner = text.index("host was busy")
+    assert banner < text.index("## End to end") and "cc1plus 1.1" in text[banner:banner + 300]
 
 
 class StandInGpu(DeviceChoice):
@@ -173,3 +188,16 @@ def test_on_a_gpu_the_l2_is_flushed_before_every_timed_call_and_a_shared_gpu_is_
     assert timing.l2_flushed and timing.clock == "device events"
     assert timing.before.gpu.sm_clock_mhz == 1980 and timing.contended
     assert any("other processes on the GPU: [4242]" in n for n in timing.after.notes)
+
+
+def test_a_child_that_ended_inside_the_window_counts_as_our_own_work_not_contention() -> None:
+    import subprocess
+    import sys
+
+    spin = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.6: pass"
+    start = host.sample()
+    subprocess.run([sys.executable, "-c", spin], check=True)  # CPU-bound, ended and waited for inside the window
+    load = host.host_load(start)
+    assert load.own_cores is not None and load.window_s is not None
+    assert load.own_cores * load.window_s >= 0.4  # its CPU time is ours
+    assert load.others_cores is not None and load.others_cores < 0.5

@@ -1,8 +1,10 @@
-// Attention over a KV cache for decode and prefill, in two ops:
-//   rope_append: rotate the new queries and keys (RoPE, rotate_half form) and write the rotated keys and the new
-//                values into preallocated caches at positions past_len..past_len+T-1 (no concatenation);
-//   attend:      the T new queries over the first past_len+T cached positions, causal with offset past_len, GQA,
-//                fp32 accumulation with an online softmax over blocks of keys, rounded once to the output type.
+// Attention over a KV cache for decode and prefill, as one op (`step`), nothing between its parts in Python:
+//   q, k and v projected by one small-M GEMM over their stacked weights (small_m_gemm.h);
+//   per (batch, kv head): the new queries and keys rotated (RoPE, rotate_half form), the rotated keys and the new
+//   values written into preallocated caches at positions past_len..past_len+T-1 (no concatenation), then the group's
+//   queries over the first past_len+t+1 cached positions (causal with offset past_len, GQA), fp32 accumulation with
+//   an online softmax over blocks of keys, rounded once to the output type;
+//   the o projection by the same GEMM.
 // fp32 and bf16 (bf16 through its raw bits, lanes.h); every loop over head_dim is a plain vectorisable loop.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -13,6 +15,7 @@
 #include <vector>
 
 #include "../lanes.h"
+#include "../small_m_gemm.h"
 
 template <typename T>
 using Raw = typename Lanes<T>::raw;
@@ -40,41 +43,8 @@ static inline void rotate_head(const Raw<T>* x, const float* cs, const float* sn
   for (int64_t i = half; i < D; ++i) o[i] = L::out(L::in(x[i]) * cs[i] + L::in(x[i - half]) * sn[i]);
 }
 
-template <typename T>
-static void rope_append_rows(const Raw<T>* q, RowStrides qs, const Raw<T>* k, RowStrides ks, const Raw<T>* v,
-                             RowStrides vs, const Raw<T>* cos, const Raw<T>* sin, RowStrides cs, bool cos_per_batch,
-                             Raw<T>* q_rot, Raw<T>* kc, CacheStrides kcs, Raw<T>* vc, CacheStrides vcs, int64_t B,
-                             int64_t T_, int64_t H, int64_t KVH, int64_t D, int64_t past_len, int64_t grain) {
-  using L = Lanes<T>;
-  at::parallel_for(0, B * T_, grain, [&](int64_t r0, int64_t r1) {
-    std::vector<float> cf(D), sf(D);
-    for (int64_t r = r0; r < r1; ++r) {
-      const int64_t b = r / T_, t = r % T_;
-      const int64_t c = cs.at(cos_per_batch ? b : 0, t);
-      for (int64_t i = 0; i < D; ++i) {
-        cf[i] = L::in(cos[c + i]);
-        sf[i] = L::in(sin[c + i]);
-      }
-      for (int64_t h = 0; h < H; ++h) rotate_head<T>(q + qs.at(b, t) + h * D, cf.data(), sf.data(),
-                                                     q_rot + (r * H + h) * D, D);
-      for (int64_t h = 0; h < KVH; ++h) {
-        rotate_head<T>(k + ks.at(b, t) + h * D, cf.data(), sf.data(), kc + kcs.at(b, h, past_len + t), D);
-        const Raw<T>* src = v + vs.at(b, t) + h * D;
-        Raw<T>* dst = vc + vcs.at(b, h, past_len + t);
-        std::copy(src, src + D, dst);
-      }
-    }
-  });
-}
-
 static RowStrides row_strides(const at::Tensor& x) { return {x.stride(0), x.stride(1)}; }
 static CacheStrides cache_strides(const at::Tensor& x) { return {x.stride(0), x.stride(1), x.stride(2)}; }
-
-static void check_rows(const at::Tensor& x, const char* name, int64_t B, int64_t T, const at::Tensor& like) {
-  TORCH_CHECK(x.dim() == 3 && x.size(0) == B && x.size(1) == T && x.stride(2) == 1, "rope_append: ", name,
-              " must be [B, T, heads * head_dim] with a unit-stride last dim, like q");
-  TORCH_CHECK(x.scalar_type() == like.scalar_type(), "rope_append: ", name, " has another dtype than q");
-}
 
 static void check_cache(const at::Tensor& c, const char* name, int64_t B, int64_t KVH, int64_t D, int64_t end,
                         const at::Tensor& like) {
@@ -91,44 +61,6 @@ static void dispatch(const at::Tensor& x, const char* op, F&& f) {
   if (x.scalar_type() == at::kFloat) return f(float{});
   TORCH_CHECK(x.scalar_type() == at::kBFloat16, op, ": float32 or bfloat16 tensors only, got ", x.scalar_type());
   f(c10::BFloat16{});
-}
-
-// q [B,T,H*D], k and v [B,T,KVH*D] (e.g. column slices of one qkv buffer); cos, sin [1 or B, T, D];
-// key_cache, value_cache [B, KVH, capacity, D] (may be strided views). Returns the rotated q as [B, T, H, D].
-at::Tensor rope_append(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cos,
-                       const at::Tensor& sin, const at::Tensor& key_cache, const at::Tensor& value_cache,
-                       int64_t past_len, int64_t grain) {
-  TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1, "rope_append: q must be [B, T, heads * head_dim], unit-stride rows");
-  const int64_t B = q.size(0), T = q.size(1);
-  TORCH_CHECK(cos.dim() == 3 && cos.sizes() == sin.sizes() && cos.strides() == sin.strides() && cos.stride(2) == 1,
-              "rope_append: cos and sin must be [1 or B, T, head_dim] alike, unit-stride last dim");
-  const int64_t D = cos.size(2);
-  TORCH_CHECK(D > 0 && D % 2 == 0, "rope_append: head_dim must be even (RoPE pairs its halves)");
-  TORCH_CHECK((cos.size(0) == 1 || cos.size(0) == B) && cos.size(1) == T,
-              "rope_append: cos/sin must be [1 or B, T, head_dim] for q's B and T");
-  TORCH_CHECK(cos.scalar_type() == q.scalar_type() && sin.scalar_type() == q.scalar_type(),
-              "rope_append: cos/sin must have q's dtype (cast them as transformers does)");
-  check_rows(k, "k", B, T, q);
-  check_rows(v, "v", B, T, q);
-  TORCH_CHECK(q.size(2) % D == 0 && k.size(2) % D == 0 && v.size(2) == k.size(2),
-              "rope_append: q, k, v widths must be multiples of head_dim, k and v alike");
-  const int64_t H = q.size(2) / D, KVH = k.size(2) / D;
-  TORCH_CHECK(past_len >= 0, "rope_append: past_len must be >= 0");
-  check_cache(key_cache, "rope_append: key_cache", B, KVH, D, past_len + T, q);
-  check_cache(value_cache, "rope_append: value_cache", B, KVH, D, past_len + T, q);
-  auto q_rot = at::empty({B, T, H, D}, q.options());
-  if (B * T == 0) return q_rot;
-  dispatch(q, "rope_append", [&](auto tag) {
-    using T_ = decltype(tag);
-    rope_append_rows<T_>(raw_ptr<T_>(q.data_ptr<T_>()), row_strides(q), raw_ptr<T_>(k.data_ptr<T_>()),
-                         row_strides(k), raw_ptr<T_>(v.data_ptr<T_>()), row_strides(v),
-                         raw_ptr<T_>(cos.data_ptr<T_>()), raw_ptr<T_>(sin.data_ptr<T_>()), row_strides(cos),
-                         cos.size(0) == B && B > 1, raw_ptr<T_>(q_rot.data_ptr<T_>()),
-                         raw_ptr<T_>(key_cache.data_ptr<T_>()), cache_strides(key_cache),
-                         raw_ptr<T_>(value_cache.data_ptr<T_>()), cache_strides(value_cache), B, T, H, KVH, D,
-                         past_len, grain);
-  });
-  return q_rot;
 }
 
 // One (batch, kv head, new token): the group's G query heads over keys 0..past_len+t, in blocks of KB keys with an
@@ -211,46 +143,88 @@ struct GroupAttention {
   }
 };
 
+// Per (batch, kv head), in one parallel region: rotate and append its T new keys (and values), rotate its group's
+// queries, then attend each new token over the cache. Items touch only their own kv head's cache rows and their own
+// query heads, so they run independently.
 template <typename T>
-static void attend_items(const Raw<T>* q, const Raw<T>* kc, CacheStrides kcs, const Raw<T>* vc, CacheStrides vcs,
-                         Raw<T>* out, int64_t B, int64_t T_, int64_t H, int64_t KVH, int64_t D, int64_t past_len,
-                         float scale, int64_t grain) {
+static void rope_attend_items(const Raw<T>* qkv, int64_t row, const Raw<T>* cos, const Raw<T>* sin, RowStrides cs,
+                              bool cos_per_batch, Raw<T>* kc, CacheStrides kcs, Raw<T>* vc, CacheStrides vcs,
+                              Raw<T>* out, int64_t B, int64_t T_, int64_t H, int64_t KVH, int64_t D, int64_t past_len,
+                              float scale) {
+  using L = Lanes<T>;
   const int64_t G = H / KVH;
-  at::parallel_for(0, B * KVH * T_, grain, [&](int64_t i0, int64_t i1) {
+  at::parallel_for(0, B * KVH, 1, [&](int64_t i0, int64_t i1) {
     GroupAttention<T> group(G, D);
+    std::vector<float> cf(D), sf(D);
+    std::vector<Raw<T>> q_rot(G * D);
     for (int64_t i = i0; i < i1; ++i) {
-      const int64_t t = i % T_, h = (i / T_) % KVH, b = i / (T_ * KVH);
-      const int64_t row = (b * T_ + t) * H + h * G;  // the group's first query head, [B, T, H, D] and output alike
-      group.run(q + row * D, scale, kc + kcs.at(b, h, 0), vc + vcs.at(b, h, 0), kcs.pos, vcs.pos, past_len + t + 1,
-                out + row * D);
+      const int64_t b = i / KVH, h = i % KVH;
+      for (int64_t t = 0; t < T_; ++t) {  // the new keys first: token t attends to every new key up to itself
+        const Raw<T>* r = qkv + (b * T_ + t) * row;
+        const int64_t c = cs.at(cos_per_batch ? b : 0, t);
+        for (int64_t d = 0; d < D; ++d) {
+          cf[d] = L::in(cos[c + d]);
+          sf[d] = L::in(sin[c + d]);
+        }
+        rotate_head<T>(r + (H + h) * D, cf.data(), sf.data(), kc + kcs.at(b, h, past_len + t), D);
+        const Raw<T>* v = r + (H + KVH + h) * D;
+        std::copy(v, v + D, vc + vcs.at(b, h, past_len + t));
+      }
+      for (int64_t t = 0; t < T_; ++t) {
+        const Raw<T>* r = qkv + (b * T_ + t) * row;
+        const int64_t c = cs.at(cos_per_batch ? b : 0, t);
+        for (int64_t d = 0; d < D; ++d) {
+          cf[d] = L::in(cos[c + d]);
+          sf[d] = L::in(sin[c + d]);
+        }
+        for (int64_t g = 0; g < G; ++g)
+          rotate_head<T>(r + (h * G + g) * D, cf.data(), sf.data(), q_rot.data() + g * D, D);
+        group.run(q_rot.data(), scale, kc + kcs.at(b, h, 0), vc + vcs.at(b, h, 0), kcs.pos, vcs.pos,
+                  past_len + t + 1, out + ((b * T_ + t) * H + h * G) * D);
+      }
     }
   });
 }
 
-// q_rot [B, T, H, D] contiguous (rope_append's output); the caches [B, KVH, capacity, D]; kv_len = past_len + T
-// positions are read. Returns [B, T, H * D].
-at::Tensor attend(const at::Tensor& q_rot, const at::Tensor& key_cache, const at::Tensor& value_cache, int64_t kv_len,
-                  double scaling, int64_t grain) {
-  TORCH_CHECK(q_rot.dim() == 4 && q_rot.is_contiguous(), "attend: q_rot must be contiguous [B, T, heads, head_dim]");
-  const int64_t B = q_rot.size(0), T = q_rot.size(1), H = q_rot.size(2), D = q_rot.size(3);
-  TORCH_CHECK(key_cache.dim() == 4 && key_cache.size(1) > 0 && H % key_cache.size(1) == 0,
-              "attend: key_cache must be [B, kv_heads, capacity, head_dim] with kv_heads dividing q's heads");
+// x [B, T, hidden]; qkv_panels: q, k and v weights stacked along N and packed (linear's pack_panels or
+// pack_panels_bf16); o_panels likewise for o_proj; cos, sin [1 or B, T, head_dim]; key_cache, value_cache
+// [B, kv_heads, capacity >= past_len + T, head_dim] (strided views allowed), written at past_len.. in place.
+// Returns [B, T, hidden].
+at::Tensor step(const at::Tensor& x, const at::Tensor& qkv_panels, const c10::optional<at::Tensor>& qkv_bias,
+                const at::Tensor& o_panels, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& key_cache,
+                const at::Tensor& value_cache, int64_t past_len, int64_t heads, double scaling, int64_t grain) {
+  TORCH_CHECK(x.dim() == 3, "step: hidden_states must be [B, T, hidden]");
+  const int64_t B = x.size(0), T = x.size(1), hidden = x.size(2);
+  TORCH_CHECK(cos.dim() == 3 && cos.sizes() == sin.sizes(), "step: cos and sin must be [1 or B, T, head_dim] alike");
+  const int64_t D = cos.size(2);
+  TORCH_CHECK(D > 0 && D % 2 == 0, "step: head_dim must be even (RoPE pairs its halves)");
+  TORCH_CHECK((cos.size(0) == 1 || cos.size(0) == B) && cos.size(1) == T,
+              "step: cos/sin must be [1 or B, T, head_dim] for the hidden states' B and T");
+  TORCH_CHECK(key_cache.dim() == 4 && key_cache.size(1) > 0 && heads % key_cache.size(1) == 0,
+              "step: key_cache must be [B, kv_heads, capacity, head_dim] with kv_heads dividing heads");
   const int64_t KVH = key_cache.size(1);
-  TORCH_CHECK(kv_len >= T, "attend: kv_len (", kv_len, ") must count the ", T, " new tokens as well as the past");
-  check_cache(key_cache, "attend: key_cache", B, KVH, D, kv_len, q_rot);
-  check_cache(value_cache, "attend: value_cache", B, KVH, D, kv_len, q_rot);
-  auto out = at::empty({B, T, H * D}, q_rot.options());
-  if (out.numel() == 0) return out;
-  dispatch(q_rot, "attend", [&](auto tag) {
-    using T_ = decltype(tag);
-    attend_items<T_>(raw_ptr<T_>(q_rot.data_ptr<T_>()), raw_ptr<T_>(key_cache.data_ptr<T_>()),
-                     cache_strides(key_cache), raw_ptr<T_>(value_cache.data_ptr<T_>()), cache_strides(value_cache),
-                     raw_ptr<T_>(out.data_ptr<T_>()), B, T, H, KVH, D, kv_len - T, static_cast<float>(scaling), grain);
-  });
-  return out;
+  TORCH_CHECK(past_len >= 0, "step: past_len must be >= 0");
+  check_cache(key_cache, "step: key_cache", B, KVH, D, past_len + T, x);
+  check_cache(value_cache, "step: value_cache", B, KVH, D, past_len + T, x);
+  const int64_t width = (heads + 2 * KVH) * D;
+  auto qkv = small_m_project(x.reshape({B * T, hidden}), qkv_panels, qkv_bias, width, grain).contiguous();
+  auto cs = cos.to(x.scalar_type()).contiguous(), sn = sin.to(x.scalar_type()).contiguous();
+  auto attn = at::empty({B * T, heads * D}, x.options());
+  if (B * T > 0) {
+    dispatch(x, "step", [&](auto tag) {
+      using T_ = decltype(tag);
+      rope_attend_items<T_>(raw_ptr<T_>(qkv.data_ptr<T_>()), width, raw_ptr<T_>(cs.data_ptr<T_>()),
+                            raw_ptr<T_>(sn.data_ptr<T_>()), row_strides(cs), cs.size(0) == B && B > 1,
+                            raw_ptr<T_>(key_cache.data_ptr<T_>()), cache_strides(key_cache),
+                            raw_ptr<T_>(value_cache.data_ptr<T_>()), cache_strides(value_cache),
+                            raw_ptr<T_>(attn.data_ptr<T_>()), B, T, heads, KVH, D, past_len,
+                            static_cast<float>(scaling));
+    });
+  }
+  return small_m_project(attn, o_panels, c10::nullopt, hidden, grain).view({B, T, hidden});
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("rope_append", &rope_append);
-  m.def("attend", &attend);
+  m.def("step", &step);
+  m.def("has_avx512_bf16", &has_avx512_bf16);
 }

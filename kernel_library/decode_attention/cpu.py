@@ -1,5 +1,6 @@
-"""C++ attention over a KV cache: one packed GEMM for q, k and v, RoPE and the cache append in one kernel, attention
-with an online softmax reading the cache in place, and the o_proj GEMM; nothing is concatenated or repeated."""
+"""C++ attention over a KV cache in one call: one packed GEMM for q, k and v, RoPE, the cache append and attention
+with an online softmax reading the cache in place (one parallel region), and the o_proj GEMM; nothing is
+concatenated or repeated."""
 
 from __future__ import annotations
 
@@ -12,8 +13,7 @@ from kernelbot import KernelbotError
 from kernelbot.kernel_library.cpp_build import load_cpp
 from kernelbot.kernel_library.decode_attention.cache import pure_forward
 from kernelbot.kernel_library.decode_attention.reference import Model
-from kernelbot.kernel_library.linear.cpu import SOURCE as LINEAR_SOURCE
-from kernelbot.kernel_library.linear.cpu import PackedWeights, bf16_path, even_k, pack_panels, pack_panels_bf16
+from kernelbot.kernel_library.linear.cpu import PackedWeights, bf16_path, pack_panels, pack_panels_bf16
 
 SOURCE = Path(__file__).with_name("attention.cpp")
 
@@ -34,14 +34,14 @@ def concat_biases(biases: list[torch.Tensor]) -> torch.Tensor:
 
 
 class DecodeAttentionCpp(Model):
-    """`step` is the engine's path (appends into caches it is given); `forward` is the pure form for verification."""
+    """`step` is the engine's path (appends into caches it is given), one C++ call; `forward` is the pure form for
+    verification."""
 
     CONFIG: dict[str, Any] = {"grain": 4}
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         self._ext = load_cpp(SOURCE)
-        self._gemm = load_cpp(LINEAR_SOURCE)
         self._qkv = PackedWeights()
         self._qkv_bias = PackedWeights()
         self._o = PackedWeights()
@@ -54,39 +54,16 @@ class DecodeAttentionCpp(Model):
              value_cache: torch.Tensor, past_len: int) -> torch.Tensor:
         """Attention of hidden_states' T tokens at positions past_len.., appending their rotated keys and values to
         key_cache/value_cache [B, KVH, capacity >= past_len + T, D] (written in place) -> [B, T, hidden]."""
-        batch, tokens, hidden = hidden_states.shape
-        dtype, grain = hidden_states.dtype, self.CONFIG["grain"]
+        dtype = hidden_states.dtype
         if key_cache.dtype != dtype or value_cache.dtype != dtype:
             raise KernelbotError(f"decode_attention: the caches are {key_cache.dtype}, the activations {dtype}: "
                                  "allocate the caches in the activations' dtype")
-        qkv = self._project_qkv(hidden_states.reshape(batch * tokens, hidden)).view(batch, tokens, -1)
-        q_width, kv_width = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        q, k, v = qkv.split((q_width, kv_width, kv_width), dim=-1)
-        cos, sin = cos.to(dtype), sin.to(dtype)
-        if cos.stride(-1) != 1:
-            cos, sin = cos.contiguous(), sin.contiguous()
-        q_rot = self._ext.rope_append(q, k, v, cos, sin, key_cache, value_cache, past_len, grain)
-        attn = self._ext.attend(q_rot, key_cache, value_cache, past_len + tokens, self.scaling, 1)
-        return self._linear(attn.view(batch * tokens, q_width), self._o, [self.o_proj.weight], None,
-                            hidden).view(batch, tokens, hidden)
-
-    def _project_qkv(self, x2: torch.Tensor) -> torch.Tensor:
-        weights = [self.q_proj.weight, self.k_proj.weight, self.v_proj.weight]
+        bf16 = bf16_path(self._ext, hidden_states)
+        pack = pack_fused_bf16 if bf16 else pack_fused
+        qkv = self._qkv.get([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight], pack)
         bias = None
         if self.q_proj.bias is not None:
             bias = self._qkv_bias.get([self.q_proj.bias, self.k_proj.bias, self.v_proj.bias], concat_biases)
-        n = sum(w.shape[0] for w in weights)
-        return self._linear(x2, self._qkv, weights, bias, n)
-
-    def _linear(self, x2: torch.Tensor, packed: PackedWeights, weights: list[torch.Tensor],
-                bias: torch.Tensor | None, n: int) -> torch.Tensor:
-        """x2 [M, K] @ (the weights stacked along N)^T (+ bias) with the linear family's C++ GEMM."""
-        grain, dtype = self.CONFIG["grain"], x2.dtype
-        x2 = x2.contiguous()
-        if bf16_path(self._gemm, x2):
-            panels = packed.get(weights, pack_fused_bf16)
-            b = None if bias is None else bias.to(torch.bfloat16).contiguous()
-            return self._gemm.small_m_linear_bf16(even_k(x2), panels, b, n, grain)
-        panels = packed.get(weights, pack_fused)
-        b = None if bias is None else bias.float().contiguous()
-        return self._gemm.small_m_linear(x2.float(), panels, b, n, grain).to(dtype)
+            bias = bias.to(torch.bfloat16 if bf16 else torch.float32).contiguous()
+        return self._ext.step(hidden_states, qkv, bias, self._o.get([self.o_proj.weight], pack), cos, sin, key_cache,
+                              value_cache, past_len, self.num_heads, self.scaling, self.CONFIG["grain"])

@@ -1,0 +1,200 @@
+// Small-M GEMM for decode: y[M,N] = x[M,K] @ W[N,K]^T (+ bias); fp32 with AVX2/FMA, bf16 with AVX512-BF16.
+// At decode M is the batch (a handful of rows), so the work is streaming W once: W is pre-packed
+// into panels of output columns laid out K-major (per precision, below); each panel is read once per
+// block of rows while the rows of x stay in L1. G = 2 interleaves a gate and an up projection so
+// the SiLU-and-mul epilogue of a gated MLP is applied in registers, never written out twice.
+// Included by the linear family's extension and by decode attention's (its q/k/v and o projections).
+#pragma once
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+#include <cmath>
+#include <cstdint>
+
+#include "lanes.h"
+
+// fp32: W packed as [NP, G, K, 8]; one FMA per k multiplies x's k (broadcast) into 8 output columns.
+struct F32 {
+  static constexpr int W = 8;     // output columns per panel
+  static constexpr int STEP = 8;  // panel elements per k step and projection
+  using X = float;                // one k step of a row of x
+  using P = float;                // panel element
+  using L = Lanes<float>;         // output element
+
+  template <int MB, int G>
+  static void tile(const float* x, int64_t K, const float* panel, float* out /*[G][MB][8]*/) {
+    __m256 acc[G][MB];
+    for (int g = 0; g < G; ++g)
+      for (int m = 0; m < MB; ++m) acc[g][m] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < K; ++k) {
+      __m256 w[G];
+      for (int g = 0; g < G; ++g) w[g] = _mm256_loadu_ps(panel + g * K * 8 + k * 8);
+      for (int m = 0; m < MB; ++m) {
+        const __m256 b = _mm256_broadcast_ss(x + m * K + k);
+        for (int g = 0; g < G; ++g) acc[g][m] = _mm256_fmadd_ps(b, w[g], acc[g][m]);
+      }
+    }
+    for (int g = 0; g < G; ++g)
+      for (int m = 0; m < MB; ++m) _mm256_storeu_ps(out + (g * MB + m) * 8, acc[g][m]);
+  }
+};
+
+// bf16: W packed as [NP, G, K/2, 16, 2] (16 output columns per panel, each lane holding a pair of k), so one
+// vdpbf16ps multiplies a pair of x's k (broadcast) into 16 columns and accumulates in fp32 (x and W products are
+// exact in fp32; subnormal bf16 inputs count as zero, as on the instruction). Built for this ISA per function, run
+// only where the CPU has it (has_avx512_bf16), so the file still builds and loads on AVX2-only machines.
+inline bool has_avx512_bf16() { return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512f"); }
+
+struct BF16 {
+  static constexpr int W = 16;
+  static constexpr int STEP = 32;
+  using X = uint32_t;  // a pair of k
+  using P = uint16_t;
+  using L = Lanes<c10::BFloat16>;
+
+  template <int MB, int G>
+  __attribute__((target("avx512f,avx512bf16"))) static void tile(const uint32_t* x, int64_t K2,
+                                                                 const uint16_t* panel, float* out) {
+    __m512 acc[G][MB];
+    for (int g = 0; g < G; ++g)
+      for (int m = 0; m < MB; ++m) acc[g][m] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < K2; ++k) {
+      __m512bh w[G];
+      for (int g = 0; g < G; ++g) w[g] = (__m512bh)_mm512_loadu_si512(panel + (g * K2 + k) * 32);
+      for (int m = 0; m < MB; ++m) {
+        const __m512bh b = (__m512bh)_mm512_set1_epi32(static_cast<int>(x[m * K2 + k]));
+        for (int g = 0; g < G; ++g) acc[g][m] = _mm512_dpbf16_ps(acc[g][m], b, w[g]);
+      }
+    }
+    for (int g = 0; g < G; ++g)
+      for (int m = 0; m < MB; ++m) _mm512_storeu_ps(out + (g * MB + m) * 16, acc[g][m]);
+  }
+};
+
+// The tile instantiation for a block of mb rows (tiles keep MB accumulators per projection in registers).
+template <typename Isa, int G, int MBMAX>
+static void tile_rows(int64_t mb, const typename Isa::X* x, int64_t steps, const typename Isa::P* panel,
+                      float* buf) {
+  if constexpr (MBMAX > 1) {
+    if (mb == MBMAX) return Isa::template tile<MBMAX, G>(x, steps, panel, buf);
+    return tile_rows<Isa, G, MBMAX - 1>(mb, x, steps, panel, buf);
+  } else {
+    return Isa::template tile<1, G>(x, steps, panel, buf);
+  }
+}
+
+// Panels split over threads; per block of rows a tile sums into buf ([G][mb][W]), then the epilogue: + bias, or
+// SiLU(gate) * up for G = 2, rounded once to the output type.
+template <typename Isa, int G, int MBMAX>
+static void run(const typename Isa::X* xp, int64_t M, int64_t steps, const typename Isa::P* pp, int64_t NP,
+                const typename Isa::L::raw* bias, typename Isa::L::raw* op, int64_t N, int64_t grain) {
+  constexpr int W = Isa::W;
+  using L = typename Isa::L;
+  at::parallel_for(0, NP, grain, [&](int64_t p0, int64_t p1) {
+    alignas(64) float buf[G * MBMAX * W];
+    for (int64_t p = p0; p < p1; ++p) {
+      const typename Isa::P* panel = pp + p * G * steps * Isa::STEP;
+      const int64_t nv = std::min<int64_t>(W, N - p * W);
+      for (int64_t m0 = 0; m0 < M; m0 += MBMAX) {
+        const int64_t mb = std::min<int64_t>(MBMAX, M - m0);
+        tile_rows<Isa, G, MBMAX>(mb, xp + m0 * steps, steps, panel, buf);
+        for (int64_t m = 0; m < mb; ++m) {
+          auto* o = op + (m0 + m) * N + p * W;
+          for (int64_t j = 0; j < nv; ++j) {
+            if constexpr (G == 2) {
+              const float g = buf[m * W + j], u = buf[(mb + m) * W + j];
+              o[j] = L::out(g / (1.f + std::exp(-g)) * u);
+            } else {
+              o[j] = L::out(buf[m * W + j] + (bias ? L::in(bias[p * W + j]) : 0.f));
+            }
+          }
+        }
+      }
+    }
+  });
+}
+
+static void check(const at::Tensor& x, const at::Tensor& panels, int64_t G, int64_t N) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == at::kFloat, "x: contiguous fp32 [M,K]");
+  TORCH_CHECK(panels.dim() == 4 && panels.is_contiguous() && panels.scalar_type() == at::kFloat &&
+                  panels.size(1) == G && panels.size(2) == x.size(1) && panels.size(3) == 8,
+              "panels: contiguous fp32 [NP,G,K,8] matching x");
+  TORCH_CHECK(panels.size(0) * 8 >= N && N > 0, "panels do not cover N");
+}
+
+inline at::Tensor small_m_linear(const at::Tensor& x, const at::Tensor& panels, const c10::optional<at::Tensor>& bias,
+                          int64_t N, int64_t grain) {
+  check(x, panels, 1, N);
+  const float* b = nullptr;
+  if (bias.has_value()) {
+    TORCH_CHECK(bias->is_contiguous() && bias->numel() == N && bias->scalar_type() == at::kFloat, "bias: fp32 [N]");
+    b = bias->data_ptr<float>();
+  }
+  auto out = at::empty({x.size(0), N}, x.options());
+  run<F32, 1, 8>(x.data_ptr<float>(), x.size(0), x.size(1), panels.data_ptr<float>(), panels.size(0), b,
+                 out.data_ptr<float>(), N, grain);
+  return out;
+}
+
+inline at::Tensor gate_up_silu(const at::Tensor& x, const at::Tensor& panels, int64_t N, int64_t grain) {
+  check(x, panels, 2, N);
+  auto out = at::empty({x.size(0), N}, x.options());
+  run<F32, 2, 4>(x.data_ptr<float>(), x.size(0), x.size(1), panels.data_ptr<float>(), panels.size(0), nullptr,
+                 out.data_ptr<float>(), N, grain);
+  return out;
+}
+
+template <int G, int MBMAX>
+static void run_bf16(const at::Tensor& x, const at::Tensor& panels, const uint16_t* bias, at::Tensor& out, int64_t N,
+                     int64_t grain) {
+  using R = uint16_t;
+  run<BF16, G, MBMAX>(reinterpret_cast<const uint32_t*>(x.data_ptr<at::BFloat16>()), x.size(0), panels.size(2),
+                      reinterpret_cast<const R*>(panels.data_ptr<at::BFloat16>()), panels.size(0), bias,
+                      reinterpret_cast<R*>(out.data_ptr<at::BFloat16>()), N, grain);
+}
+
+static void check_bf16(const at::Tensor& x, const at::Tensor& panels, int64_t G, int64_t N) {
+  TORCH_CHECK(has_avx512_bf16(), "bf16 kernels need a CPU with avx512_bf16");
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == at::kBFloat16 && x.size(1) % 2 == 0,
+              "x: contiguous bf16 [M,K], K even (pad it)");
+  TORCH_CHECK(panels.dim() == 5 && panels.is_contiguous() && panels.scalar_type() == at::kBFloat16 &&
+                  panels.size(1) == G && panels.size(2) * 2 == x.size(1) && panels.size(3) == 16 &&
+                  panels.size(4) == 2,
+              "panels: contiguous bf16 [NP,G,K/2,16,2] matching x");
+  TORCH_CHECK(panels.size(0) * 16 >= N && N > 0, "panels do not cover N");
+}
+
+inline at::Tensor small_m_linear_bf16(const at::Tensor& x, const at::Tensor& panels, const c10::optional<at::Tensor>& bias,
+                               int64_t N, int64_t grain) {
+  check_bf16(x, panels, 1, N);
+  const uint16_t* b = nullptr;
+  if (bias.has_value()) {
+    TORCH_CHECK(bias->is_contiguous() && bias->numel() == N && bias->scalar_type() == at::kBFloat16,
+                "bias: bf16 [N]");
+    b = reinterpret_cast<const uint16_t*>(bias->data_ptr<at::BFloat16>());
+  }
+  auto out = at::empty({x.size(0), N}, x.options());
+  run_bf16<1, 8>(x, panels, b, out, N, grain);
+  return out;
+}
+
+inline at::Tensor gate_up_silu_bf16(const at::Tensor& x, const at::Tensor& panels, int64_t N, int64_t grain) {
+  check_bf16(x, panels, 2, N);
+  auto out = at::empty({x.size(0), N}, x.options());
+  run_bf16<2, 8>(x, panels, nullptr, out, N, grain);
+  return out;
+}
+
+// x [M,K] in fp32 or bf16 through panels packed for either precision (pack_panels: 4-dim fp32; pack_panels_bf16:
+// 5-dim bf16) -> [M,N] in x's dtype. bf16 activations with fp32 panels (CPUs without avx512_bf16) go through fp32
+// and are rounded once at the end, as the linear family's wrapper does.
+inline at::Tensor small_m_project(const at::Tensor& x, const at::Tensor& panels, const c10::optional<at::Tensor>& bias,
+                                  int64_t N, int64_t grain) {
+  if (panels.dim() == 5) {
+    const at::Tensor even = x.size(1) % 2 ? at::constant_pad_nd(x, {0, 1}) : x.contiguous();
+    return small_m_linear_bf16(even, panels, bias, N, grain);
+  }
+  const c10::optional<at::Tensor> bias_f32 =
+      bias.has_value() ? c10::optional<at::Tensor>(bias->to(at::kFloat).contiguous()) : c10::nullopt;
+  return small_m_linear(x.to(at::kFloat).contiguous(), panels, bias_f32, N, grain).to(x.scalar_type());
+}

@@ -1,0 +1,173 @@
+"""A candidate's outcome is a value (KernelOutcome): what is shown, picked, outpaced or deferred is decided from
+values, never from the wording of a reason, which is for people only."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from rich.console import Console
+
+from kernelbot.agent import evaluate as evaluate_mod
+from kernelbot.agent import optimize as optimize_mod
+from kernelbot.agent.evaluate import evaluate, new_row, pick_best
+from kernelbot.agent.extract import NotExtractable
+from kernelbot.agent.optimize import OptimizeOptions, _plan, _signature
+from kernelbot.agent.pack import Accepted
+from kernelbot.agent.report import _kernel_rows, summary_table
+from kernelbot.records import Bench, Candidate, Check, Hotspot, KernelOutcome, KernelResult, Report, Task, Verdict
+
+MISLEADING_VERIFIED = "verified; 9.99x beyond noise (this wording must decide nothing)"
+
+
+def _task() -> Task:
+    return Task(id="t1", hotspot_id="h01", family="rmsnorm", module_class="LlamaRMSNorm", dtype="float32",
+                input_shapes=[[4, 1, 128]], free_dims=[[0]], init_args=[128], share=0.2, floor_us=0.5)
+
+
+def _cand(cid: str) -> Candidate:
+    return Candidate(id=cid, task_id="t1", backend="cpp", proposer="builtin", config={}, source_hash=cid)
+
+
+def _row(cid: str, outcome: KernelOutcome, reason: str, speedup: float | None = None) -> KernelResult:
+    return KernelResult(op="rmsnorm", module="LlamaRMSNorm", backend="cpp", shapes=[[4, 1, 128]], status="rejected",
+                        reason=reason, speedup=speedup, outcome=outcome, candidate_id=f"t1/{cid}")
+
+
+def _bench(cid: str, speedup: float, significant: bool = True) -> Bench:
+    return Bench(candidate_id=cid, rounds=9, reference_us=10.0, candidate_us=10.0 / speedup, reference_spread=0.01,
+                 candidate_spread=0.01, speedup=speedup, significant=significant)
+
+
+def _verdict(cid: str, passed: bool) -> Verdict:
+    check = Check(id="correctness", status="pass" if passed else "fail", detail="" if passed else "verified? no")
+    return Verdict(candidate_id=cid, verdict="pass" if passed else "fail", failed=[] if passed else ["correctness"],
+                   checks=[check], shapes=[[[4, 1, 128]]], seconds=0.1)
+
+
+def _shown_in_summary(kernels: list[KernelResult]) -> str:
+    report = Report.model_construct(run_id="r", speedup=1.0, baseline_ms=1.0, optimized_ms=1.0, compiled_ms=None,
+                                    kernels=kernels)
+    out = io.StringIO()
+    Console(file=out, width=300).print(summary_table(report))
+    return out.getvalue()
+
+
+def test_a_row_whose_reason_starts_with_verified_but_whose_outcome_is_failed_is_shown_as_a_failure() -> None:
+    shown = _shown_in_summary([_row("liar", KernelOutcome.FAILED, MISLEADING_VERIFIED),
+                               _row("quiet", KernelOutcome.NOT_FASTER, "failed correctness (wording only)", 1.01)])
+    assert "t1/liar" in shown
+    assert "t1/quiet" not in shown  # verified and not faster: not a failure worth reading, whatever its reason says
+
+
+def test_an_explicit_outcome_wins_over_a_reason_that_says_otherwise() -> None:
+    row = _row("liar", KernelOutcome.FAILED, MISLEADING_VERIFIED)
+    again = KernelResult.model_validate_json(row.model_dump_json())
+    assert again.outcome is KernelOutcome.FAILED and not again.outcome.verified
+
+
+def test_pick_best_outpaces_rows_by_their_outcome_not_their_reason(tmp_path: Path) -> None:
+    task = _task()
+    best = Accepted(task, _cand("fast"), tmp_path / "fast.py", _verdict("fast", True), _bench("fast", 3.0))
+    rows = [_row("fast", KernelOutcome.FASTER, "any words", 3.0),
+            _row("second", KernelOutcome.FASTER, "words that do not start with v", 2.0),
+            _row("posing", KernelOutcome.NOT_FASTER, MISLEADING_VERIFIED, 1.02)]
+    assert pick_best(task, rows, [best]) is best
+    fast, second, posing = rows
+    assert (fast.status, fast.outcome) == ("accepted", KernelOutcome.ACCEPTED)
+    assert second.outcome is KernelOutcome.OUTPACED and "fast was faster still" in second.reason
+    assert posing.outcome is KernelOutcome.NOT_FASTER and posing.reason == MISLEADING_VERIFIED
+
+
+@pytest.mark.parametrize(("passed", "bench", "expected"), [
+    (True, _bench("c", 2.0, significant=True), KernelOutcome.FASTER),
+    (True, _bench("c", 1.01, significant=False), KernelOutcome.NOT_FASTER),
+    (False, None, KernelOutcome.FAILED),
+    (True, RuntimeError("the harness broke"), KernelOutcome.HARNESS_ERROR),
+])
+def test_evaluate_records_what_happened_as_an_outcome(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, passed: bool,
+                                                       bench: Bench | Exception | None,
+                                                       expected: KernelOutcome) -> None:
+    def fake_bench(*_: Any, **__: Any) -> Bench:
+        if isinstance(bench, Exception):
+            raise bench
+        assert bench is not None
+        return bench
+
+    monkeypatch.setattr(evaluate_mod, "verify", lambda *_, **__: _verdict("c", passed))
+    monkeypatch.setattr(evaluate_mod, "bench", fake_bench)
+    path = tmp_path / "c" / "candidate.py"
+    path.parent.mkdir()
+    out = evaluate(_task(), tmp_path, _cand("c"), path, "cpu", seed=0, timeout=5.0, bench_rounds=3)
+    assert out.row.outcome is expected
+    assert (out.accepted is not None) == (expected is KernelOutcome.FASTER)
+
+
+def test_a_verified_cpp_candidate_on_a_gpu_is_not_timed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(evaluate_mod, "verify", lambda *_, **__: _verdict("c", True))
+    path = tmp_path / "c" / "candidate.py"
+    path.parent.mkdir()
+    out = evaluate(_task(), tmp_path, _cand("c"), path, "cuda", seed=0, timeout=5.0, bench_rounds=3)
+    assert out.row.outcome is KernelOutcome.NOT_TIMED and out.row.outcome.verified
+
+
+def test_a_row_made_without_running_anything_has_no_candidate() -> None:
+    assert new_row(_task(), _cand("c")).outcome is KernelOutcome.NO_CANDIDATE
+
+
+@pytest.mark.parametrize(("status", "reason", "expected"), [
+    ("accepted", "verified; 2.00x beyond noise", KernelOutcome.ACCEPTED),
+    ("rejected", "verified; 2.00x beyond noise", KernelOutcome.FASTER),
+    ("rejected", "verified and faster (2.00x), but cpp-2 was faster still", KernelOutcome.OUTPACED),
+    ("rejected", "verified but not faster beyond noise: 1.01x (spread 2%/3%)", KernelOutcome.NOT_FASTER),
+    ("rejected", "verified (compiled); not timed: a cpp kernel does not run on this cuda device",
+     KernelOutcome.NOT_TIMED),
+    ("rejected", "failed correctness: max abs error 3.1", KernelOutcome.FAILED),
+    ("rejected", "harness error: RuntimeError: boom", KernelOutcome.HARNESS_ERROR),
+    ("rejected", "LLM answer unusable: no code block", KernelOutcome.NO_CANDIDATE),
+    ("rejected", "not verified here: Triton's CPU interpreter takes minutes", KernelOutcome.NOT_VERIFIED),
+])
+def test_an_older_row_without_an_outcome_loads_with_the_outcome_its_reason_stated(status: str, reason: str,
+                                                                                 expected: KernelOutcome) -> None:
+    old = {"op": "rmsnorm", "module": "LlamaRMSNorm", "backend": "cpp", "shapes": [[4, 1, 128]], "status": status,
+           "reason": reason, "speedup": None}
+    assert KernelResult.model_validate(old).outcome is expected
+
+
+def test_the_report_table_shows_the_outcome_not_a_guess_from_the_reason() -> None:
+    rows = [line for line in _kernel_rows([_row("liar", KernelOutcome.FAILED, MISLEADING_VERIFIED)])
+            if "t1/liar" in line]
+    assert len(rows) == 1 and "| rejected | failed |" in rows[0]
+
+
+def _generic_hotspot(share: float = 0.3) -> Hotspot:
+    return Hotspot(id="h07", module_class="OddBlock", module_paths=["model/layers.0/odd"], family=None,
+                   input_dims=[[4, 8, 64]], dtype="float32", calls=4, total_us=100.0, share=share, score_us=90.0)
+
+
+def test_a_hotspot_over_the_max_tasks_budget_is_deferred_to_a_later_iteration(tmp_path: Path) -> None:
+    h, notes, deferred = _generic_hotspot(), [], {}
+    engine = SimpleNamespace(model=None, run_workload=None)  # not touched: a deferred hotspot gets no task
+    tasks = _plan([h], set(), OptimizeOptions(max_tasks=0), engine, tmp_path, notes, 0, deferred)
+    assert tasks == [] and notes == []
+    assert deferred == {_signature(h): "h07 OddBlock [[4, 8, 64]] (30.0%): no task, over the --max-tasks 0 budget "
+                                       "of iteration 1"}
+
+
+def test_a_hotspot_whose_no_task_reason_mentions_max_tasks_is_noted_not_deferred(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def cannot_extract(*_: Any) -> Any:
+        raise NotExtractable("its forward reads sys.argv for --max-tasks")
+
+    monkeypatch.setattr(optimize_mod, "module_labels", lambda *_: {})
+    monkeypatch.setattr(optimize_mod, "make_generic_task", cannot_extract)
+    h, notes, deferred = _generic_hotspot(), [], {}
+    engine = SimpleNamespace(model=None, run_workload=None)
+    tasks = _plan([h], set(), OptimizeOptions(max_tasks=8), engine, tmp_path, notes, 0, deferred)
+    assert tasks == [] and deferred == {}
+    assert notes == ["h07 OddBlock [[4, 8, 64]] (30.0%): no task, no generic task: its forward reads sys.argv for "
+                     "--max-tasks"]
+
