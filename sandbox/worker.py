@@ -59,7 +59,7 @@ CHECKS_PER_ROUND = 4  # timed candidate calls per round whose outputs go back to
 # Between one runner's calls and the other's: longer than an OpenMP pool spins after its last parallel region
 # (libgomp's default, ~300k pause iterations), so the idle runner's threads sleep before the other's are timed.
 # Without it the two pools fight for the cores: on 2 cores a 77 µs op was timed at 2.5 ms.
-SWITCH_GAP_S = 0.05
+SWITCH_GAP_S = 0.02
 FACT_KINDS = ("subclass", "aliasing", "late", "threads", "weights", "tamper", "timing", "notes")
 
 
