@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import os
@@ -11,6 +12,12 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
+
+# Imported now, in the main thread and before anything can import the standard library's distutils: torch's
+# extension builder (and Inductor's) import setuptools later, and setuptools refuses a process whose distutils came
+# from the standard library first (seen intermittently in the test process: "AssertionError: .../distutils/core.py").
+with contextlib.suppress(ImportError):  # without setuptools there is no extension builder to protect
+    import setuptools  # noqa: F401
 
 from kernelbot.loading import load_module
 from kernelbot.paths import CACHE_ENV, cache_dir

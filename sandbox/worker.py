@@ -56,9 +56,8 @@ WORK = "tmp"  # the runner's only writable directory, inside the box
 _PROTECTIONS: list[str] = []  # the runner's own, reported with its first reply
 HOST_THREADS = torch.get_num_threads()  # read at import, before main() makes the harness single-threaded
 CHECKS_PER_ROUND = 4  # timed candidate calls per round whose outputs go back to be checked
-# Between one runner's calls and the other's: longer than an OpenMP pool spins after its last parallel region
-# (libgomp's default, ~300k pause iterations), so the idle runner's threads sleep before the other's are timed.
-# Without it the two pools fight for the cores: on 2 cores a 77 µs op was timed at 2.5 ms.
+# Between one runner's turn and the other's: longer than an OpenMP pool spins after its last parallel region, so the
+# idle runner's threads are asleep, not spinning on a core, while the other's calls are timed.
 SWITCH_GAP_S = 0.02
 FACT_KINDS = ("subclass", "aliasing", "late", "threads", "weights", "tamper", "timing", "notes")
 
