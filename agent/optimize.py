@@ -40,6 +40,7 @@ from kernelbot.engine.models import resolve_spec
 from kernelbot.kernel_library import classes_covered
 from kernelbot.kernel_library.base import GENERIC
 from kernelbot.kernel_library.base import rows as call_rows
+from kernelbot.kernel_library.cpp_build import cache_root, prebuild_library, unbuilt_library
 from kernelbot.kernel_library.store import KernelStore
 from kernelbot.profiler.hotspots import op_breakdown, rank_hotspots
 from kernelbot.profiler.trace import load_trace
@@ -121,6 +122,19 @@ class Stages:
         with open(self.log_path, "a") as log:
             log.write(f"{stamp} {message}\n")
             log.flush()
+
+
+def _build_library(stages: Stages) -> None:
+    """The library's C++ extensions, built before the first candidate needs them, with a spinner: the first run on a
+    machine compiles them for a minute or more and would otherwise sit silent."""
+    unbuilt = unbuilt_library()
+    if not unbuilt:
+        return
+    t0 = time.perf_counter()
+    with stages.console.status(f"building {len(unbuilt)} C++ kernel extensions (first run here; cached afterwards)"):
+        prebuild_library()
+    stages.say(f"      built {len(unbuilt)} C++ kernel extensions in {time.perf_counter() - t0:.0f} s (cached in "
+               f"{cache_root()})")
 
 
 def _profile(engine: TorchEngine, device, trace_path: Path) -> list[Hotspot]:
@@ -266,6 +280,7 @@ def _generate(tasks: list[Task], hotspots: list[Hotspot], device: Device, run_di
     source = f"LLM {opts.llm.model}" if opts.llm else "built-in proposer"
     where = f"on the Ray cluster {opts.cluster}" if executor is not None else ""
     stages.say(f"[4/7] generate + verify + benchmark ({source}; candidates run in the sandbox{' ' + where})")
+    _build_library(stages)
     if executor is not None:
         executor.target_device = f"{device.kind}:{device.name}"
         if session is None:

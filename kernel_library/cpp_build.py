@@ -36,6 +36,12 @@ def source_hash(path: Path) -> str:
     return hashlib.sha256(path.read_bytes() + headers + " ".join(CFLAGS).encode()).hexdigest()[:16]
 
 
+def unbuilt_library() -> list[Path]:
+    """The library's C++ sources that have no cached build yet (what prebuild_library would compile)."""
+    return [source for source in sorted(Path(__file__).parent.glob("*/*.cpp"))
+            if not (cache_root() / (name := f"kb_{source.stem}_{source_hash(source)}") / f"{name}.so").exists()]
+
+
 def prebuild_library() -> dict[str, str]:
     """Build every kernel_library C++ source now, in the trusted process: candidates that use them run in a
     sandbox whose filesystem is read-only, so they can load the builds but not make (or tamper with) them.
