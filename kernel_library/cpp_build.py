@@ -36,31 +36,37 @@ def source_hash(path: Path) -> str:
     return hashlib.sha256(path.read_bytes() + headers + " ".join(CFLAGS).encode()).hexdigest()[:16]
 
 
+def _library_sources() -> list[Path]:
+    return sorted(Path(__file__).parent.glob("*/*.cpp"))
+
+
+def _build_of(path: Path) -> tuple[str, Path]:
+    """The extension's module name for this source, and where its cached build lives."""
+    name = f"kb_{path.stem}_{source_hash(path)}"
+    return name, cache_root() / name / f"{name}.so"
+
+
 def unbuilt_library() -> list[Path]:
     """The library's C++ sources that have no cached build yet (what prebuild_library would compile)."""
-    return [source for source in sorted(Path(__file__).parent.glob("*/*.cpp"))
-            if not (cache_root() / (name := f"kb_{source.stem}_{source_hash(source)}") / f"{name}.so").exists()]
+    return [source for source in _library_sources() if not _build_of(source)[1].exists()]
 
 
 def prebuild_library() -> dict[str, str]:
     """Build every kernel_library C++ source now, in the trusted process: candidates that use them run in a
     sandbox whose filesystem is read-only, so they can load the builds but not make (or tamper with) them.
     Returns the environment that points a sandboxed child at those builds."""
-    for source in sorted(Path(__file__).parent.glob("*/*.cpp")):
+    for source in _library_sources():
         load_cpp(source)
     return {CACHE_ENV: str(cache_dir().resolve())}
 
 
 def load_cpp(path: Path) -> ModuleType:
     """Compile `path` as a torch extension (first call: tens of seconds) or load the cached build."""
-    digest = source_hash(path)
-    name = f"kb_{path.stem}_{digest}"
+    name, built = _build_of(path)
     if name in _loaded:
         return _loaded[name]
-    build_dir = cache_root() / name
-    built = build_dir / f"{name}.so"
     if not built.exists():
-        _build(path, name, build_dir, built)
+        _build(path, name, built.parent, built)
     import torch  # noqa: F401  (the extension links against libtorch, which must be loaded first)
 
     module = load_module(built, name)  # the .so suffix selects the extension-module loader

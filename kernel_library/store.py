@@ -15,13 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kernelbot.paths import store_dir
+from kernelbot.paths import store_dir as store_root  # where the store lives unless a caller names a root
 from kernelbot.records import Task
-
-
-def store_root() -> Path:
-    """Where the store lives unless a caller names a root (kernelbot.paths.store_dir)."""
-    return store_dir()
 
 
 def op_signature(task: Task) -> dict[str, Any]:

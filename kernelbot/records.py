@@ -147,7 +147,6 @@ class Bench(BaseModel):
     candidate_spread: float
     speedup: float
     significant: bool  # faster beyond the measured noise
-    compiled_us: float | None = None
     host: HostLoad | None = None  # over the benchmark: other processes' CPU time makes its ratio doubtful
 
 
