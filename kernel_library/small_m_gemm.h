@@ -12,6 +12,9 @@
 #include <cstdint>
 
 #include "lanes.h"
+#ifndef KB_PF
+#define KB_PF 32
+#endif
 
 // fp32: W packed as [NP, G, K, 8]; one FMA per k multiplies x's k (broadcast) into 8 output columns.
 struct F32 {
@@ -60,7 +63,10 @@ struct BF16 {
       for (int m = 0; m < MB; ++m) acc[g][m] = _mm512_setzero_ps();
     for (int64_t k = 0; k < K2; ++k) {
       __m512bh w[G];
-      for (int g = 0; g < G; ++g) w[g] = (__m512bh)_mm512_loadu_si512(panel + (g * K2 + k) * 32);
+      for (int g = 0; g < G; ++g) {
+        _mm_prefetch(reinterpret_cast<const char*>(panel + (g * K2 + k) * 32 + KB_PF * 32), _MM_HINT_T0);
+        w[g] = (__m512bh)_mm512_loadu_si512(panel + (g * K2 + k) * 32);
+      }
       for (int m = 0; m < MB; ++m) {
         const __m512bh b = (__m512bh)_mm512_set1_epi32(static_cast<int>(x[m * K2 + k]));
         for (int g = 0; g < G; ++g) acc[g][m] = _mm512_dpbf16_ps(acc[g][m], b, w[g]);

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "../lanes.h"
@@ -143,6 +144,86 @@ struct GroupAttention {
   }
 };
 
+// bf16 on a CPU with avx512_bf16, for head_dim = 16 * DV: the same attention with the group's rotated bf16 queries
+// dotted with the keys by vdpbf16ps (bf16 products are exact in fp32, sums in fp32; scaled after the dot), all of a
+// query head's scores kept (a plain softmax over them, no rescaling), and its output accumulated in DV registers.
+// Keys and values are prefetched a few rows ahead: at decode this loop streams the cache from memory.
+struct GroupAttentionBf16 {
+  static constexpr int64_t AHEAD = 16;  // cache rows prefetched ahead of the one being read
+  std::vector<float> s;
+
+  template <int DV>
+  __attribute__((target("avx512f,avx512bf16"))) void run(const uint16_t* q, int64_t G, float scale,
+                                                         const uint16_t* k, const uint16_t* v, int64_t k_pos,
+                                                         int64_t v_pos, int64_t n_keys, uint16_t* out) {
+    constexpr int64_t D = 16 * DV;
+    if (static_cast<int64_t>(s.size()) < n_keys) s.resize(n_keys);
+    for (int64_t g = 0; g < G; ++g) {
+      const uint16_t* qg = q + g * D;
+      float best = -std::numeric_limits<float>::infinity();
+      if (g == 0)
+        for (int64_t j = 0; j < std::min(AHEAD, n_keys); ++j)
+          for (int64_t c = 0; c < D; c += 32) {
+            _mm_prefetch(reinterpret_cast<const char*>(k + j * k_pos + c), _MM_HINT_T0);
+            _mm_prefetch(reinterpret_cast<const char*>(v + j * v_pos + c), _MM_HINT_T0);
+          }
+      for (int64_t j = 0; j < n_keys; ++j) {
+        const uint16_t* kr = k + j * k_pos;
+        if (g == 0 && j + AHEAD < n_keys)  // the values too: their pass follows this one
+          for (int64_t c = 0; c < D; c += 32) {
+            _mm_prefetch(reinterpret_cast<const char*>(kr + AHEAD * k_pos + c), _MM_HINT_T0);
+            _mm_prefetch(reinterpret_cast<const char*>(v + (j + AHEAD) * v_pos + c), _MM_HINT_T0);
+          }
+        __m512 acc = _mm512_setzero_ps();
+        for (int64_t c = 0; c < D; c += 32)  // D is a multiple of 16; the last step may hold 16 lanes
+          acc = _mm512_dpbf16_ps(acc, (__m512bh)load_pairs(qg + c, D - c), (__m512bh)load_pairs(kr + c, D - c));
+        s[j] = _mm512_reduce_add_ps(acc) * scale;
+        best = std::max(best, s[j]);
+      }
+      float sum = 0.f;
+      for (int64_t j = 0; j < n_keys; ++j) sum += (s[j] = std::exp(s[j] - best));
+      __m512 acc[DV];
+      for (int c = 0; c < DV; ++c) acc[c] = _mm512_setzero_ps();
+      for (int64_t j = 0; j < n_keys; ++j) {
+        const uint16_t* vr = v + j * v_pos;
+        const __m512 pj = _mm512_set1_ps(s[j]);
+        for (int c = 0; c < DV; ++c) acc[c] = _mm512_fmadd_ps(pj, widen(vr + 16 * c), acc[c]);
+      }
+      const __m512 inv = _mm512_set1_ps(1.f / sum);
+      for (int c = 0; c < DV; ++c) {
+        alignas(64) float o[16];
+        _mm512_store_ps(o, _mm512_mul_ps(acc[c], inv));
+        for (int i = 0; i < 16; ++i) out[g * D + 16 * c + i] = Lanes<c10::BFloat16>::out(o[i]);
+      }
+    }
+  }
+
+  // 32 bf16 (or the last 16, zero-extended) as one register of pairs.
+  __attribute__((target("avx512f"))) static __m512i load_pairs(const uint16_t* x, int64_t left) {
+    if (left >= 32) return _mm512_loadu_si512(x);
+    return _mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x)));
+  }
+
+  // 16 bf16 -> 16 fp32 (exact).
+  __attribute__((target("avx512f"))) static __m512 widen(const uint16_t* x) {
+    const __m512i u = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x)));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(u, 16));
+  }
+
+  // Runs run<D / 16> where head_dim is one this path covers; false where it is not (the generic path takes it).
+  template <int DV = 16>
+  bool dispatch(int64_t D, const uint16_t* q, int64_t G, float scale, const uint16_t* k, const uint16_t* v,
+                int64_t k_pos, int64_t v_pos, int64_t n_keys, uint16_t* out) {
+    if constexpr (DV == 0) {
+      return false;
+    } else {
+      if (D != 16 * DV) return dispatch<DV - 1>(D, q, G, scale, k, v, k_pos, v_pos, n_keys, out);
+      run<DV>(q, G, scale, k, v, k_pos, v_pos, n_keys, out);
+      return true;
+    }
+  }
+};
+
 // Per (batch, kv head), in one parallel region: rotate and append its T new keys (and values), rotate its group's
 // queries, then attend each new token over the cache. Items touch only their own kv head's cache rows and their own
 // query heads, so they run independently.
@@ -153,8 +234,10 @@ static void rope_attend_items(const Raw<T>* qkv, int64_t row, const Raw<T>* cos,
                               float scale) {
   using L = Lanes<T>;
   const int64_t G = H / KVH;
+  const bool fast = std::is_same_v<T, c10::BFloat16> && has_avx512_bf16();
   at::parallel_for(0, B * KVH, 1, [&](int64_t i0, int64_t i1) {
     GroupAttention<T> group(G, D);
+    GroupAttentionBf16 group_bf16;
     std::vector<float> cf(D), sf(D);
     std::vector<Raw<T>> q_rot(G * D);
     for (int64_t i = i0; i < i1; ++i) {
@@ -179,8 +262,14 @@ static void rope_attend_items(const Raw<T>* qkv, int64_t row, const Raw<T>* cos,
         }
         for (int64_t g = 0; g < G; ++g)
           rotate_head<T>(r + (h * G + g) * D, cf.data(), sf.data(), q_rot.data() + g * D, D);
-        group.run(q_rot.data(), scale, kc + kcs.at(b, h, 0), vc + vcs.at(b, h, 0), kcs.pos, vcs.pos,
-                  past_len + t + 1, out + ((b * T_ + t) * H + h * G) * D);
+        const Raw<T>* k = kc + kcs.at(b, h, 0);
+        const Raw<T>* v = vc + vcs.at(b, h, 0);
+        Raw<T>* o = out + ((b * T_ + t) * H + h * G) * D;
+        if constexpr (std::is_same_v<T, c10::BFloat16>) {
+          if (fast && group_bf16.dispatch(D, q_rot.data(), G, scale, k, v, kcs.pos, vcs.pos, past_len + t + 1, o))
+            continue;
+        }
+        group.run(q_rot.data(), scale, k, v, kcs.pos, vcs.pos, past_len + t + 1, o);
       }
     }
   });
