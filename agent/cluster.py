@@ -1,9 +1,9 @@
 """Candidates evaluated on a Ray cluster (`kernelbot optimize --cluster ADDRESS`).
 
 The agent loop (budgets, journal, LLM calls, pack, end-to-end timing) stays in the driver; each candidate becomes
-one Ray task that runs `agent/evaluate.evaluate` on whichever worker has the resources: one GPU per candidate when
-candidates are timed on a GPU, one CPU when they are compiled, interpreted and timed on a CPU. Nothing is shared
-through the filesystem: the task's reference and the candidate's source travel to the worker as text, the worker
+one Ray task that runs `agent/verify/evaluate.evaluate` on whichever worker has the resources: one GPU per
+candidate when candidates are timed on a GPU, one CPU when they are compiled, interpreted and timed on a CPU. Nothing is
+shared through the filesystem: the task's reference and the candidate's source travel to the worker as text, the worker
 evaluates them in a directory of its own, and the same records (row, verdict, benchmark, report, error file) come
 back with the node, worker and device that produced them.
 
@@ -32,7 +32,7 @@ from kernelbot import KernelbotError
 from kernelbot.records import Bench, Candidate, KernelOutcome, KernelResult, Placement, Task, Verdict
 
 if TYPE_CHECKING:
-    from kernelbot.agent.evaluate import Outcome
+    from kernelbot.agent.verify.evaluate import Outcome
 
 MAX_RETRIES = 2  # further tries of a candidate whose worker or node died, wherever Ray finds room
 PROGRESS_S = 5.0  # how often the driver refreshes the progress line (and the journal's copy of it)
@@ -158,8 +158,8 @@ def _tell(board: Any, method: str, *args: Any) -> Any:
 
 def evaluate_shipped(job: ShippedJob, board: Any) -> str:
     """Runs on a worker: the candidate through the same sandbox, verifier and benchmark as a local run."""
-    from kernelbot.agent.evaluate import evaluate
     from kernelbot.agent.proposer import write_candidate
+    from kernelbot.agent.verify.evaluate import evaluate
 
     placement = _placement(job.device_kind)
     placement.attempts = _tell(board, "started", job.key, placement.model_dump()) or 1
@@ -221,8 +221,8 @@ def comparable(out: Outcome, target_device: str) -> Outcome:
 def outcome_from(text: str, job: Job, target_device: str) -> Outcome:
     """A worker's result as the driver's Outcome, its records and files written in the driver's candidate
     directory exactly where a local evaluation writes them."""
-    from kernelbot.agent.evaluate import Outcome
     from kernelbot.agent.pack import Accepted
+    from kernelbot.agent.verify.evaluate import Outcome
     from kernelbot.rundir import write_record
 
     result = ShippedResult.model_validate_json(text.replace(TASK_DIR_MARK, str(job.task_dir.resolve())))
@@ -245,7 +245,7 @@ def outcome_from(text: str, job: Job, target_device: str) -> Outcome:
 def lost_outcome(job: Job, error: BaseException, *, raised: bool) -> Outcome:
     """A candidate no worker finished: its worker or node died on every try, or the worker's own code raised
     (`raised`: kernelbot missing or broken on that node; the candidate itself never raises out of evaluate)."""
-    from kernelbot.agent.evaluate import Outcome, new_row
+    from kernelbot.agent.verify.evaluate import Outcome, new_row
 
     row = new_row(job.task, job.candidate, KernelOutcome.HARNESS_ERROR)
     first = str(error).strip().splitlines()[0] if str(error).strip() else ""

@@ -16,10 +16,10 @@ from pathlib import Path
 import torch
 from pydantic import BaseModel
 
-from kernelbot.agent.cases import inputs_at
-from kernelbot.agent.numerics import compare
 from kernelbot.agent.timing import Timing, WrongOutputError, time_callable
-from kernelbot.agent.verify import load_reference
+from kernelbot.agent.verify.cases import inputs_at
+from kernelbot.agent.verify.numerics import compare
+from kernelbot.agent.verify.run import load_reference
 from kernelbot.engine.device import DeviceChoice
 from kernelbot.records import Task
 

@@ -29,9 +29,11 @@ def _by_module(hotspots: list[Hotspot]) -> dict[str, float]:
 
 def _end_to_end(plt, r: Report) -> bytes:
     fig, ax = plt.subplots(figsize=(5.5, 2.6))
-    names = ["eager", "kernelbot"] + (["torch.compile"] if r.compiled_ms else [])
-    values = [r.baseline_ms, r.optimized_ms] + ([r.compiled_ms] if r.compiled_ms else [])
-    bars = ax.barh(names, values, color=["#999999", "#2a7ab0", "#c77c2a"][: len(names)])
+    others = [("torch.compile", r.compiled_ms, "#c77c2a"), ("CUDA-graph decode", r.graph_decode_ms, "#6a9a3a")]
+    shown = [("eager", r.baseline_ms, "#999999"), ("kernelbot", r.optimized_ms, "#2a7ab0"),
+             *[(name, ms, color) for name, ms, color in others if ms]]
+    names, values, colors = (list(column) for column in zip(*shown, strict=True))
+    bars = ax.barh(names, values, color=colors)
     ax.bar_label(bars, [f"{v:.1f} ms" for v in values], padding=3)
     ax.set_xlabel(f"workload wall time, ms (median of {r.timing_rounds} rounds)")
     ax.invert_yaxis()

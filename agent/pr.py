@@ -34,7 +34,7 @@ def _host(timings: EndToEndTimes) -> str:
 
 
 DETAIL = 240  # characters of a check's detail in the description
-TOLERANCES = {  # relative L2, absolute (of max|ref|), per element; agent/numerics.py's table, kept torch-free here
+TOLERANCES = {  # relative L2, absolute (of max|ref|), per element; verify/numerics.py's table, kept torch-free
     "float32": (1e-5, 1e-5, 1e-4), "float16": (1e-3, 1e-3, 5e-3), "bfloat16": (8e-3, 8e-3, 2e-2)}
 
 
@@ -180,6 +180,7 @@ def describe(run_dir: Path) -> tuple[str, str, Report, Pack]:
         f"(medians of interleaved rounds)",
         f"- noise: eager {_spread(timings.eager)}; kernelbot {_spread(timings.kernelbot)}; host: {_host(timings)}",
         f"- torch.compile: {f'{report.compiled_ms:.1f} ms' if report.compiled_ms else 'not measured'}",
+        *([f"- CUDA-graph decode (static cache): {report.graph_decode_ms:.1f} ms"] if report.graph_decode_ms else []),
         "", "## Fidelity", "",
         f"- {f.summary()}; passed: **{f.passed}**",
         "", "## Spend", "", f"- {spend}; run wall time {report.seconds:.0f} s, {report.iterations} iteration(s)"

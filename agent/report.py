@@ -105,6 +105,8 @@ def render_markdown(r: Report, figures: Iterable[str] = ()) -> str:
         f"| kernelbot | {_ms(r.optimized_ms)} | {r.speedup:.2f}x |",
         f"| torch.compile (dynamic) | {_ms(r.compiled_ms)} | "
         f"{(r.baseline_ms / r.compiled_ms if r.compiled_ms else 0):.2f}x |",
+        *([f"| CUDA-graph decode (static cache) | {_ms(r.graph_decode_ms)} | "
+           f"{r.baseline_ms / r.graph_decode_ms:.2f}x |"] if r.graph_decode_ms else []),
         "",
         f"kernelbot vs torch.compile: {r.speedup_vs_compiled or 0:.2f}x. Fidelity: {r.fidelity.summary()}; "
         f"passed: **{r.fidelity.passed}**.",

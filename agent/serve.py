@@ -21,12 +21,16 @@ from pathlib import Path
 from rich.console import Console
 
 from kernelbot import KernelbotError
-from kernelbot.agent.integrate import served_fidelity
-from kernelbot.agent.optimize import OptimizeOptions, Stages, try_candidates
+from kernelbot.agent.generate import builtin_proposals, hotspot_fields, local_evaluator, try_candidates
+from kernelbot.agent.measure import served_fidelity
+from kernelbot.agent.options import OptimizeOptions
 from kernelbot.agent.pack import Accepted, build_pack
+from kernelbot.agent.plan import NoTask, Planned, plan_tasks
 from kernelbot.agent.proposer import available_backends
 from kernelbot.agent.report import write_served_report
-from kernelbot.agent.tasks import skip_reason, task_for, write_task
+from kernelbot.agent.run_state import annotated
+from kernelbot.agent.stages import Stages
+from kernelbot.agent.tasks import task_for
 from kernelbot.engine import sglang_adapter as sg
 from kernelbot.engine.sglang_plugin import TARGETS, read_counts
 from kernelbot.profiler.hotspots import rank_hotspots
@@ -159,29 +163,23 @@ class _Serving:
         return median
 
 
-def _plan(hotspots: list[Hotspot], config: dict, device_kind: str, opts: ServeOptions, run_dir: Path,
-          notes: list[str]) -> list[Task]:
-    tasks: list[Task] = []
-    c = opts.candidate
-    for h in hotspots:
-        reason = skip_reason(h, c.min_share)
-        if reason is None and h.family not in TARGETS:
-            reason = f"the SGLang plugin routes no layer to the {h.family} family"
-        if reason is None and c.families is not None and h.family not in c.families:
-            reason = f"family {h.family} not selected (--families)"
-        init_args = served_init_args(h.family or "", h, config, device_kind) if reason is None else []
-        if isinstance(init_args, str):
-            reason = init_args
-        if reason is None and len(tasks) >= c.max_tasks:
-            reason = f"over the --max-tasks {c.max_tasks} budget"
-        if reason:
-            if h.share >= c.min_share:
-                notes.append(f"{h.id} {h.module_class} {h.input_dims} ({h.share:.1%}): no task, {reason}")
-            continue
-        task = task_for(h, init_args)
-        write_task(task, run_dir / "tasks" / task.id)
-        tasks.append(task)
-    return tasks
+@dataclass
+class ServedTasks:
+    """Tasks for the layers the SGLang plugin can route, each built from the served model's config (the model
+    runs in another process)."""
+
+    config: dict
+    device_kind: str
+
+    def refuse(self, hotspot: Hotspot) -> str | None:
+        if hotspot.family not in TARGETS:
+            return f"the SGLang plugin routes no layer to the {hotspot.family} family"
+        init_args = served_init_args(hotspot.family or "", hotspot, self.config, self.device_kind)
+        return init_args if isinstance(init_args, str) else None
+
+    def build(self, hotspot: Hotspot, planned: list[Task]) -> Planned | NoTask:
+        init_args = served_init_args(hotspot.family or "", hotspot, self.config, self.device_kind)
+        return NoTask(init_args) if isinstance(init_args, str) else Planned(task_for(hotspot, init_args))
 
 
 def _rank(traces: list[Path], device: Device, run_dir: Path, name: str) -> list[Hotspot]:
@@ -228,7 +226,7 @@ def _optimize_served(opts: ServeOptions, console: Console | None) -> ServedRepor
         stages.say(f"      {h.id} {h.module_class:28s} {h.share:6.1%}  headroom {h.score_us / 1e3:8.1f} ms")
 
     stages.say("[2/6] tasks: hotspots the plugin can route → KernelBench-format references")
-    tasks = _plan(hotspots, config, device.kind, opts, run_dir, notes)
+    tasks = plan_tasks(hotspots, ServedTasks(config, device.kind), opts.candidate, run_dir, notes)
     stages.say(f"      {len(tasks)} tasks: {', '.join(t.id for t in tasks) or 'none'}")
 
     stages.say("[3/6] generate + verify + benchmark (built-in proposer; candidates run in the sandbox)")
@@ -237,8 +235,11 @@ def _optimize_served(opts: ServeOptions, console: Console | None) -> ServedRepor
     backends = available_backends(device.kind)
     by_id = {h.id: h for h in hotspots}
     for task in tasks:
-        rows, best = try_candidates(task, run_dir / "tasks" / task.id, backends, device.kind, opts.candidate,
-                                    stages, hotspot=by_id.get(task.hotspot_id))
+        task_dir = run_dir / "tasks" / task.id
+        evaluate = annotated(local_evaluator(task, task_dir, device.kind, opts.candidate),
+                             hotspot_fields(task, by_id.get(task.hotspot_id), 0))
+        rows, best = try_candidates(task, task_dir, builtin_proposals(task, task_dir, backends, device.kind, stages),
+                                    evaluate, stages, opts.candidate.max_task_minutes)
         kernels += rows
         if best is not None:
             accepted.append(best)

@@ -28,9 +28,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from kernelbot.agent.cluster import ClusterExecutor, Job
-from kernelbot.agent.evaluate import evaluate
 from kernelbot.agent.proposer import available_backends, propose, write_candidate
 from kernelbot.agent.tasks import write_task
+from kernelbot.agent.verify.evaluate import evaluate
 from kernelbot.records import Task
 
 SEED, TIMEOUT, BENCH_ROUNDS = 0, 300.0, 9

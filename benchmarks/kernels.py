@@ -10,8 +10,8 @@ import time
 
 import torch
 
-from kernelbot.agent.cases import overrides
-from kernelbot.agent.verify import load_reference
+from kernelbot.agent.verify.cases import overrides
+from kernelbot.agent.verify.run import load_reference
 from kernelbot.kernel_library import FAMILIES
 
 WEIGHTED = ("rmsnorm", "linear", "gated_mlp")  # their last init arg is the weights' dtype

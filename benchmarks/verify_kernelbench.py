@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from kernelbot import KernelbotError
-from kernelbot.agent.verify import task_from_reference, verify
+from kernelbot.agent.verify.run import task_from_reference, verify
 
 DEFAULT = Path(__file__).resolve().parents[2] / "shared" / "data" / "kernelbench" / "level1"
 

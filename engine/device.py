@@ -29,6 +29,7 @@ _perf_counter_ns = time.perf_counter_ns
 _Event = torch.cuda.Event
 _current_stream = torch.cuda.current_stream
 _synchronize = torch.cuda.synchronize
+GRAPH_WARMUP_CALLS = 2  # lazily built state (cuBLAS handles, cache tensors) exists before capture
 
 
 class GpuState(BaseModel):
@@ -153,6 +154,22 @@ class DeviceChoice(BaseModel):
         size = max(2 * (self.l2_bytes() or 0), MIN_FLUSH_BYTES)
         buffer = torch.empty(size, dtype=torch.int8, device=self.torch_device)
         return buffer.zero_
+
+    def capture(self, step: Callable[[], None]) -> Callable[[], None]:
+        """`step` (which reads and writes only fixed buffers) recorded once as a CUDA graph, after warm-up calls on
+        a side stream as capture requires; returns the graph's replay. A CPU has no graphs: one line, use eager."""
+        if not self.is_gpu:
+            raise KernelbotError("graph-captured decode needs a GPU: on a CPU compare against eager and torch.compile")
+        side = torch.cuda.Stream(self.index)
+        side.wait_stream(torch.cuda.current_stream(self.index))
+        with torch.cuda.stream(side):
+            for _ in range(GRAPH_WARMUP_CALLS):
+                step()
+        torch.cuda.current_stream(self.index).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            step()
+        return graph.replay
 
     def gpu_state(self, own_pids: Iterable[int] = ()) -> GpuState | None:
         """The GPU's clocks, temperature, throttle reasons and other processes now; None on a CPU."""

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from kernelbot.engine.device import DeviceChoice, pick_device
+from kernelbot.engine.graph_decode import StaticDecode
 from kernelbot.engine.models import (  # noqa: F401 (re-exported: callers import these from here)
     BUILTIN_MODELS,
     build_llama,
@@ -130,6 +131,11 @@ class TorchEngine:
         twin._use(_without_grouped_experts(copy.deepcopy(self.model).to(torch.float64)))
         twin.patcher = PackPatcher(twin.model)
         return twin
+
+    def static_decode(self, graphs: bool) -> StaticDecode:
+        """The same model and prompts decoded over a static KV cache; with `graphs` (GPUs), each decode step replays a
+        captured graph, as serving engines run decode."""
+        return StaticDecode(self, graphs)
 
     def compiled(self) -> TorchEngine:
         """The same engine with the model under torch.compile (dynamic shapes: decode grows the cache)."""

@@ -6,10 +6,14 @@ import argparse
 import shlex
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kernelbot import KernelbotError
 from kernelbot.agent.llm.options import add_llm_arguments
-from kernelbot.cli_night import add_night_arguments, add_night_parsers, run_optimize
+from kernelbot.cli_runs import add_run_arguments, add_run_parsers, run_optimize
+
+if TYPE_CHECKING:
+    from kernelbot.agent.options import OptimizeOptions
 
 
 def _optimize(args: argparse.Namespace) -> int:
@@ -37,9 +41,8 @@ def _optimize(args: argparse.Namespace) -> int:
 
     pick_device(args.device)  # no GPU for --device cuda: one line, exit 2, before any run directory exists
 
-    opts.model = model_argument(opts.model)  # a built-in name, or the model directory's absolute path
-    opts.llm = llm_options(args)
-    return run_optimize(args, opts)
+    # the model: a built-in name, or the model directory's absolute path
+    return run_optimize(args, opts.model_copy(update={"model": model_argument(opts.model), "llm": llm_options(args)}))
 
 
 def _point_run_at_cluster(run_dir: Path, address: str) -> None:
@@ -55,7 +58,7 @@ def _point_run_at_cluster(run_dir: Path, address: str) -> None:
             journal.set_meta("options", {**options, "cluster": address})
 
 
-def _optimize_served(args: argparse.Namespace, candidate_opts) -> int:
+def _optimize_served(args: argparse.Namespace, candidate_opts: OptimizeOptions) -> int:
     from kernelbot.agent.serve import ServeOptions, optimize_served
     from kernelbot.engine.sglang_adapter import Workload, require_gpu_node
 
@@ -71,7 +74,7 @@ def _optimize_served(args: argparse.Namespace, candidate_opts) -> int:
         if value < 1:
             raise KernelbotError(f"{name} must be at least 1, got {value}")
     if args.min_share is not None:
-        candidate_opts.min_share = args.min_share
+        candidate_opts = candidate_opts.model_copy(update={"min_share": args.min_share})
     opts = ServeOptions(model_path=args.model, run_dir=args.run_dir, tp=args.tp, port=args.port,
                         launch_cmd=shlex.split(args.launch_cmd) if args.launch_cmd else None,
                         server_args=list(args.server_arg), serving_rounds=args.serving_rounds,
@@ -99,7 +102,7 @@ def _rank(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from kernelbot.agent.verify import task_from_reference, verify
+    from kernelbot.agent.verify.run import task_from_reference, verify
 
     if args.trials < 1 or args.timeout <= 0:
         raise KernelbotError("--trials must be at least 1 and --timeout positive")
@@ -209,7 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--concurrency", type=int, default=16)
     g.add_argument("--serving-rounds", type=int, default=3, help="workload runs per server; the median is reported")
     add_llm_arguments(p)
-    add_night_arguments(p)
+    add_run_arguments(p)
     p.set_defaults(func=_optimize)
 
     p = sub.add_parser("rank", help="rank the GPU kernels of a trace (Kineto JSON, nsys CSV/SQLite, or a directory)")
@@ -236,7 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workdir", type=Path, default=None)
     p.set_defaults(func=_verify)
     _add_image_parsers(sub)
-    add_night_parsers(sub)
+    add_run_parsers(sub)
     return parser
 
 

@@ -375,6 +375,7 @@ class EndToEndTimes(BaseModel):
     eager: list[float]
     kernelbot: list[float]
     compiled: list[float] = Field(default_factory=list)
+    graph_decode: list[float] = Field(default_factory=list)  # static cache, decode steps replayed from a graph (GPUs)
     host: HostLoad | None = None  # None in runs recorded before the host was read
 
 
@@ -388,6 +389,7 @@ class Report(BaseModel):
     speedup: float
     speedup_vs_compiled: float | None
     timing_rounds: int
+    graph_decode_ms: float | None = None  # eager model, static cache, CUDA-graph decode steps: measured on GPUs only
     fidelity: Fidelity
     kernels: list[KernelResult]
     hotspots_before: list[Hotspot]

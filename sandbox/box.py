@@ -26,6 +26,8 @@ OUTPUTS = ("result.json", "outputs.pt")  # what the parent takes out of the box 
 STDERR = "stderr.txt"
 BOX_ROOT_ENV = "KERNELBOT_BOX_ROOT"
 AUDIT_LIMIT = 1 << 20  # bytes of audit records read back from a job
+# The program a job runs, by module path (named, never imported here: the sandbox only starts it).
+HARNESS = "kernelbot.agent.verify.harness"
 
 
 @dataclass
@@ -34,7 +36,7 @@ class SandboxResult:
     seconds: float
     returncode: int | None
     detail: str  # last lines of the child's stderr, or its own error report
-    payload: dict[str, Any] | None  # what the worker wrote to result.json
+    payload: dict[str, Any] | None  # what the harness wrote to result.json (read here: protections, error)
     violations: list[dict[str, str]] = field(default_factory=list)  # what the candidate tried and was refused
     protections: list[str] = field(default_factory=list)  # what was in force
 
@@ -104,7 +106,7 @@ def parse_violations(records: bytes) -> list[dict[str, str]]:
 
 
 def read_payload(workdir: Path) -> dict[str, Any] | None:
-    """What the worker wrote to result.json, or None when it wrote nothing readable."""
+    """What the harness wrote to result.json, or None when it wrote nothing readable."""
     path = workdir / "result.json"
     try:
         payload = json.loads(path.read_text()) if path.exists() else None
@@ -125,7 +127,7 @@ class Ending:
 
 def outcome(workdir: Path, timeout: float, ending: Ending, protections: list[str]) -> SandboxResult:
     """The status both runners report for a job that has ended and whose box is closed: timeout, crash (by a
-    signal, or without a result), error (the worker's own report) or ok; detail is the stderr tail or the error."""
+    signal, or without a result), error (the harness's own report) or ok; detail is the stderr tail or the error."""
     violations = parse_violations(ending.records)
     tail = (workdir / STDERR).read_text(errors="replace")[-2000:] if (workdir / STDERR).exists() else ""
     payload = read_payload(workdir)

@@ -1,4 +1,4 @@
-"""Child-side confinement, run by the worker before it imports any candidate code.
+"""Child-side confinement, run by the harness (box.HARNESS) before it imports any candidate code.
 
 Inside the namespaces `unshare` made (pid, net, mount), as root: make every mount private, keep only the
 job's box writable (the rest of the filesystem is remounted read-only), mount a /proc for the new pid
@@ -7,7 +7,7 @@ environment trap record what the candidate tries: writes outside the box, socket
 programs, looking up secrets. Records go to a pipe the parent reads; the candidate can add to them, not
 take them back.
 
-The process that runs candidate code (the worker's runner, forked from the harness) is confined once more
+The process that runs candidate code (the harness's runner, forked from the harness) is confined once more
 (`confine_runner`): a Landlock layer of its own lets it read only the system, Python and kernelbot files it
 needs plus the one module it loads, and write only in its scratch directory; reads elsewhere (other
 processes' /proc entries, the parent's files, the harness's results) are refused and recorded. Landlock

@@ -29,6 +29,7 @@ from typing import Any
 from kernelbot import KernelbotError
 from kernelbot.sandbox.box import (
     AUDIT_LIMIT,
+    HARNESS,
     MAX_FILE_BYTES,
     MAX_PROCESSES,
     STDERR,
@@ -47,7 +48,7 @@ RUNNERS = ("auto", "process", "docker")
 LABEL = "org.kernelbot.sandbox"  # value: host:pid of the kernelbot that started the container
 NOBODY = 65534
 AUDIT_TARGET = "/.kernelbot/audit"
-# Runs first in the container: opens the audit FIFO for writing, hands it to the worker as KERNELBOT_AUDIT_FD.
+# Runs first in the container: opens the audit FIFO for writing, hands it to the harness as KERNELBOT_AUDIT_FD.
 LAUNCH = ("import os, sys; fd = os.open(sys.argv[1], os.O_WRONLY); os.set_inheritable(fd, True); "
           "os.environ['KERNELBOT_AUDIT_FD'] = str(fd); os.execvp(sys.argv[2], sys.argv[2:])")
 _ready: dict[str, tuple[float, Any, str]] = {}  # DOCKER_HOST -> (when, client or None, image tag or reason)
@@ -193,7 +194,7 @@ def run_job(job: dict[str, Any], workdir: Path, timeout: float, env: dict[str, s
     memory = memory_limit()
     protections = _protections(tag, timeout, memory, uid, device)
     command = [sys.executable, "-c", LAUNCH, AUDIT_TARGET, *(wrapper or []), sys.executable, "-m",
-               "kernelbot.sandbox.worker", "job.json"]
+               HARNESS, "job.json"]
     records, stop = bytearray(), threading.Event()
     reader = threading.Thread(target=_drain, args=(audit_fd, stop, records), daemon=True)
     reader.start()

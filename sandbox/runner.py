@@ -1,4 +1,4 @@
-"""The process runner: a job's worker as a child process in its own session and process group, in a pids cgroup and
+"""The process runner: a job's harness as a child process in its own session and process group, in a pids cgroup and
 (as root, with util-linux) its own pid, net and mount namespaces, with rlimits on memory, file size, core dumps and
 CPU time; audit records come back through a pipe. The box (sandbox/box.py) is the same as the docker runner's; this
 module only confines and starts the child, and dispatches to the docker runner when that one is chosen.
@@ -21,6 +21,7 @@ from typing import Any
 from kernelbot.sandbox import docker_runner
 from kernelbot.sandbox.box import (
     AUDIT_LIMIT,
+    HARNESS,
     MAX_FILE_BYTES,
     MAX_PROCESSES,
     STDERR,
@@ -117,9 +118,9 @@ def _end_everything(proc: subprocess.Popen, group: Path | None) -> set[int]:
 
 def run_job(job: dict[str, Any], workdir: Path, timeout: float, env: dict[str, str] | None = None,
             wrapper: list[str] | None = None, gpu: int | None = None, runner: str | None = None) -> SandboxResult:
-    """Run one worker job in a fresh child process inside a fresh box (sandbox/box.py: a directory of a random name,
+    """Run one job in a fresh child process inside a fresh box (sandbox/box.py: a directory of a random name,
     removed afterwards; result.json and outputs.pt come back to `workdir`, with the child's stderr.txt);
-    whatever happens, nothing it started survives. `wrapper` prefixes the worker's command (a sanitizer).
+    whatever happens, nothing it started survives. `wrapper` prefixes the harness's command (a sanitizer).
     With `gpu`, the job sees only that GPU, and after a crash or timeout the GPU must come back healthy
     (gpu.GPUUnhealthy is raised when it does not). `runner` (else $KERNELBOT_SANDBOX): process, docker, or
     auto (docker when a daemon is reachable and the sandbox image builds; see docker_runner)."""
@@ -130,7 +131,7 @@ def run_job(job: dict[str, Any], workdir: Path, timeout: float, env: dict[str, s
     group = _make_cgroup()
     isolated = namespaces_available()
     protections = _protections(timeout, group, isolated)
-    command = [*(wrapper or []), sys.executable, "-m", "kernelbot.sandbox.worker", "job.json"]
+    command = [*(wrapper or []), sys.executable, "-m", HARNESS, "job.json"]
     if isolated:
         command = ["unshare", "--pid", "--fork", "--net", "--mount", "--kill-child", *command]
     read_fd, write_fd = os.pipe()

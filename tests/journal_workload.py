@@ -1,4 +1,4 @@
-"""A small run driven through optimize's own journal machinery (Night.memo, the journaled evaluator, the journaled
+"""A small run driven through optimize's own journal machinery (RunState.memo, the journaled evaluator, the journaled
 LLM client), with a fake evaluator and a fake paid LLM, so tests can kill it anywhere and resume it in seconds.
 
 python tests/journal_workload.py RUN_DIR  → RUN_DIR/final.json when it completes; RUN_DIR/paid.log gets one line per
@@ -13,11 +13,11 @@ import sys
 import time
 from pathlib import Path
 
-from kernelbot.agent.evaluate import Outcome, new_row
 from kernelbot.agent.journal import Journal
 from kernelbot.agent.llm.client import Answer
-from kernelbot.agent.night import Clock, Night, journaled
 from kernelbot.agent.replay import JournaledClient
+from kernelbot.agent.run_state import Clock, RunState
+from kernelbot.agent.verify.evaluate import Outcome, new_row
 from kernelbot.records import Candidate, Task
 
 CANDIDATES = 6
@@ -55,12 +55,12 @@ def fake_evaluate(task: Task, cand: Candidate, path: Path) -> Outcome:
 def main(run_dir: Path) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     with Journal(run_dir) as journal:
-        night = Night(journal, Clock(journal, None), None, "cpu:test")
-        stage = night.memo("stage:profile", "stage", lambda: {"hotspots": [1, 2, 3], "t": 0})
+        state = RunState(journal, Clock(journal, None), None, "cpu:test")
+        stage = state.memo("stage:profile", "stage", lambda: {"hotspots": [1, 2, 3], "t": 0})
         task = Task(id="t0", hotspot_id="h0", family="rmsnorm", module_class="RMSNorm", dtype="float32",
                     input_shapes=[[4, 8]], free_dims=[[0]], init_args=[8], share=0.5, floor_us=1.0)
         llm = JournaledClient(PaidLLM(run_dir / "paid.log"), journal)
-        run = journaled(night, lambda c, p: fake_evaluate(task, c, p), task, {"share": 0.5})
+        run = state.journaled(lambda c, p: fake_evaluate(task, c, p), task, {"share": 0.5})
         rows = []
         history = ""
         for i in range(CANDIDATES):
@@ -72,7 +72,7 @@ def main(run_dir: Path) -> None:
             out = run(cand, path)
             rows.append(out.row.model_dump())
             history += f"{cand.id}={out.row.speedup:.3f} "
-        final = night.memo("stage:final", "stage", lambda: {"rows": rows, "stage": stage,
+        final = state.memo("stage:final", "stage", lambda: {"rows": rows, "stage": stage,
                                                            "best": max(r["speedup"] for r in rows)})
         (run_dir / "final.json").write_text(json.dumps(final, sort_keys=True))
         journal.set_meta("state", "done")

@@ -13,7 +13,7 @@ from helpers import write_module
 from test_verify import RMS_TASK
 
 from kernelbot.agent.tasks import reference_source
-from kernelbot.agent.verify import verify
+from kernelbot.agent.verify.run import verify
 
 HEADER = """
 import ctypes, gc, os, sys, threading, time
@@ -147,7 +147,7 @@ CHEATS = {
         def forward(self, x):
             harness, right = sys.modules["__main__"], self.kernel(x)
             harness._outputs = lambda value, facts: ([harness._encode(right)], [right])
-            sys.modules["kernelbot.sandbox.probes"].aliasing = lambda *args, **kwargs: []
+            sys.modules["kernelbot.agent.verify.probes"].aliasing = lambda *args, **kwargs: []
             return torch.zeros_like(x)
     """),
     "writes_the_harness_results": ("sandbox_violation", """
@@ -167,7 +167,7 @@ CHEATS = {
     """),
     "forces_natural_program_order": ("harness_tamper", """
         def forward(self, x):
-            sys.modules["kernelbot.sandbox.triton_check"]._state["order"] = "natural"  # hides order-dependence
+            sys.modules["kernelbot.agent.verify.triton_check"]._state["order"] = "natural"  # hides order-dependence
             return self.kernel(x)
     """),
     # 2. honest only while watched: the verifier's global flags

@@ -21,9 +21,9 @@ import torch
 from kernelbot import KernelbotError
 from kernelbot.agent import aten_cpp
 from kernelbot.agent.aten_cpp import Mode, Unsupported, generate
+from kernelbot.agent.verify.probes import OpLog
 from kernelbot.kernel_library import cpp_build
 from kernelbot.loading import load_module
-from kernelbot.sandbox.probes import OpLog
 
 REFS = Path(__file__).parent / "generic_refs"
 FAST = ("residual_rmsnorm_bf16", "rotary_embedding_fp32", "layernorm_gelu_bf16", "mlp_fp32", "op_zoo_fp32")
@@ -229,7 +229,7 @@ def test_a_file_that_is_no_generic_reference_is_refused_with_the_fix(tmp_path: P
 
 
 def test_kernelbot_verify_accepts_a_fused_candidate(tmp_path: Path) -> None:
-    from kernelbot.agent.verify import task_from_reference, verify
+    from kernelbot.agent.verify.run import task_from_reference, verify
 
     reference = REFS / "residual_rmsnorm_bf16.py"
     source = next(s for c, s in generated(reference) if c["mode"] == Mode.FUSED.value)

@@ -18,9 +18,9 @@ import pytest
 from helpers import write_module
 
 from kernelbot.agent.cluster import ClusterExecutor, Job, comparable
-from kernelbot.agent.evaluate import Outcome, evaluate
 from kernelbot.agent.pack import Accepted
 from kernelbot.agent.proposer import available_backends, propose, write_candidate
+from kernelbot.agent.verify.evaluate import Outcome, evaluate
 from kernelbot.records import Bench, Candidate, KernelOutcome, KernelResult, Placement, Task, Verdict
 
 RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0",

@@ -65,6 +65,7 @@ CASES = {
     "multi-head (no GQA) with biases": Case(batch=2, tokens=3, past=4, kv_heads=4, bias=True),
     "GQA 4:1, cos per batch row": Case(batch=3, tokens=2, past=3, kv_heads=1, cos_batch=3),
     "decode with biases, head_dim 32": Case(batch=2, tokens=1, past=6, heads=2, kv_heads=2, head_dim=32, bias=True),
+    "prefill rows for the library GEMM, with biases": Case(batch=4, tokens=20, past=2, bias=True),
 }
 
 
@@ -270,7 +271,7 @@ def test_a_broken_attention_fails_the_comparison(bug):
 
 def test_cpp_forward_leaves_pytorch_a_small_share_of_the_work():
     """The verifier's reference_fallback check: PyTorch ops do under half the reference's work."""
-    from kernelbot.sandbox.probes import OpLog
+    from kernelbot.agent.verify.probes import OpLog
 
     case = CASES["past and several new tokens"]
     kernel, reference, _ = _models(case, "cpp", "float32")
@@ -295,7 +296,7 @@ def bf16_dot_in_the_interpreter(monkeypatch):
     """The verifier's sandbox fix for the interpreter's bf16 tl.dot (triton-lang/triton#11584)."""
     from triton.runtime import interpreter
 
-    from kernelbot.sandbox.triton_check import _dot_with_bf16
+    from kernelbot.agent.verify.triton_check import _dot_with_bf16
 
     builder = interpreter.InterpreterBuilder
     monkeypatch.setattr(builder, "create_dot", _dot_with_bf16(builder.create_dot))

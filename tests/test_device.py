@@ -22,7 +22,8 @@ ROOT = Path(__file__).resolve().parents[1]
 GPU_CHECK = ROOT / "benchmarks" / "gpu_check"
 NO_GPU = "torch 9.9+cpu is a CPU-only build"
 # the loop's files outside the device layer: none may name the backend
-DEVICE_AGNOSTIC = ("agent/timing.py", "agent/integrate.py", "engine/torch_engine.py", "profiler/host.py")
+DEVICE_AGNOSTIC = ("agent/timing.py", "agent/measure.py", "engine/torch_engine.py", "engine/graph_decode.py",
+                   "profiler/host.py")
 
 
 @pytest.fixture
@@ -215,7 +216,7 @@ def test_the_gpu_checks_two_triton_kernels_are_told_apart_by_the_race_check_here
                                                                                     race: str) -> None:
     """On the CPU, through Triton's interpreter: both compute the right rows one program at a time; only the
     racy one shares an address between programs."""
-    from kernelbot.agent.verify import task_from_reference, verify
+    from kernelbot.agent.verify.run import task_from_reference, verify
 
     reference = GPU_CHECK / "reference.py"
     verdict = verify(task_from_reference(reference), reference, GPU_CHECK / candidate, tmp_path / "w", seed=1,

@@ -8,8 +8,9 @@ import pytest
 import torch
 from torch import nn
 
-from kernelbot.agent import cases, extract
+from kernelbot.agent import extract
 from kernelbot.agent.tasks import _computes, module_labels
+from kernelbot.agent.verify import cases
 from kernelbot.engine.patching import PackPatcher
 from kernelbot.loading import load_module
 from kernelbot.records import Pack, PackEntry, Task

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from kernelbot.agent import optimize
+from kernelbot.agent import generate
+from kernelbot.agent.stages import Stages
 from kernelbot.kernel_library import cpp_build
 
 
@@ -22,13 +23,36 @@ def test_every_library_source_is_unbuilt_in_an_empty_cache_and_none_once_built(t
 
 def test_a_first_build_is_announced_and_a_cached_one_is_silent(tmp_path, monkeypatch):
     out = io.StringIO()
-    stages = optimize.Stages(Console(file=out, width=200), tmp_path)
+    stages = Stages(Console(file=out, width=200), tmp_path)
     built: list[bool] = []
-    monkeypatch.setattr(optimize, "prebuild_library", lambda: built.append(True) or {})
-    monkeypatch.setattr(optimize, "unbuilt_library", lambda: [Path("a.cpp"), Path("b.cpp")])
-    optimize._build_library(stages)
+    monkeypatch.setattr(generate, "prebuild_library", lambda: built.append(True) or {})
+    monkeypatch.setattr(generate, "unbuilt_library", lambda: [Path("a.cpp"), Path("b.cpp")])
+    generate.build_library(stages)
     assert built == [True] and "built 2 C++ kernel extensions" in out.getvalue()
-    monkeypatch.setattr(optimize, "unbuilt_library", lambda: [])
-    optimize._build_library(stages)
+    monkeypatch.setattr(generate, "unbuilt_library", lambda: [])
+    generate.build_library(stages)
     assert built == [True] and out.getvalue().count("built") == 1
     assert "built 2 C++ kernel extensions" in (tmp_path / "log.txt").read_text()
+
+
+def test_each_candidate_shows_a_spinner_saying_which_of_how_many_it_is_and_only_its_verdict_stays(tmp_path):
+    from kernelbot.records import Candidate, KernelResult, Task
+
+    shown: list[str] = []
+
+    class Watching(Stages):
+        def working(self, message: str):
+            shown.append(message)
+            return super().working(message)
+
+    out = io.StringIO()
+    stages = Watching(Console(file=out, width=200, force_terminal=True), tmp_path)
+    task = Task.model_construct(id="h00-rmsnorm-4x64")
+    cands = [Candidate.model_construct(id=f"cpp-{i}") for i in range(2)]
+    skipped = KernelResult.model_construct(candidate_id="triton-0")
+    outcome = generate.Outcome(row=KernelResult.model_construct(reason="verified; 2.00x beyond noise"), accepted=None)
+    generate.try_candidates(task, tmp_path, [skipped, *[(c, "src") for c in cands]], lambda *_: outcome, stages, None)
+    assert shown == ["h00-rmsnorm-4x64: candidate 1 of 2 (cpp-0): verifying and benchmarking",
+                     "h00-rmsnorm-4x64: candidate 2 of 2 (cpp-1): verifying and benchmarking"]
+    assert "verifying and benchmarking" not in (tmp_path / "log.txt").read_text()
+    assert (tmp_path / "log.txt").read_text().count("verified; 2.00x beyond noise") == 2

@@ -9,7 +9,7 @@ import pytest
 from helpers import loopback_listener, write_module
 from test_sandbox_and_bench import REFERENCE, TASK, processes_running
 
-from kernelbot.agent.verify import verify
+from kernelbot.agent.verify.run import verify
 from kernelbot.sandbox.docker_runner import LABEL
 from kernelbot.sandbox.landlock import abi_version
 from kernelbot.sandbox.runner import PIDS_CGROUP, namespaces_available

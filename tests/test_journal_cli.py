@@ -15,8 +15,8 @@ import pytest
 from kernelbot.agent.journal import Journal
 from kernelbot.agent.llm.budget import Budget
 from kernelbot.agent.llm.loop import LLMOptions
-from kernelbot.agent.night import Clock
-from kernelbot.agent.optimize import OptimizeOptions, options_from_json, options_to_json
+from kernelbot.agent.optimize import OptimizeOptions
+from kernelbot.agent.run_state import Clock
 from kernelbot.cli import main
 
 
@@ -54,7 +54,7 @@ def test_a_run_directory_in_use_is_refused_and_a_finished_one_is_not_restarted(t
         os.killpg(holder.pid, signal.SIGKILL)
         holder.wait()
     with Journal(tmp_path) as j:
-        j.set_meta("options", options_to_json(OptimizeOptions(model="llama-micro", run_dir=tmp_path)))
+        j.set_meta("options", OptimizeOptions(model="llama-micro", run_dir=tmp_path).model_dump(mode="json"))
     assert main(["optimize", "--model", "llama-micro", "--run-dir", str(tmp_path)]) == 2
     _one_line(capsys, "already holds a run", "--resume")
 
@@ -65,9 +65,9 @@ def test_options_survive_the_journal(tmp_path):
                                                                     price=(1.0, 2.0),
                                                                     budget=Budget(max_cost=5.0, max_tokens=10**6)))
     with Journal(tmp_path) as j:
-        j.set_meta("options", options_to_json(opts))
+        j.set_meta("options", opts.model_dump(mode="json"))
     with Journal(tmp_path) as j:
-        assert options_from_json(j.meta("options")) == opts
+        assert OptimizeOptions.model_validate(j.meta("options")) == opts
 
 
 def test_the_time_budget_spans_sessions_and_keeps_the_finish_back(tmp_path):

@@ -5,7 +5,7 @@ import importlib
 import pytest
 import torch
 
-from kernelbot.agent.verify import load_reference
+from kernelbot.agent.verify.run import load_reference
 from kernelbot.kernel_library import FAMILIES, family_for
 
 INIT = {"rmsnorm": [96, 1e-6], "linear": [72, 40, True], "gated_mlp": [64, 88], "silu_and_mul": []}

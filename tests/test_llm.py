@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 from llm_scripted import Reply, Script, ScriptedServer, fenced, kernel, rmsnorm_conversation
 
-from kernelbot.agent.evaluate import evaluate
 from kernelbot.agent.llm.budget import Budget, Ledger
 from kernelbot.agent.llm.client import EndpointDown, LLMClient
 from kernelbot.agent.llm.extract import extract_code
@@ -18,6 +17,7 @@ from kernelbot.agent.llm.loop import LLMOptions, LLMSession, run_task
 from kernelbot.agent.llm.prompt import PromptContext
 from kernelbot.agent.llm.redact import MASK, redact
 from kernelbot.agent.tasks import write_task
+from kernelbot.agent.verify.evaluate import evaluate
 from kernelbot.records import Device, Task
 
 SECRET = "sk-kbtest-0123456789abcdefSECRET"
@@ -230,18 +230,23 @@ def test_token_budget_stops_the_loop_and_is_respected(tmp_path):
 
 
 def test_endpoint_down_falls_back_to_the_builtin_proposer(tmp_path, monkeypatch):
-    from kernelbot.agent import optimize as opt
+    from kernelbot.agent import generate
+    from kernelbot.agent.journal import Journal
+    from kernelbot.agent.optimize import OptimizeOptions
+    from kernelbot.agent.run_state import Clock, RunState
+    from kernelbot.agent.stages import Stages
 
     task, task_dir = _task(tmp_path, "down")
     fallback: list[str] = []
-    monkeypatch.setattr(opt, "try_candidates", lambda task, *a, **k: (fallback.append(task.id), ([], None))[1])
+    monkeypatch.setattr(generate, "try_candidates", lambda task, *a, **k: (fallback.append(task.id), ([], None))[1])
     script = Script({"-down-": [Reply('{"error": {"message": "internal"}}', 500)]})
-    with ScriptedServer(script) as server:
+    with ScriptedServer(script) as server, Journal(tmp_path / "run") as journal:
         llm = LLMOptions(model=MODEL, api_base=server.api_base, max_retries=2, backoff=0.01)
-        opts = opt.OptimizeOptions(llm=llm)
-        stages = opt.Stages(__import__("rich.console").console.Console(quiet=True), tmp_path / "run")
+        stages = Stages(__import__("rich.console").console.Console(quiet=True), tmp_path / "run")
         notes: list[str] = []
-        kernels, accepted, usage = opt._generate([task], [], DEVICE, tmp_path / "run", opts, stages, notes)
+        state = RunState(journal, Clock(journal, None), None, "")
+        generation = generate.Generation(OptimizeOptions(llm=llm), tmp_path / "run", state, stages, DEVICE, notes)
+        kernels, accepted, usage = generation.generate([task], [], {})
     assert fallback == [task.id] and kernels == [] and accepted == []
     assert usage is not None and usage.fallback.startswith("endpoint down") and usage.failed_calls == 1
     assert len(script.requests) == 3

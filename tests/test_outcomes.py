@@ -11,13 +11,14 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from kernelbot.agent import evaluate as evaluate_mod
-from kernelbot.agent import optimize as optimize_mod
-from kernelbot.agent.evaluate import evaluate, new_row, pick_best
+from kernelbot.agent import plan as plan_mod
 from kernelbot.agent.extract import NotExtractable
-from kernelbot.agent.optimize import OptimizeOptions, _plan, _signature
+from kernelbot.agent.optimize import OptimizeOptions
 from kernelbot.agent.pack import Accepted
+from kernelbot.agent.plan import ModelTasks, plan_tasks, signature
 from kernelbot.agent.report import _kernel_rows, summary_table
+from kernelbot.agent.verify import evaluate as evaluate_mod
+from kernelbot.agent.verify.evaluate import evaluate, new_row, pick_best
 from kernelbot.records import Bench, Candidate, Check, Hotspot, KernelOutcome, KernelResult, Report, Task, Verdict
 
 MISLEADING_VERIFIED = "verified; 9.99x beyond noise (this wording must decide nothing)"
@@ -151,9 +152,10 @@ def _generic_hotspot(share: float = 0.3) -> Hotspot:
 def test_a_hotspot_over_the_max_tasks_budget_is_deferred_to_a_later_iteration(tmp_path: Path) -> None:
     h, notes, deferred = _generic_hotspot(), [], {}
     engine = SimpleNamespace(model=None, run_workload=None)  # not touched: a deferred hotspot gets no task
-    tasks = _plan([h], set(), OptimizeOptions(max_tasks=0), engine, tmp_path, notes, 0, deferred)
+    tasks = plan_tasks([h], ModelTasks(engine), OptimizeOptions(max_tasks=0), tmp_path, notes, attempted=set(),
+                       deferred=deferred)
     assert tasks == [] and notes == []
-    assert deferred == {_signature(h): "h07 OddBlock [[4, 8, 64]] (30.0%): no task, over the --max-tasks 0 budget "
+    assert deferred == {signature(h): "h07 OddBlock [[4, 8, 64]] (30.0%): no task, over the --max-tasks 0 budget "
                                        "of iteration 1"}
 
 
@@ -162,11 +164,12 @@ def test_a_hotspot_whose_no_task_reason_mentions_max_tasks_is_noted_not_deferred
     def cannot_extract(*_: Any) -> Any:
         raise NotExtractable("its forward reads sys.argv for --max-tasks")
 
-    monkeypatch.setattr(optimize_mod, "module_labels", lambda *_: {})
-    monkeypatch.setattr(optimize_mod, "make_generic_task", cannot_extract)
+    monkeypatch.setattr(plan_mod, "module_labels", lambda *_: {})
+    monkeypatch.setattr(plan_mod, "make_generic_task", cannot_extract)
     h, notes, deferred = _generic_hotspot(), [], {}
     engine = SimpleNamespace(model=None, run_workload=None)
-    tasks = _plan([h], set(), OptimizeOptions(max_tasks=8), engine, tmp_path, notes, 0, deferred)
+    tasks = plan_tasks([h], ModelTasks(engine), OptimizeOptions(max_tasks=8), tmp_path, notes, attempted=set(),
+                       deferred=deferred)
     assert tasks == [] and deferred == {}
     assert notes == ["h07 OddBlock [[4, 8, 64]] (30.0%): no task, no generic task: its forward reads sys.argv for "
                      "--max-tasks"]

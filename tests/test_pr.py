@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from night_fixtures import fake_run
+from finished_run import fake_run
 
 from kernelbot.cli import main
 

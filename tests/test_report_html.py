@@ -8,7 +8,7 @@ import shutil
 import subprocess
 
 import pytest
-from night_fixtures import fake_run
+from finished_run import fake_run
 
 from kernelbot.agent.report import write_report
 

@@ -3,8 +3,8 @@ import time
 
 from helpers import write_module
 
-from kernelbot.agent.bench import bench
-from kernelbot.agent.verify import verify
+from kernelbot.agent.verify.bench import bench
+from kernelbot.agent.verify.run import verify
 from kernelbot.records import Task
 from kernelbot.sandbox.runner import child_env
 

@@ -7,7 +7,7 @@ import json
 
 import torch
 
-from kernelbot.agent.integrate import served_fidelity
+from kernelbot.agent.measure import served_fidelity
 from kernelbot.agent.serve import served_init_args
 from kernelbot.agent.tasks import skip_reason, task_for, write_task
 from kernelbot.cli import main
@@ -125,8 +125,8 @@ def test_rotary_layer_arguments_come_from_the_config_as_sglang_builds_the_layer(
 
 
 def test_a_rotary_task_draws_positions_inside_the_cache(tmp_path):
-    from kernelbot.agent.cases import inputs_at
-    from kernelbot.agent.verify import load_reference
+    from kernelbot.agent.verify.cases import inputs_at
+    from kernelbot.agent.verify.run import load_reference
 
     hotspot = _rope_hotspot("float32")
     assert skip_reason(hotspot.model_copy(update={"input_dims": [[6]]}), 0.01) is not None  # no query, key

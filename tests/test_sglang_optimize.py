@@ -37,7 +37,7 @@ def one_cpp_candidate(monkeypatch):
     from kernelbot.agent import proposer
 
     real = proposer.propose
-    monkeypatch.setattr("kernelbot.agent.optimize.propose",
+    monkeypatch.setattr("kernelbot.agent.generate.propose",
                         lambda task, backends, reference: [c for c in real(task, backends, reference)
                                                            if c[0].backend == "cpp"][:1])
 

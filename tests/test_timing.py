@@ -120,7 +120,7 @@ def test_a_gain_is_claimed_only_beyond_the_measured_noise() -> None:
 
 
 def test_end_to_end_timing_keeps_its_rounds_in_ms_per_engine(tmp_path) -> None:
-    from kernelbot.agent.integrate import time_end_to_end
+    from kernelbot.agent.measure import time_end_to_end
     from kernelbot.engine import TorchEngine
     from kernelbot.engine.models import resolve_spec
     from kernelbot.records import Pack
@@ -135,7 +135,7 @@ def test_end_to_end_timing_keeps_its_rounds_in_ms_per_engine(tmp_path) -> None:
 
 
 def test_a_report_timed_on_a_busy_host_says_so_at_the_top(tmp_path) -> None:
-    from night_fixtures import fake_run
+    from finished_run import fake_run
 
     from kernelbot.agent.report import render_markdown
     from kernelbot.profiler.host import BusyProcess, HostLoad

@@ -8,10 +8,10 @@ import torch
 from helpers import write_module
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-from kernelbot.agent import cases
-from kernelbot.agent.cases import WeakTask
 from kernelbot.agent.tasks import reference_source
-from kernelbot.agent.verify import CHECK_IDS, shape_sets, task_from_reference, verify
+from kernelbot.agent.verify import cases
+from kernelbot.agent.verify.cases import WeakTask
+from kernelbot.agent.verify.run import CHECK_IDS, shape_sets, task_from_reference, verify
 from kernelbot.kernel_library import FAMILIES
 from kernelbot.loading import load_module
 from kernelbot.records import Task

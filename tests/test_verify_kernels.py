@@ -11,9 +11,9 @@ import pytest
 from helpers import write_module
 from test_verify import RMS_TASK
 
-from kernelbot.agent.bench import bench
 from kernelbot.agent.tasks import reference_source
-from kernelbot.agent.verify import task_from_reference, verify
+from kernelbot.agent.verify.bench import bench
+from kernelbot.agent.verify.run import task_from_reference, verify
 
 LIGER_STYLE_RMSNORM = '''
 import torch

@@ -9,15 +9,15 @@ import pytest
 from helpers import write_module
 from test_verify import RMS_TASK
 
-from kernelbot.agent.sanitizer import parse_summary
 from kernelbot.agent.tasks import reference_source
-from kernelbot.agent.verify import verify
-from kernelbot.sandbox.cuda_check import compile_report, parse_ptxas
+from kernelbot.agent.verify.cuda_check import compile_report, parse_ptxas
+from kernelbot.agent.verify.run import verify
+from kernelbot.agent.verify.sanitizer import parse_summary
 
 KERNELS = '''
 import os
 os.environ["TRITON_INTERPRET"] = "1"
-from kernelbot.sandbox import triton_check as tc
+from kernelbot.agent.verify import triton_check as tc
 tc.install()
 import torch, triton, triton.language as tl
 

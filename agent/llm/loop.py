@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kernelbot import KernelbotError
-from kernelbot.agent.evaluate import Outcome, new_row, pick_best
 from kernelbot.agent.llm.budget import CHARS_PER_TOKEN, Budget, Ledger
 from kernelbot.agent.llm.client import EndpointDown, LLMClient, safe_url
 from kernelbot.agent.llm.extract import extract_code
@@ -19,6 +18,7 @@ from kernelbot.agent.llm.prompt import Attempt, PromptContext, build_messages
 from kernelbot.agent.llm.redact import redact
 from kernelbot.agent.pack import Accepted
 from kernelbot.agent.proposer import write_candidate
+from kernelbot.agent.verify.evaluate import Outcome, new_row, pick_best
 from kernelbot.records import Candidate, KernelResult, LLMCall, LLMUsage, Task
 
 

@@ -9,6 +9,7 @@ import torch
 
 from kernelbot.agent.timing import time_once
 from kernelbot.engine import TorchEngine
+from kernelbot.engine.graph_decode import StaticDecode
 from kernelbot.profiler import host
 from kernelbot.records import EndToEndTimes, Fidelity, KLCheck, Pack
 
@@ -98,11 +99,12 @@ def distinct_ngrams(sequences: list[list[int]], n: int = 3) -> float:
     return len(set(grams)) / len(grams) if grams else 1.0
 
 
-def time_end_to_end(engine: TorchEngine, pack: Pack, pack_dir: Path, rounds: int,
-                    compiled: TorchEngine | None) -> EndToEndTimes:
-    """Workload time in ms for eager, kernelbot-patched and torch.compile, interleaved round by round so that drift
-    on a noisy machine hits all of them alike; each round from an idle device until the device is done. The host's
-    load over the rounds comes with them: other processes' CPU time makes every ratio doubtful."""
+def time_end_to_end(engine: TorchEngine, pack: Pack, pack_dir: Path, rounds: int, compiled: TorchEngine | None,
+                    graphed: StaticDecode | None = None) -> EndToEndTimes:
+    """Workload time in ms for eager, kernelbot-patched, torch.compile and graph-replayed decode (where given),
+    interleaved round by round so that drift on a noisy machine hits all of them alike; each round from an idle device
+    until the device is done. The host's load over the rounds comes with them: other processes' CPU time makes every
+    ratio doubtful."""
     times = EndToEndTimes(eager=[], kernelbot=[])
     since = host.sample()
     for _ in range(rounds):
@@ -114,6 +116,8 @@ def time_end_to_end(engine: TorchEngine, pack: Pack, pack_dir: Path, rounds: int
             engine.remove_pack()
         if compiled is not None:
             times.compiled.append(time_once(compiled.run_workload, engine.device))
+        if graphed is not None:
+            times.graph_decode.append(time_once(graphed.run_workload, engine.device))
     times.host = host.host_load(since)
     return times
 

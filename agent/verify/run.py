@@ -5,7 +5,7 @@ time, on inputs made here from a seed it never sees. The reference, the comparis
 here, in a process the candidate never runs in. Check ids (stable):
 
   compile             the candidate imports, builds (CUDA: nvcc -Xptxas -v report) and constructs
-  correctness         every input set within the dtype's tolerance of a float64 reference (agent/numerics.py),
+  correctness         every input set within the dtype's tolerance of a float64 reference (numerics.py),
                       special values (±inf, NaN, masked rows) included, every Triton program order included
   unwritten_output    CPU allocations are poisoned (GPU: NaN-filled); no poison may remain in an output
   out_of_bounds       guard regions around every input buffer intact; Triton: every access inside an argument
@@ -39,14 +39,26 @@ from typing import Any
 import torch
 
 from kernelbot import KernelbotError
-from kernelbot.agent import cases as casemod
-from kernelbot.agent.judge import Judge, excerpt, guard, not_run, scrub
-from kernelbot.agent.sanitizer import sanitize
+from kernelbot.agent.verify import cases as casemod
+from kernelbot.agent.verify.judge import Judge, excerpt, guard, not_run, scrub
+from kernelbot.agent.verify.messages import (
+    Failure,
+    PtxasReport,
+    Result,
+    SanitizeJob,
+    SentCase,
+    SentPlan,
+    VerifyJob,
+    VerifyOutputs,
+    VerifyResult,
+    read_result,
+)
+from kernelbot.agent.verify.sanitizer import sanitize
 from kernelbot.kernel_library.base import dtype_name
 from kernelbot.kernel_library.cpp_build import prebuild_library
 from kernelbot.loading import load_module
 from kernelbot.records import Check, Task, Verdict
-from kernelbot.sandbox import run_job
+from kernelbot.sandbox import SandboxResult, run_job
 from kernelbot.sandbox.gpu import assigned_gpu
 
 CHECK_IDS = ("compile", "correctness", "unwritten_output", "out_of_bounds", "race", "nondeterminism",
@@ -108,28 +120,31 @@ def verify(task: Task, reference_path: Path, candidate_path: Path, workdir: Path
     alt_reference = _alt_reference(references[main], seed)
     torch.save(alt_reference.state_dict(), workdir / "alt_state_dict.pt")
     sent = [[guard(x) for x in case.inputs] for case in plan.cases]
-    torch.save({"init_args": plan.init_args, "fresh": plan.fresh, "changed": plan.changed,
-                "cases": [(c.label, c.model, inputs) for c, inputs in zip(plan.cases, sent, strict=True)]},
-               workdir / "plan.pt")
+    torch.save(SentPlan(init_args=plan.init_args, fresh=plan.fresh, changed=plan.changed,
+                        cases=[SentCase(label=c.label, model=c.model, inputs=inputs)
+                               for c, inputs in zip(plan.cases, sent, strict=True)]).model_dump(), workdir / "plan.pt")
     source = candidate_path.read_text(errors="replace")
     triton = "triton" in source
-    job = {"kind": "verify", "candidate": str(candidate_path.resolve()), "plan": str((workdir / "plan.pt").resolve()),
-           "state_dicts": [str((workdir / f"state_dict_{i}.pt").resolve()) for i in range(len(plan.init_args))],
-           "alt_state_dict": str((workdir / "alt_state_dict.pt").resolve()),
-           "init_seed": init_seed, "triton": triton, "device": device}
+    job = VerifyJob(candidate=str(candidate_path.resolve()), plan=str((workdir / "plan.pt").resolve()),
+                    state_dicts=[str((workdir / f"state_dict_{i}.pt").resolve()) for i in range(len(plan.init_args))],
+                    alt_state_dict=str((workdir / "alt_state_dict.pt").resolve()), init_seed=init_seed, triton=triton,
+                    device=device)
     job_env = {**prebuild_library(), **({"TRITON_INTERPRET": "1"} if triton and device == "cpu" else {}), **(env or {})}
     gpu = assigned_gpu() if device == "cuda" else None
-    result = run_job(job, workdir, timeout=timeout, env=job_env, gpu=gpu)
+    result = run_job(job.model_dump(mode="json"), workdir, timeout=timeout, env=job_env, gpu=gpu)
+    report = read_result(result.payload)
 
-    checks = _sandbox_checks(result)
+    checks = _sandbox_checks(result, report)
     properties: list[str] = []
-    if result.status == "ok":
-        try:
-            outputs = torch.load(workdir / "outputs.pt", weights_only=True)  # written by the candidate: no code
+    if result.status == "ok" and not isinstance(report, VerifyResult):
+        checks.append(Check(id="crash", status="fail", detail="the box's result.json is not a verify job's result"))
+    elif result.status == "ok":
+        try:  # written in the box: no code, and only what VerifyOutputs admits
+            outputs = VerifyOutputs.model_validate(torch.load(workdir / "outputs.pt", weights_only=True))
         except Exception as exc:
             checks.append(Check(id="crash", status="fail", detail=f"outputs not readable safely: {exc}"[:500]))
         else:
-            judge = Judge(task, plan, references, sent, result.payload or {}, outputs, triton, device,
+            judge = Judge(task, plan, references, sent, report, outputs, triton, device,
                           alt_reference=alt_reference, require_deterministic=require_deterministic)
             checks += judge.checks()
             properties = judge.properties
@@ -138,7 +153,7 @@ def verify(task: Task, reference_path: Path, candidate_path: Path, workdir: Path
                                                        job_env)}
                 checks = [_merge(c, sanitized.pop(c.id)) if c.id in sanitized else c for c in checks]
                 checks += list(sanitized.values())
-    elif result.payload and result.payload.get("stage") == "needs_gpu":
+    elif isinstance(report, Failure) and report.stage == "needs_gpu":
         why = "not run: the CUDA code compiled, but there is no GPU here to run it"
         checks += [not_run(cid, why) for cid in CHECK_IDS if cid not in {c.id for c in checks}]
     seen = {c.id for c in checks}
@@ -149,9 +164,8 @@ def verify(task: Task, reference_path: Path, candidate_path: Path, workdir: Path
     checks = [Check(id=c.id, status=c.status, detail=scrub(c.detail)) for c in checks]
     failed = [c.id for c in checks if c.status == "fail"]
     correct = any(c.id == "correctness" and c.status == "pass" for c in checks)
-    child_notes = ((result.payload or {}).get("facts") or {}).get("notes", []) if isinstance(result.payload, dict) \
-        else []
-    notes = plan.notes + [excerpt(n) for n in child_notes[:5] if isinstance(n, str)] + properties
+    child_notes = report.facts.notes if isinstance(report, (VerifyResult, Failure)) else []
+    notes = plan.notes + [excerpt(n) for n in child_notes[:5]] + properties
     return Verdict(candidate_id=candidate_path.parent.name, verdict="pass" if correct and not failed else "fail",
                    failed=failed, checks=checks, not_run=[c.id for c in checks if c.status == "not_run"],
                    shapes=[[list(x.shape) for x in case.inputs if isinstance(x, torch.Tensor)] for case in plan.cases],
@@ -172,12 +186,14 @@ def _alt_reference(reference: torch.nn.Module, seed: int) -> torch.nn.Module:
     return alt.eval()
 
 
-def _sanitize_job(job: dict[str, Any], plan: casemod.Plan, sent: list[list[Any]], workdir: Path) -> dict[str, Any]:
+def _sanitize_job(job: VerifyJob, plan: casemod.Plan, sent: list[list[Any]], workdir: Path) -> SanitizeJob:
     """The sanitizer's job sees only the main input set (it runs the candidate in one process)."""
-    torch.save({"init_args": plan.init_args[:1], "cases": [(plan.cases[0].label, 0, sent[0])]},
+    torch.save(SentPlan(init_args=plan.init_args[:1], cases=[SentCase(label=plan.cases[0].label, model=0,
+                                                                      inputs=sent[0])]).model_dump(),
                workdir / "sanitize_plan.pt")
-    return {**job, "plan": str((workdir / "sanitize_plan.pt").resolve()),
-            "state_dicts": job["state_dicts"][plan.cases[0].model:plan.cases[0].model + 1]}
+    main = plan.cases[0].model
+    return SanitizeJob(candidate=job.candidate, plan=str((workdir / "sanitize_plan.pt").resolve()),
+                       state_dicts=job.state_dicts[main:main + 1], init_seed=job.init_seed, device=job.device)
 
 
 def _merge(a: Check, b: Check) -> Check:
@@ -188,7 +204,7 @@ def _merge(a: Check, b: Check) -> Check:
     return Check(id=a.id, status=status, detail=f"{a.detail}; {b.detail}"[:1500])
 
 
-def _sandbox_checks(result) -> list[Check]:
+def _sandbox_checks(result: SandboxResult, report: Result | None) -> list[Check]:
     checks: list[Check] = []
     if result.violations:
         tried = "; ".join(f"{excerpt(v.get('kind'), 40)}: {excerpt(v.get('detail'), 150)}"
@@ -196,17 +212,16 @@ def _sandbox_checks(result) -> list[Check]:
         checks.append(Check(id="sandbox_violation", status="fail", detail=tried[:1000]))
     else:
         checks.append(Check(id="sandbox_violation", status="pass", detail="nothing refused was attempted"))
-    payload = result.payload or {}
-    ptxas = payload.get("ptxas") or []
-    built = "; ".join(_ptxas_summary(r) for r in ptxas)
+    stage = report.stage if isinstance(report, Failure) else None
+    built = "; ".join(_ptxas_summary(r) for r in (report.ptxas if report is not None else []))
     detail = _last_lines(result.detail)  # the child's own error message or stderr: candidate text
     if result.status == "timeout":
         checks.append(Check(id="timeout", status="fail", detail=result.detail))
     elif result.status == "crash":
         checks.append(Check(id="crash", status="fail", detail=detail))
-    elif result.status == "error" and payload.get("stage") == "compile":
+    elif result.status == "error" and stage == "compile":
         checks.append(Check(id="compile", status="fail", detail=detail))
-    elif result.status == "error" and payload.get("stage") == "needs_gpu":
+    elif result.status == "error" and stage == "needs_gpu":
         checks.append(Check(id="compile", status="pass", detail=built or detail))
     elif result.status == "error":
         checks += [Check(id="compile", status="pass", detail=built), Check(id="crash", status="fail",
@@ -226,11 +241,11 @@ def _last_lines(text: str) -> str:
     return " … ".join(excerpt(line, 160) for line in picked)
 
 
-def _ptxas_summary(report: dict[str, Any]) -> str:
-    if not report.get("ok"):
+def _ptxas_summary(report: PtxasReport) -> str:
+    if not report.ok:
         return "nvcc failed"
-    parts = [f"{excerpt(k['kernel'], 80)}: {k['registers']} registers, {k['smem_bytes']} B smem, "
-             f"{k['spill_store_bytes'] + k['spill_load_bytes']} B spilled" for k in report.get("kernels", [])]
+    parts = [f"{excerpt(k.kernel, 80)}: {k.registers} registers, {k.smem_bytes} B smem, "
+             f"{k.spill_store_bytes + k.spill_load_bytes} B spilled" for k in report.kernels]
     return "nvcc -arch=sm_90 -Xptxas -v: " + ("; ".join(parts) or "no kernels")
 
 

@@ -16,9 +16,10 @@ from typing import Any
 
 import torch
 
-from kernelbot.agent.cases import inputs_at
-from kernelbot.agent.numerics import compare
-from kernelbot.agent.verify import load_reference
+from kernelbot.agent.verify.cases import inputs_at
+from kernelbot.agent.verify.messages import BenchJob, BenchOutputs, BenchResult, read_result
+from kernelbot.agent.verify.numerics import compare
+from kernelbot.agent.verify.run import load_reference
 from kernelbot.kernel_library.cpp_build import prebuild_library
 from kernelbot.profiler import host
 from kernelbot.records import Bench, Task
@@ -41,21 +42,22 @@ def bench(task: Task, reference_path: Path, candidate_path: Path, workdir: Path,
     model = reference.Model(*task.init_args).eval()
     torch.save(model.state_dict(), workdir / "state_dict.pt")
     torch.save([inputs_at(reference, task, seed + k) for k in range(POOL)], workdir / "inputs.pt")
-    job = {"kind": "bench", "reference": str(reference_path.resolve()), "candidate": str(candidate_path.resolve()),
-           "init_args": task.init_args, "state_dict": str((workdir / "state_dict.pt").resolve()),
-           "inputs": str((workdir / "inputs.pt").resolve()), "rounds": rounds, "device": device}
+    job = BenchJob(reference=str(reference_path.resolve()), candidate=str(candidate_path.resolve()),
+                   init_args=task.init_args, state_dict=str((workdir / "state_dict.pt").resolve()),
+                   inputs=str((workdir / "inputs.pt").resolve()), rounds=rounds, device=device)
     since = host.sample()
-    result = run_job(job, workdir, timeout=timeout, env=prebuild_library())
+    result = run_job(job.model_dump(mode="json"), workdir, timeout=timeout, env=prebuild_library())
     load = host.host_load(since)
-    if result.status != "ok" or not result.payload:
+    report = read_result(result.payload)
+    if result.status != "ok" or not isinstance(report, BenchResult):
         raise RuntimeError(f"benchmark {result.status}: {result.detail[-300:]}")
-    refused = list(result.payload.get("timing_tamper") or []) + list(result.payload.get("tamper") or [])
+    refused = report.facts.timing + report.facts.subclass + report.facts.tamper
     if refused:
         raise RuntimeError(f"benchmark refused: {'; '.join(str(r)[:200] for r in refused[:3])}")
     wrong = _wrong_timed_outputs(model, workdir / "outputs.pt")
     if wrong:
         raise RuntimeError(f"benchmark refused: a timed call's output is wrong ({wrong})")
-    ref, cand = result.payload["reference_us"], result.payload["candidate_us"]
+    ref, cand = report.reference_us, report.candidate_us
     ratios = [r / c for r, c in zip(ref, cand, strict=True)]
     ref_med, cand_med = statistics.median(ref), statistics.median(cand)
 
@@ -72,7 +74,8 @@ def bench(task: Task, reference_path: Path, candidate_path: Path, workdir: Path,
 def _wrong_timed_outputs(model: torch.nn.Module, path: Path) -> str | None:
     """The first problem with the timed calls' outputs the sandbox brought back, against the reference."""
     try:
-        checked = torch.load(path, weights_only=True)["checked"]  # written by the sandbox: no code
+        # written in the box: no code, and only what BenchOutputs admits
+        checked = BenchOutputs.model_validate(torch.load(path, weights_only=True)).checked
     except Exception as exc:
         return f"the checked outputs are not readable safely: {type(exc).__name__}"
     if not checked:
@@ -82,7 +85,7 @@ def _wrong_timed_outputs(model: torch.nn.Module, path: Path) -> str | None:
     except Exception:
         exact_model = None
     for k, item in enumerate(checked):
-        inputs, got = item["inputs"], item["out"]
+        inputs, got = item.inputs, item.out
         with torch.inference_mode():
             native = _outs(model(*inputs))
             exact = native

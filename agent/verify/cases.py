@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from kernelbot import KernelbotError
-from kernelbot.agent.numerics import WEAK_TASK_SPREAD, spread
+from kernelbot.agent.verify.numerics import WEAK_TASK_SPREAD, spread
 from kernelbot.records import Task
 
 SCALED_BYTES = 16 << 20  # inputs + weights + outputs of the main case

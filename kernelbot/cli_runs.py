@@ -1,4 +1,4 @@
-"""The overnight parts of the CLI: optimize's budget/resume/iteration/store flags, `status` and `pr`."""
+"""The parts of the CLI about a run's life: optimize's budget/resume/iteration/store flags, `status` and `pr`."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING
 from kernelbot import KernelbotError
 
 if TYPE_CHECKING:
-    from kernelbot.agent.optimize import OptimizeOptions
+    from kernelbot.agent.options import OptimizeOptions
 
 
-def add_night_arguments(p: argparse.ArgumentParser) -> None:
+def add_run_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("overnight runs (budgets, resume, iterations, kernel store)")
     g.add_argument("--resume", type=Path, default=None, metavar="RUN_DIR",
                    help="continue a killed or stopped run from its journal (its recorded options are used; "
@@ -63,11 +63,11 @@ def _start(args: argparse.Namespace, opts: OptimizeOptions) -> None:
     from kernelbot.agent import optimize as opt
     from kernelbot.kernel_library.store import store_root
 
-    opts.budget_hours, opts.iterations, opts.max_task_minutes = args.budget_hours, args.iterations, \
-        args.max_task_minutes
+    opts = opts.model_copy(update={
+        "budget_hours": args.budget_hours, "iterations": args.iterations, "max_task_minutes": args.max_task_minutes,
+        "store": None if args.no_store else (args.store or store_root())})
     if args.min_share is not None:
-        opts.min_share = args.min_share
-    opts.store = None if args.no_store else (args.store or store_root())
+        opts = opts.model_copy(update={"min_share": args.min_share})
     opt.optimize(opts)
 
 
@@ -94,7 +94,7 @@ def _pr(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_night_parsers(sub: argparse._SubParsersAction) -> None:
+def add_run_parsers(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("status", help="a run's stage, progress, spend and best gains so far (while it runs, too)")
     p.add_argument("run_dir", type=Path)
     p.add_argument("--json", action="store_true")

@@ -6,9 +6,9 @@ from __future__ import annotations
 import re
 import shutil
 from pathlib import Path
-from typing import Any
 
-from kernelbot.agent.judge import check, not_run
+from kernelbot.agent.verify.judge import check, not_run
+from kernelbot.agent.verify.messages import SanitizeJob
 from kernelbot.records import Check
 from kernelbot.sandbox import run_job
 from kernelbot.sandbox.gpu import assigned_gpu
@@ -31,13 +31,13 @@ SANITIZER_TOOLS = {"memcheck": "out_of_bounds", "racecheck": "race", "synccheck"
                    "initcheck": "unwritten_output"}
 
 
-def sanitize(job: dict[str, Any], workdir: Path, timeout: float, env: dict[str, str]) -> list[Check]:
+def sanitize(job: SanitizeJob, workdir: Path, timeout: float, env: dict[str, str]) -> list[Check]:
     """On a GPU: the main case once under each compute-sanitizer tool; its report becomes checks."""
     if not shutil.which("compute-sanitizer"):
         return [not_run(cid, "compute-sanitizer not found") for cid in sorted(set(SANITIZER_TOOLS.values()))]
     found: dict[str, list[str]] = {cid: [] for cid in SANITIZER_TOOLS.values()}
     for tool, cid in SANITIZER_TOOLS.items():
-        result = run_job({**job, "kind": "sanitize"}, workdir / f"sanitize_{tool}", timeout=timeout * 4,
+        result = run_job(job.model_dump(mode="json"), workdir / f"sanitize_{tool}", timeout=timeout * 4,
                          env={**env, "PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}, gpu=assigned_gpu(),
                          wrapper=["compute-sanitizer", "--tool", tool, "--print-limit", "20"])
         errors, first = parse_summary(result.detail)

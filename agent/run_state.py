@@ -1,5 +1,6 @@
-"""What an overnight run carries between its stages: the journal, the wall-clock budget across sessions, the kernel
-store, and the replay of candidates already evaluated (so a resumed run loses no verified candidate)."""
+"""A resumable run's state, carried between its stages and sessions: the journal, the wall-clock budget across
+sessions, the kernel store, and the replay of candidates already evaluated (so a resumed run loses no verified
+candidate)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kernelbot.agent.evaluate import Outcome
 from kernelbot.agent.journal import Journal
 from kernelbot.agent.pack import Accepted
+from kernelbot.agent.verify.evaluate import Outcome
 from kernelbot.kernel_library.store import KernelStore
 from kernelbot.records import Bench, Candidate, KernelResult, Task, Verdict
 from kernelbot.rundir import write_record
@@ -52,8 +53,13 @@ class Clock:
         self.journal.set_meta("elapsed_s", round(self.elapsed(), 2))
 
 
+Evaluator = Callable[[Candidate, Path], Outcome]
+
+
 @dataclasses.dataclass
-class Night:
+class RunState:
+    """What the steps of a resumable run share: its journal, clock and kernel store, and how far it got."""
+
     journal: Journal
     clock: Clock
     store: KernelStore | None
@@ -77,9 +83,48 @@ class Night:
         key = f"cand:{task_id}:{cand.id}:{cand.source_hash}" if cand else f"cand:{task_id}:%"
         return self.journal.has(key)
 
+    def out_of_time(self, task_id: str, cand: Candidate | None = None) -> bool:
+        """Would this unrecorded work overrun the time budget? When it would, the budget is the stop reason."""
+        if self.clock.affords_candidate() or self.recorded(task_id, cand):
+            return False
+        self.stop_reason = self.stop_reason or self.clock.spent_reason()
+        return True
+
     def stage(self, name: str, **progress: Any) -> None:
         self.journal.set_meta("stage", {"stage": name, "iteration": self.iteration, **progress})
         self.clock.save()
+
+    def journaled(self, evaluate: Evaluator, task: Task, hotspot_fields: dict[str, Any]) -> Evaluator:
+        """An evaluator that replays candidates recorded in the journal and records each new outcome (with its
+        source, so the candidate file can be rewritten) as soon as it exists."""
+        annotated_evaluate = annotated(evaluate, hotspot_fields)
+
+        def run(cand: Candidate, path: Path) -> Outcome:
+            key = f"cand:{task.id}:{cand.id}:{cand.source_hash}"
+            found = self.journal.get(key)
+            if found is not None:
+                return _replay(found, task, cand, path)
+            t0 = time.perf_counter()
+            out = annotated_evaluate(cand, path)
+            self.clock.longest_candidate = max(self.clock.longest_candidate, time.perf_counter() - t0)
+            self.journal.put(key, "candidate", {**_outcome_data(out), "task_id": task.id,
+                                                "source": path.read_text() if path.exists() else ""})
+            self.clock.save()
+            return out
+
+        return run
+
+
+def annotated(evaluate: Evaluator, hotspot_fields: dict[str, Any]) -> Evaluator:
+    """An evaluator whose rows carry the hotspot's fields and the candidate's proposer."""
+
+    def run(cand: Candidate, path: Path) -> Outcome:
+        out = evaluate(cand, path)
+        for name, value in {**hotspot_fields, "proposer": cand.proposer}.items():
+            setattr(out.row, name, value)
+        return out
+
+    return run
 
 
 def _outcome_data(out: Outcome) -> dict[str, Any]:
@@ -98,28 +143,3 @@ def _replay(data: dict[str, Any], task: Task, cand: Candidate, path: Path) -> Ou
     if data["accepted"] and verdict is not None and bench is not None:
         out.accepted = Accepted(task, cand, path, verdict, bench)
     return out
-
-
-def journaled(night: Night | None, evaluate: Callable[[Candidate, Path], Outcome], task: Task,
-              hotspot_fields: dict[str, Any]) -> Callable[[Candidate, Path], Outcome]:
-    """An evaluator that replays candidates recorded in the journal and records each new outcome (with its source,
-    so the candidate file can be rewritten) as soon as it exists."""
-
-    def run(cand: Candidate, path: Path) -> Outcome:
-        key = f"cand:{task.id}:{cand.id}:{cand.source_hash}"
-        if night is not None:
-            found = night.journal.get(key)
-            if found is not None:
-                return _replay(found, task, cand, path)
-        t0 = time.perf_counter()
-        out = evaluate(cand, path)
-        for name, value in {**hotspot_fields, "proposer": cand.proposer}.items():
-            setattr(out.row, name, value)
-        if night is not None:
-            night.clock.longest_candidate = max(night.clock.longest_candidate, time.perf_counter() - t0)
-            night.journal.put(key, "candidate", {**_outcome_data(out), "task_id": task.id,
-                                                 "source": path.read_text() if path.exists() else ""})
-            night.clock.save()
-        return out
-
-    return run

@@ -1,6 +1,6 @@
 """Turning what the sandboxed child returned into checks, against references computed in this process.
 
-The check ids and what each means are listed in agent/verify.py. Text that came from the candidate (exception
+The check ids and what each means are listed in run.py. Text that came from the candidate (exception
 messages, names it chose) reaches a verdict only as a short excerpt, scrubbed of anything secret-looking.
 """
 
@@ -15,12 +15,13 @@ from typing import Any
 
 import torch
 
-from kernelbot.agent import cases as casemod
-from kernelbot.agent.numerics import LOWER_PRECISIONS, compare, downcast_finding, rel_l2, same_bits
+from kernelbot.agent.verify import cases as casemod
+from kernelbot.agent.verify.messages import FACT_KINDS, Facts, TritonReport, VerifyOutputs, VerifyResult
+from kernelbot.agent.verify.numerics import LOWER_PRECISIONS, compare, downcast_finding, rel_l2, same_bits
+from kernelbot.agent.verify.probes import POISON_BYTE, measure_work
 from kernelbot.kernel_library.base import dtype_name
 from kernelbot.records import Check, Task
 from kernelbot.sandbox.confine import SECRET_NAME
-from kernelbot.sandbox.probes import POISON_BYTE, measure_work
 
 GUARD_BYTES = 256
 FALLBACK_SHARE = 0.5  # PyTorch ops doing this share of the reference's work or more: the candidate fell back
@@ -116,12 +117,12 @@ class Judge:
     """Turns what the child returned into checks, against references computed here."""
 
     def __init__(self, task: Task, plan: casemod.Plan, references: list[torch.nn.Module], sent: list[list[Any]],
-                 payload: dict[str, Any], outputs: dict[str, Any], triton: bool, device: str,
+                 result: VerifyResult, outputs: VerifyOutputs, triton: bool, device: str,
                  alt_reference: torch.nn.Module | None = None, require_deterministic: bool = False) -> None:
-        self.task, self.plan, self.sent, self.payload = task, plan, sent, payload
-        self.runs, self.outputs, self.triton, self.device = outputs["runs"], outputs, triton, device
-        self.facts: dict[str, list[str]] = {k: [excerpt(t, 300) for t in v if isinstance(t, str)]
-                                            for k, v in (payload.get("facts") or {}).items() if isinstance(v, list)}
+        self.task, self.plan, self.sent, self.result = task, plan, sent, result
+        self.runs, self.outputs, self.triton, self.device = outputs.runs, outputs, triton, device
+        self.report = result.triton or TritonReport()
+        self.facts = Facts(**{k: [excerpt(t, 300) for t in getattr(result.facts, k)] for k in FACT_KINDS})
         self.alt_reference, self.require_deterministic = alt_reference, require_deterministic
         self.properties: list[str] = []  # what the verdict reports about the kernel without failing it
         self.native = references
@@ -177,15 +178,15 @@ class Judge:
         compared = 0
         for case, sent, run in zip(self.plan.cases, self.sent, self.runs, strict=True):
             where = f"{case.label} {[list(x.shape) for x in case.inputs if isinstance(x, torch.Tensor)]}"
-            if "error" in run:
-                crashed.append(f"{where}: raised {excerpt(run['error'])}")
+            if run.error is not None:
+                crashed.append(f"{where}: raised {excerpt(run.error)}")
                 continue
             native, exact = self.reference(case.model, case.inputs)
-            if len(run["out"]) != len(native):
-                wrong.append(f"{where}: {len(run['out'])} outputs, expected {len(native)}")
+            if len(run.out) != len(native):
+                wrong.append(f"{where}: {len(run.out)} outputs, expected {len(native)}")
                 continue
             compared += 1
-            for out, n, e in zip(run["out"], native, exact, strict=True):
+            for out, n, e in zip(run.out, native, exact, strict=True):
                 if out is None:
                     wrong.append(f"{where}: output is a tensor subclass or unsupported object (refused)")
                     continue
@@ -194,14 +195,14 @@ class Judge:
                     wrong.append(f"{where}: {problem}")
                     unwritten += self.holes(case, where, out, n)
             for order in ("reversed", "shuffled"):  # each program order must be right, not only the natural one
-                if order in run and not any(where in w for w in wrong):
+                if run.in_order(order) is not None and not any(where in w for w in wrong):
                     wrong += [f"{where} ({order} program order): {p}" for p in self.wrong(case.model, case.inputs,
-                                                                                          run[order])]
-            again = run.get("again")
-            if not isinstance(again, list) or len(again) != len(run["out"]) or \
-                    not all(same_bits(a, b) for a, b in zip(run["out"], again, strict=True)):
+                                                                                          run.in_order(order))]
+            again = run.again
+            if again is None or len(again) != len(run.out) or \
+                    not all(same_bits(a, b) for a, b in zip(run.out, again, strict=True)):
                 nondet.append(where)
-            for after, before, original in zip(run["inputs_after"], sent, case.inputs, strict=True):
+            for after, before, original in zip(run.inputs_after, sent, case.inputs, strict=True):
                 if isinstance(after, torch.Tensor):
                     if not same_bits(after, original):
                         mutated.append(where)
@@ -217,20 +218,20 @@ class Judge:
             check("unwritten_output", unwritten, "outputs poisoned before each run (CPU allocations filled with a "
                                                  "pattern); all written"),
             self.nondeterminism(sorted(set(nondet))),
-            check("input_mutation", sorted(set(mutated)) + self.facts.get("weights", []),
+            check("input_mutation", sorted(set(mutated)) + self.facts.weights,
                   "inputs, parameters and buffers unchanged"),
             self.bounds(guards, n_inputs),
             race,
-            check("output_aliasing", self.facts.get("aliasing", []), "outputs share no memory with inputs, "
+            check("output_aliasing", self.facts.aliasing, "outputs share no memory with inputs, "
                                                                       "parameters or any earlier output"),
             self.caching(),
             self.precision(),
-            check("side_stream", self.facts.get("late", []) + self.facts.get("threads", []),
+            check("side_stream", self.facts.late + self.facts.threads,
                   "outputs final when the call returns and when the job ends; no thread (OS-level) left running"),
-            check("timing_tamper", self.payload.get("timing_tamper", []) + self.facts.get("subclass", []),
+            check("timing_tamper", self.facts.timing + self.facts.subclass,
                   "clocks, synchronisation and comparisons unpatched; plain tensors returned"),
-            check("harness_tamper", self.facts.get("tamper", []) + (self.payload.get("triton") or {}).get(
-                "order_mismatch", []), "the harness's modules, functions, patched attributes and channel untouched"),
+            check("harness_tamper", self.facts.tamper + self.report.order_mismatch,
+                  "the harness's modules, functions, patched attributes and channel untouched"),
             self.fallback(),
         ]
         return checks
@@ -245,16 +246,16 @@ class Judge:
 
     def order_dependent(self) -> bool:
         """Results differ between program orders only because of float atomic adds (split reductions)."""
-        report = self.payload.get("triton") or {}
-        if not report.get("float_atomic_kernels") or report.get("races"):
+        if not self.report.float_atomic_kernels or self.report.races:
             return False
-        return any(order in run and not all(same_bits(a, b) for a, b in zip(run["out"], run[order], strict=True))
+        return any(run.in_order(order) is not None and
+                   not all(same_bits(a, b) for a, b in zip(run.out, run.in_order(order), strict=True))
                    for run in self.runs for order in ("reversed", "shuffled"))
 
     def nondeterminism(self, nondet: list[str]) -> Check:
         problems = list(nondet)
         if self.order_dependent():
-            kernels = ", ".join(excerpt(k, 60) for k in (self.payload.get("triton") or {})["float_atomic_kernels"])
+            kernels = ", ".join(excerpt(k, 60) for k in self.report.float_atomic_kernels)
             what = (f"results depend on program order (float atomic adds in {kernels}): each order is within "
                     "tolerance, the bits are not reproducible")
             if self.require_deterministic:
@@ -266,30 +267,30 @@ class Judge:
                       "; order-dependent float atomics reported as a property"))
 
     def bounds(self, guards: list[str], n_inputs: int) -> Check:
-        report = self.payload.get("triton") or {}
-        problems = guards + [excerpt(r, 400) for r in report.get("out_of_bounds", [])]
+        report = self.report
+        problems = guards + [excerpt(r, 400) for r in report.out_of_bounds]
         scope = f"guard regions around {n_inputs} input buffer(s) intact on every input set"
-        if self.triton and report.get("launches"):
-            scope += f"; every load/store of {report['launches']} Triton launches inside its arguments (interpreter)"
+        if self.triton and report.launches:
+            scope += f"; every load/store of {report.launches} Triton launches inside its arguments (interpreter)"
         elif self.device == "cpu":
             scope += "; reads and output bounds of non-Triton kernels need compute-sanitizer on a GPU"
         return check("out_of_bounds", problems, scope)
 
     def race(self) -> Check:
-        report = self.payload.get("triton") or {}
-        if not (self.triton and report.get("launches")):
+        report = self.report
+        if not (self.triton and report.launches):
             if self.device == "cuda":
                 return not_run("race", "pending compute-sanitizer racecheck/synccheck")
             return not_run("race", "no race detector for this backend on a CPU (Triton kernels are checked in the "
                                     "interpreter; CUDA kernels with compute-sanitizer on a GPU)")
-        problems = [excerpt(r, 400) for r in report.get("races", [])]
+        problems = [excerpt(r, 400) for r in report.races]
         atomics = self.order_dependent()
         for case, run in zip(self.plan.cases, self.runs, strict=True):
             for order in ("reversed", "shuffled"):
-                if order in run and not atomics and \
-                        not all(same_bits(a, b) for a, b in zip(run["out"], run[order], strict=True)):
+                if run.in_order(order) is not None and not atomics and \
+                        not all(same_bits(a, b) for a, b in zip(run.out, run.in_order(order), strict=True)):
                     problems.append(f"{case.label}: results differ when the grid runs in {order} program order")
-        return check("race", problems, f"{report['launches']} launches, {report['programs']} programs: no address "
+        return check("race", problems, f"{report.launches} launches, {report.programs} programs: no address "
                                         "shared between programs unless atomic; same bits in reversed and shuffled "
                                         "program order" + (" (float atomic adds: within tolerance in every order, "
                                                            "not bit-identical)" if atomics else ""))
@@ -298,33 +299,34 @@ class Judge:
         """New values in the same tensors (same pointers, ids, version counters): all of them, then one element at
         a time; then new weights copied into the same parameters."""
         problems = []
-        if "caching_error" in self.outputs:
-            problems.append(f"raised on new values in the same tensors: {excerpt(self.outputs['caching_error'])}")
+        outputs = self.outputs
+        if outputs.caching_error is not None:
+            problems.append(f"raised on new values in the same tensors: {excerpt(outputs.caching_error)}")
         else:
             problems += [f"new values in the same tensors (same pointers, ids and version counters) gave stale or "
                          f"wrong results: {p}" for p in self.wrong(self.plan.cases[0].model, self.plan.fresh,
-                                                                   self.outputs.get("caching_out"))]
+                                                                   outputs.caching_out)]
         main = self.plan.cases[0].model
-        for k, (inputs, got) in enumerate(zip(self.plan.changed, self.outputs.get("element_outs", []), strict=False)):
-            if "error" in got:
-                problems.append(f"raised when one element changed: {excerpt(got['error'])}")
+        for k, (inputs, got) in enumerate(zip(self.plan.changed, outputs.element_outs, strict=False)):
+            if got.error is not None:
+                problems.append(f"raised when one element changed: {excerpt(got.error)}")
                 continue
             problems += [f"one input element changed in place (call {k + 1}): stale or wrong result: {p}"
-                         for p in self.wrong(main, inputs, got.get("out"))]
-        if len(self.outputs.get("element_outs", [])) != len(self.plan.changed):
+                         for p in self.wrong(main, inputs, got.out)]
+        if len(outputs.element_outs) != len(self.plan.changed):
             problems.append("not every one-element change was run")
         done = f"new values in the same tensors, and {len(self.plan.changed)} single-element changes, gave the " \
                "new results"
-        if self.alt_reference is not None and "reweight_skipped" in self.outputs:
-            done += f"; new weights not tried ({excerpt(self.outputs['reweight_skipped'])})"
+        if self.alt_reference is not None and outputs.reweight_skipped is not None:
+            done += f"; new weights not tried ({excerpt(outputs.reweight_skipped)})"
         elif self.alt_reference is not None:
-            got = self.outputs.get("reweight_out")
-            if "reweight_error" in self.outputs or not isinstance(got, dict) or "error" in got:
-                why = self.outputs.get("reweight_error") or (got or {}).get("error", "not run")
+            got = outputs.reweight_out
+            if outputs.reweight_error is not None or got is None or got.error is not None:
+                why = outputs.reweight_error or (got.error if got is not None else None) or "not run"
                 problems.append(f"new weights copied into the same parameters: {excerpt(why)}")
             else:
                 problems += [f"new weights copied into the same parameters gave stale or wrong results: {p}"
-                             for p in self.wrong(self.alt_reference, self.plan.fresh, got.get("out"))]
+                             for p in self.wrong(self.alt_reference, self.plan.fresh, got.out)]
             done += "; so did new weights copied into the same parameters"
         return check("result_caching", problems, done)
 
@@ -333,11 +335,11 @@ class Judge:
         if not lower:
             return not_run("precision_downcast", f"no lower precision is checked for {self.task.dtype} tasks")
         main, run = self.plan.cases[0], self.runs[0]
-        if "error" in run or run["out"][0] is None or not isinstance(run["out"][0], torch.Tensor) \
-                or not run["out"][0].is_floating_point():
+        if run.error is not None or not run.out or not isinstance(run.out[0], torch.Tensor) \
+                or not run.out[0].is_floating_point():
             return not_run("precision_downcast", "no floating-point output on the main input set")
         native, exact = self.reference(main.model, main.inputs)
-        if not isinstance(native[0], torch.Tensor) or run["out"][0].shape != native[0].shape:
+        if not isinstance(native[0], torch.Tensor) or run.out[0].shape != native[0].shape:
             return not_run("precision_downcast", "output shape differs from the reference")
         errs = {}
         for dtype in lower:
@@ -349,7 +351,7 @@ class Judge:
                 errs[dtype_name(dtype)] = rel_l2(low.to(exact[0].dtype), exact[0])
             except Exception:
                 continue
-        finding = downcast_finding(rel_l2(run["out"][0], exact[0]), rel_l2(native[0], exact[0]), errs)
+        finding = downcast_finding(rel_l2(run.out[0], exact[0]), rel_l2(native[0], exact[0]), errs)
         return check("precision_downcast", [finding] if finding else [],
                       "accuracy of " + self.task.dtype + " compute, not " + " or ".join(errs) if errs else
                       "lower-precision references could not run; accuracy judged by correctness only")
@@ -357,14 +359,13 @@ class Judge:
     def fallback(self) -> Check:
         """The candidate's own kernels do the work. Anything that stops this being judged fails it: a candidate
         must not be able to switch a check off."""
-        profile = self.payload.get("profile") or {}
-        if not isinstance(profile, dict) or "error" in profile or not profile:
-            why = excerpt(profile.get("error", "no op log came back") if isinstance(profile, dict) else "malformed")
-            return check("reference_fallback", [f"the profiled call could not be judged: {why}"], "")
-        if not profile.get("intact"):
+        profile = self.result.profile
+        if profile.error is not None:
+            return check("reference_fallback", [f"the profiled call could not be judged: {excerpt(profile.error)}"], "")
+        if not profile.intact:
             return check("reference_fallback", ["the op log was disturbed during the profiled call (the profiler "
                                                 "was stopped or replaced)"], "")
-        own = [excerpt(k, 80) for k in profile.get("own_kernels", [])]
+        own = [excerpt(k, 80) for k in profile.own_kernels]
         main = self.plan.cases[0]
         try:
             with torch.inference_mode(), _quiet_stderr():
@@ -372,7 +373,7 @@ class Judge:
                                .compute.values())
         except Exception:
             ref_work = 0.0  # the reference could not be profiled here: only "a kernel of its own" is judged
-        cand = {str(k): float(v) for k, v in (profile.get("compute") or {}).items()}
+        cand = dict(profile.compute)
         cand_work = sum(cand.values())
         top = ", ".join(f"aten.{excerpt(k, 40)}" for k, _ in sorted(cand.items(), key=lambda kv: -kv[1])[:4])
         problems = []

@@ -7,9 +7,9 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-from kernelbot.agent.bench import bench
 from kernelbot.agent.pack import Accepted
-from kernelbot.agent.verify import verify
+from kernelbot.agent.verify.bench import bench
+from kernelbot.agent.verify.run import verify
 from kernelbot.records import Bench, Candidate, KernelOutcome, KernelResult, Task, Verdict
 from kernelbot.rundir import write_record
 

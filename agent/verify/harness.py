@@ -1,7 +1,8 @@
-"""Child side of the sandbox: a harness process that never runs candidate code, and runners it forks that do.
+"""The in-box harness (started by the sandbox as `python -m kernelbot.agent.verify.harness job.json`): a harness
+process that never runs candidate code, and runners it forks that do.
 
-Jobs (job.json in the working directory):
-  verify:   run ModelNew on every input set the parent prepared, with the observations agent/verify.py judges
+Jobs (job.json in the working directory, a messages.Job):
+  verify:   run ModelNew on every input set the parent prepared, with the observations judge.py turns into checks
   bench:    time Model (reference) and ModelNew, each in a runner of its own, call by call in interleaved
             rounds, on inputs that change before every call; some calls' outputs, picked after they returned,
             come back for the parent to check
@@ -12,16 +13,16 @@ The harness forks each runner before it reads anything of the job. A runner conf
 (confine.confine_runner: it reads only the system, Python, kernelbot and the one module it loads, writes only
 box/tmp, and cannot signal or trace the harness), imports its module and then answers requests one at a time:
 inputs reach it only with the call that uses them. What it sends back is decoded as plain data (no code of its
-runs in the harness); only the harness writes result.json and outputs.pt, in the box directory the runner
-cannot write to. A runner binds what it uses before the candidate loads and compares a seal over the
-harness's modules after every request, so patching the harness is reported, not obeyed.
+runs in the harness) and must fit messages.Reply; only the harness writes result.json and outputs.pt (a
+messages.Result, VerifyOutputs or BenchOutputs), in the box directory the runner cannot write to. A runner binds
+what it uses before the candidate loads and compares a seal over the harness's modules (the messages' included)
+after every request, so patching the harness is reported, not obeyed.
 """
 
 from __future__ import annotations
 
 import hashlib
 import io
-import json
 import os
 import pickle
 import random
@@ -36,12 +37,53 @@ from pathlib import Path
 from typing import Any, NamedTuple, NoReturn
 
 import torch
+from pydantic import BaseModel
 
+from kernelbot.agent.verify import cuda_check, messages, probes
+from kernelbot.agent.verify.cuda_check import NeedsGPU
+from kernelbot.agent.verify.messages import (
+    EVENTS,
+    FACT_KINDS,
+    JOB,
+    REQUEST,
+    REQUEST_TYPES,
+    BenchJob,
+    BenchOutputs,
+    BenchResult,
+    CallResult,
+    CaseRequest,
+    CaseRun,
+    CheckedCall,
+    Done,
+    Facts,
+    FetchRequest,
+    FinalRequest,
+    LoadRequest,
+    Message,
+    NoopJob,
+    Profile,
+    ProfileRequest,
+    PtxasReport,
+    RefillRequest,
+    Reply,
+    Request,
+    ReweightRequest,
+    SanitizeJob,
+    SentPlan,
+    StageRequest,
+    TimedCallRequest,
+    TritonFinding,
+    TritonLaunch,
+    TritonReport,
+    VerifyJob,
+    VerifyOutputs,
+    VerifyResult,
+)
+from kernelbot.agent.verify.messages import Failure as JobFailure
 from kernelbot.loading import load_module
 from kernelbot.sandbox import confine as confine_mod
-from kernelbot.sandbox import cuda_check, landlock, probes
+from kernelbot.sandbox import landlock
 from kernelbot.sandbox.confine import confine
-from kernelbot.sandbox.cuda_check import NeedsGPU
 
 # Bound before any candidate code runs: replacing these later does not reach the harness or the runner loop.
 _clock = time.perf_counter
@@ -59,7 +101,9 @@ CHECKS_PER_ROUND = 4  # timed candidate calls per round whose outputs go back to
 # Between one runner's turn and the other's: longer than an OpenMP pool spins after its last parallel region, so the
 # idle runner's threads are asleep, not spinning on a core, while the other's calls are timed.
 SWITCH_GAP_S = 0.02
-FACT_KINDS = ("subclass", "aliasing", "late", "threads", "weights", "tamper", "timing", "notes")
+# Classes whose every attribute the seal covers: a method added or replaced on a tensor changes every tensor, and one
+# on a request's class changes what the runner reads out of every request.
+SEALED_CLASSES = (torch.Tensor, torch.UntypedStorage, BaseModel, Message, Request, *REQUEST_TYPES)
 
 
 class LoadError(Exception):
@@ -169,7 +213,7 @@ class Runner:
     pid: int
     to_runner: int
     from_runner: int
-    events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    events: list[TritonLaunch | TritonFinding] = field(default_factory=list)
     seq: int = 0
 
     @classmethod
@@ -192,26 +236,31 @@ class Runner:
         os.close(up_w)
         return cls(pid, down_w, up_r)
 
-    def ask(self, request: dict[str, Any]) -> dict[str, Any]:
-        """Send one request; collect the events that arrive before its reply; return the reply."""
+    def ask(self, request: Request) -> Reply:
+        """Send one request; collect the events that arrive before its reply; return the reply. What the runner sends
+        is read as plain data and must fit the messages' models, or the runner is taken to have tampered."""
         self.seq += 1
+        request.seq = self.seq
         try:
-            _send(self.to_runner, pickle.dumps({**request, "seq": self.seq}))
+            _send(self.to_runner, pickle.dumps(request.model_dump()))
             while True:
                 message = _plain_loads(_recv(self.from_runner))
                 if not isinstance(message, tuple) or not message:
                     raise RunnerDied("sent a malformed message (tampering with the harness's channel)")
                 if message[0] == "event" and len(message) == 3 and isinstance(message[2], dict):
-                    self.events.append((str(message[1]), message[2]))
+                    kind = EVENTS.get(message[1]) if isinstance(message[1], str) else None
+                    if kind is None:
+                        raise RunnerDied("sent an event of no known kind (tampering with the harness's channel)")
+                    self.events.append(kind.model_validate(message[2]))
                     continue
                 if message[0] != "reply" or len(message) != 3 or message[1] != self.seq or \
                         not isinstance(message[2], dict):
                     raise RunnerDied("sent a reply out of turn (tampering with the harness's channel)")
-                return message[2]
+                return Reply.model_validate(message[2])
         except (OSError, EOFError) as exc:
             raise RunnerDied(self.close() or f"its channel failed ({type(exc).__name__})") from None
         except (pickle.UnpicklingError, ValueError, TypeError, IndexError, AttributeError) as exc:
-            self.close()
+            self.close()  # a ValidationError is a ValueError: a reply or event that does not fit its model
             raise RunnerDied(f"sent a message the harness cannot read ({type(exc).__name__}): tampering with "
                              "the harness's channel") from None
 
@@ -272,7 +321,7 @@ def _warm_up(device: str, threads: int) -> None:
 def _sealed_attributes(triton: bool) -> dict[str, tuple[Any, str]]:
     import ctypes
 
-    from kernelbot.sandbox import triton_check
+    from kernelbot.agent.verify import triton_check
 
     attributes = {**{name: pair for name, pair in probes._TIMING.items()},
                   "ctypes.CDLL.__init__": (ctypes.CDLL, "__init__"), "sys.setprofile": (sys, "setprofile")}
@@ -338,6 +387,7 @@ class Tools(NamedTuple):
     seal: Callable[..., tuple]
     seal_changes: Callable[..., list[str]]
     timing_snapshot: Callable[[], dict[str, int]]
+    parse_request: Callable[[Any], Request]  # pydantic-core's compiled validator: no Python of it to replace
     timing_changes: Callable[[dict[str, int]], list[str]]
     clock: Callable[[], float]
     sleep: Callable[[float], None]
@@ -363,22 +413,28 @@ class Watch(NamedTuple):
     known_threads: frozenset[int]  # torch's, the profiler's (and CUDA's): not the candidate's
     modules: tuple
     attributes: dict[str, tuple[Any, str]]
+    classes: tuple[type, ...]
     snapshot: tuple
     timers: dict[str, int]
     phase: list[str]  # the program order the loop asked for: launches report the one they ran in
-
-
 
 def _tampered(watch: Watch) -> list[str]:
     """Code swapped in a bound tool, or anything the seal covers replaced since the candidate loaded."""
     swapped = [f"{getattr(fn, '__name__', '?')}.__code__ was replaced" for fn, code in watch.codes
                if fn.__code__ is not code]
-    return swapped or watch.tools.seal_changes(watch.snapshot, watch.tools.seal(watch.modules, watch.attributes))
+    return swapped or watch.tools.seal_changes(watch.snapshot, watch.tools.seal(watch.modules, watch.attributes,
+                                                                                  watch.classes))
 
 
 def _serve(setup: RunnerSetup, rfd: int, wfd: int) -> None:
     """The runner: confine, instrument, then answer the harness's requests until it closes the channel. Its
-    state lives in this frame's locals, as immutable tuples (a candidate cannot rebind them)."""
+    state lives in this frame's locals, as immutable tuples (a candidate cannot rebind them).
+
+    Requests arrive as plain data and become typed requests through pydantic-core's compiled validator, bound
+    before the candidate loaded, after the seal was read (a class of theirs changed is reported before any field
+    is read). Replies and facts stay plain dicts and lists keyed by the messages' field names: what leaves the
+    runner must not pass through code the candidate could replace in its own process (a method of a class can be
+    replaced, dict's cannot); the harness validates each reply into a Reply."""
     watch = _prepare(setup, wfd)
     tools = watch.tools
     tampered = tools.tampered
@@ -391,12 +447,14 @@ def _serve(setup: RunnerSetup, rfd: int, wfd: int) -> None:
     loaded_threads = watch.known_threads
     while True:
         try:
-            request = tools.loads(tools.recv(rfd))
+            data = tools.loads(tools.recv(rfd))
         except EOFError:
             return
-        op, reply = request["op"], {}
+        reply: dict[str, Any] = {}
         facts: dict[str, list[str]] = {k: [] for k in FACT_KINDS}
         facts["tamper"] += tampered(watch)
+        request = tools.parse_request(data)
+        op = request.op
         try:
             if op == "load":
                 reply, models = tools.op_load(setup, request, facts)
@@ -404,25 +462,27 @@ def _serve(setup: RunnerSetup, rfd: int, wfd: int) -> None:
                 loaded_threads = frozenset(tools.os_threads())  # its own, started while loading, are allowed
             elif op in ("case", "refill"):
                 if op == "case":
-                    sent = tools.to(request["inputs"], setup.device)
-                    slots = (*slots, (request["keep"], sent)) if request.get("keep") else slots
+                    sent = tools.to(request.inputs, setup.device)
+                    slots = (*slots, (request.keep, sent)) if request.keep else slots
+                    extras = (request.again, request.orders, request.order_seed, request.inputs_after)
                 else:
-                    sent = tools.refill(dict(slots)[request["slot"]], request["values"], setup.device)
-                reply, held = tools.op_call(watch, models[request["model"]], sent, request, held,
-                                            weights[request["model"]], facts)
+                    sent = tools.refill(dict(slots)[request.slot], request.values, setup.device)
+                    extras = (False, False, 0, False)
+                reply, held = tools.op_call(watch, models[request.model], sent, extras, held,
+                                            weights[request.model], facts)
             elif op == "reweight":
                 with torch.no_grad():  # copies into the same tensors
-                    models[request["model"]].load_state_dict(request["state_dict"], strict=True)
+                    models[request.model].load_state_dict(request.state_dict, strict=True)
                 weights = tuple(tools.weight_snapshot(m) for m in models)
             elif op == "profile":
                 with torch.inference_mode():
-                    reply["profile"] = tools.profile_call(models[request["model"]],
-                                                          tools.to(request["inputs"], setup.device))
+                    reply["profile"] = tools.profile_call(models[request.model],
+                                                          tools.to(request.inputs, setup.device))
                 facts["tamper"] += tampered(watch)
             elif op == "stage":
-                staged = tuple(tuple(tools.to(s, setup.device)) for s in request["sets"])
+                staged = tuple(tuple(tools.to(s, setup.device)) for s in request.sets)
             elif op == "tcall":
-                reply["us"], last = tools.op_timed_call(watch, models[0], staged[request["set"]], request)
+                reply["us"], last = tools.op_timed_call(watch, models[0], staged[request.set], request.perturb)
             elif op == "fetch":
                 reply["out"] = tools.outputs_of(last, facts)[0]
             elif op == "final":
@@ -437,12 +497,12 @@ def _serve(setup: RunnerSetup, rfd: int, wfd: int) -> None:
         facts["tamper"] += tampered(watch)
         facts["timing"] += tools.timing_changes(watch.timers)
         reply["facts"] = facts
-        tools.send(wfd, tools.dumps(("reply", request["seq"], reply)))
+        tools.send(wfd, tools.dumps(("reply", request.seq, reply)))
 
 
 def _prepare(setup: RunnerSetup, wfd: int) -> Watch:
     """Before the candidate loads: start torch's threads, bind the tools, instrument, confine, seal, poison."""
-    from kernelbot.sandbox import triton_check
+    from kernelbot.agent.verify import triton_check
 
     work = Path.cwd() / WORK
     os.chdir(work)
@@ -450,8 +510,9 @@ def _prepare(setup: RunnerSetup, wfd: int) -> Watch:
     tools = Tools(_send, _recv, pickle.dumps, pickle.loads, _encode, _outputs, probes.os_threads, probes.aliasing,
                   probes.storages, probes.weight_snapshot, probes.weight_changes, probes.profile_call,
                   triton_check.set_order, probes.seal, probes.seal_changes, probes.timing_snapshot,
-                  probes.timing_changes, _clock, _sleep, _cuda_synchronize, _wake_threads, _sha256, _clones, _to,
-                  _refill, _threads_after, _op_load, _op_call, _op_timed_call, _op_final, _tampered)
+                  REQUEST.validator.validate_python, probes.timing_changes, _clock, _sleep, _cuda_synchronize,
+                  _wake_threads, _sha256, _clones, _to, _refill, _threads_after, _op_load, _op_call, _op_timed_call,
+                  _op_final, _tampered)
     codes = tuple((fn, fn.__code__) for fn in tools if hasattr(fn, "__code__"))
     probes.install()
     phase = ["natural"]
@@ -464,7 +525,7 @@ def _prepare(setup: RunnerSetup, wfd: int) -> Watch:
     known = frozenset(tools.os_threads())
     module = Path(setup.module)
     protections = confine_mod.confine_runner(work, [module, module.parent / "__pycache__"], _trusted_code())
-    modules = (sys.modules[__name__], probes, confine_mod, landlock, cuda_check) + \
+    modules = (sys.modules[__name__], probes, confine_mod, landlock, cuda_check, messages) + \
         ((triton_check,) if setup.triton else ())
     attributes = _sealed_attributes(setup.triton)
     timers = tools.timing_snapshot()
@@ -474,7 +535,8 @@ def _prepare(setup: RunnerSetup, wfd: int) -> Watch:
         torch.use_deterministic_algorithms(True, warn_only=True)
         torch.utils.deterministic.fill_uninitialized_memory = True
     _PROTECTIONS[:] = protections
-    return Watch(setup, tools, codes, known, modules, attributes, tools.seal(modules, attributes), timers, phase)
+    return Watch(setup, tools, codes, known, modules, attributes, SEALED_CLASSES,
+                 tools.seal(modules, attributes, SEALED_CLASSES), timers, phase)
 
 
 def _refill(sent: list[Any], values: list[Any], device: str) -> list[Any]:
@@ -486,13 +548,15 @@ def _refill(sent: list[Any], values: list[Any], device: str) -> list[Any]:
     return sent
 
 
-def _op_call(watch: Watch, model: torch.nn.Module, sent: list[Any], request: dict[str, Any], held: tuple,
-             weights: tuple, facts: dict[str, list[str]]) -> tuple[dict[str, Any], tuple]:
+def _op_call(watch: Watch, model: torch.nn.Module, sent: list[Any], extras: tuple[bool, bool, int, bool],
+             held: tuple, weights: tuple, facts: dict[str, list[str]]) -> tuple[dict[str, Any], tuple]:
     """One verified call: outputs copied at once, then aliasing, late writes, threads left running, a second run
     on copies, other program orders, the inputs and weights afterwards. Everything after the call goes through
     the bound tools, and the seal is read right after it (before a patch made during the call could undo
-    itself)."""
+    itself). `extras`, read from the request before the call: (a second run, other program orders, their seed,
+    the inputs afterwards)."""
     tools, setup, reply = watch.tools, watch.setup, {}
+    again, orders, order_seed, inputs_after = extras
     before = tools.os_threads()
     with torch.inference_mode():
         try:
@@ -514,28 +578,28 @@ def _op_call(watch: Watch, model: torch.nn.Module, sent: list[Any], request: dic
                 facts["late"].append("the output kept changing after the call returned")
             held = (*held, (items, digests, tuple(tools.storages(items))))
             facts["threads"] += tools.threads_after(before, tools.os_threads(), watch.known_threads)
-            if request.get("again"):
+            if again:
                 reply["again"] = tools.outputs_of(model(*tools.clones(sent)), facts)[0]
-            for order in ("reversed", "shuffled") if request.get("orders") else ():
-                tools.set_order(order, seed=request.get("order_seed", 0))
+            for order in ("reversed", "shuffled") if orders else ():
+                tools.set_order(order, seed=order_seed)
                 watch.phase[0] = order
                 try:
                     reply[order] = tools.outputs_of(model(*tools.clones(sent)), facts)[0]
                 finally:
                     tools.set_order("natural")
                     watch.phase[0] = "natural"
-    if request.get("inputs_after") and setup.device == "cpu":
+    if inputs_after and setup.device == "cpu":
         reply["inputs_after"] = [tools.encode(x, True) if isinstance(x, torch.Tensor) else x for x in sent]
     facts["weights"] += tools.weight_changes(weights, model)
     return reply, held
 
 
-def _op_timed_call(watch: Watch, model: torch.nn.Module, inputs: tuple, request: dict[str, Any]
+def _op_timed_call(watch: Watch, model: torch.nn.Module, inputs: tuple, perturb: list[tuple[int, int, Any]]
                    ) -> tuple[float, Any]:
     """The benchmark's call: this call's change to the inputs (outside the clock), then the call, timed with
     the clock bound before the candidate loaded."""
     tools, cuda = watch.tools, watch.setup.device == "cuda"
-    for index, flat, value in request.get("perturb", ()):
+    for index, flat, value in perturb:
         inputs[index].view(-1)[flat] = value
     with torch.inference_mode():
         if not cuda:
@@ -560,11 +624,11 @@ def _op_final(watch: Watch, held: tuple, loaded_threads: frozenset[int], facts: 
     facts["threads"] += tools.threads_after(loaded_threads, tools.os_threads(), watch.known_threads, final=True)
 
 
-def _op_load(setup: RunnerSetup, request: dict[str, Any], facts: dict[str, list[str]]
+def _op_load(setup: RunnerSetup, request: LoadRequest, facts: dict[str, list[str]]
              ) -> tuple[dict[str, Any], tuple[torch.nn.Module, ...]]:
     model_cls = _load(setup.module, setup.cls)
-    models = tuple(_build(model_cls, init, sd, request["init_seed"], facts["notes"]).to(setup.device)
-                   for init, sd in request["models"])
+    models = tuple(_build(model_cls, init, sd, request.init_seed, facts["notes"]).to(setup.device)
+                   for init, sd in request.models)
     return {"ptxas": cuda_check.REPORTS, "protections": list(_PROTECTIONS)}, models
 
 
@@ -580,139 +644,137 @@ def _threads_after(before: dict[int, int] | frozenset[int], after: dict[int, int
 
 # ---------------------------------------------------------------- the harness's jobs
 
-def _facts(reply: dict[str, Any], label: str, into: dict[str, list[str]]) -> None:
-    got = reply.get("facts")
-    if not isinstance(got, dict):
-        into["tamper"].append(f"{label}: the reply carried no observations")
-        return
+def _facts(reply: Reply, label: str, into: Facts) -> None:
+    """A reply's observations added to the job's, each labelled with the call it was made in."""
     for kind in FACT_KINDS:
-        for text in got.get(kind, []) or []:
+        kept: list[str] = getattr(into, kind)
+        for text in getattr(reply.facts, kind):
             if kind not in ("notes", "tamper", "timing"):
-                into[kind].append(f"{label}: {text}")
-            elif str(text) not in into[kind]:  # the same replaced function is reported once, not per call
-                into[kind].append(str(text))
+                kept.append(f"{label}: {text}")
+            elif text not in kept:  # the same replaced function is reported once, not per call
+                kept.append(text)
 
 
-def _decoded(values: Any) -> list[Any]:
-    return [_decode(v) for v in values] if isinstance(values, list) else []
+def _decoded(values: list[Any] | None) -> list[Any]:
+    return [_decode(v) for v in values] if values is not None else []
 
 
-def _triton_report(runner: Runner) -> dict[str, Any]:
+def _triton_report(runner: Runner) -> TritonReport:
     """The Triton report rebuilt from the events the runner streamed, launch by launch."""
-    report: dict[str, Any] = {"launches": 0, "programs": 0, "kernels": set(), "out_of_bounds": [], "races": [],
-                              "float_atomic_kernels": set(), "order_mismatch": []}
-    for kind, data in runner.events:
-        if kind == "triton_launch":
-            report["launches"] += 1
-            report["programs"] += int(data.get("programs", 0) or 0)
-            kernel = str(data.get("kernel", "?"))[:80]
-            report["kernels"].add(kernel)
-            if data.get("float_atomic_adds"):
-                report["float_atomic_kernels"].add(kernel)
-            if data.get("order") != data.get("asked") and len(report["order_mismatch"]) < 3:
-                report["order_mismatch"].append(f"{kernel} ran in {str(data.get('order'))[:20]} program order, "
-                                                f"the harness asked for {str(data.get('asked'))[:20]}")
-        elif kind == "triton_finding" and data.get("kind") in ("out_of_bounds", "race"):
-            target = report["out_of_bounds"] if data["kind"] == "out_of_bounds" else report["races"]
+    report = TritonReport()
+    kernels: set[str] = set()
+    atomic: set[str] = set()
+    for event in runner.events:
+        if isinstance(event, TritonLaunch):
+            report.launches += 1
+            report.programs += event.programs
+            kernel = event.kernel[:80]
+            kernels.add(kernel)
+            if event.float_atomic_adds:
+                atomic.add(kernel)
+            if event.order != event.asked and len(report.order_mismatch) < 3:
+                report.order_mismatch.append(f"{kernel} ran in {event.order[:20]} program order, "
+                                             f"the harness asked for {event.asked[:20]}")
+        else:
+            target = report.out_of_bounds if event.kind == "out_of_bounds" else report.races
             if len(target) < 20:
-                target.append(str(data.get("text", ""))[:400])
-    report["kernels"] = sorted(report["kernels"])
-    report["float_atomic_kernels"] = sorted(report["float_atomic_kernels"])
+                target.append(event.text[:400])
+    report.kernels, report.float_atomic_kernels = sorted(kernels), sorted(atomic)
     return report
 
 
-def _orders_missing(events: list[tuple[str, dict[str, Any]]], label: str) -> list[str]:
+def _orders_missing(events: list[TritonLaunch | TritonFinding], label: str) -> list[str]:
     """A request that asked for every program order must show launches in each (counted here, in the harness)."""
-    ran = [data.get("order") for kind, data in events if kind == "triton_launch"]
+    ran = [e.order for e in events if isinstance(e, TritonLaunch)]
     if not ran:
         return []
     return [f"{label}: no Triton launch ran in {order} program order although the harness asked for it"
             for order in ("reversed", "shuffled") if order not in ran]
 
 
-def _verify(job: dict[str, Any]) -> dict[str, Any]:
-    device = job.get("device", "cpu")
-    setup = RunnerSetup(module=job["candidate"], cls="ModelNew", device=device, triton=bool(job.get("triton")),
-                        poison=True, settle_s=job.get("settle_s", 0.02))
+def _ptxas(reports: list[PtxasReport] | None) -> list[PtxasReport]:
+    return list(reports or [])
+
+
+def _verify(job: VerifyJob) -> VerifyResult | JobFailure:
+    setup = RunnerSetup(module=job.candidate, cls="ModelNew", device=job.device, triton=job.triton,
+                        poison=True, settle_s=job.settle_s)
     runner = Runner.spawn(setup)  # before the plan is read: the runner never holds inputs it was not given
-    facts: dict[str, list[str]] = {k: [] for k in FACT_KINDS}
+    facts = Facts()
     try:
-        plan = torch.load(job["plan"])
-        state_dicts = [torch.load(p) for p in job["state_dicts"]]
-        loaded = runner.ask({"op": "load", "models": list(zip(plan["init_args"], state_dicts, strict=True)),
-                             "init_seed": job["init_seed"]})
+        plan = SentPlan.model_validate(torch.load(job.plan))
+        state_dicts = [torch.load(p) for p in job.state_dicts]
+        loaded = runner.ask(LoadRequest(models=list(zip(plan.init_args, state_dicts, strict=True)),
+                                        init_seed=job.init_seed))
         _facts(loaded, "load", facts)
-        if "error" in loaded:
-            return {"error": str(loaded["error"])[:1500], "stage": str(loaded.get("stage", "compile")),
-                    "ptxas": loaded.get("ptxas") or [], "facts": facts}
-        protections = [str(p) for p in loaded.get("protections", [])][:4]
-        runs, extra = [], {}
-        for i, (label, index, inputs) in enumerate(plan["cases"]):
+        if loaded.error is not None:
+            return JobFailure(error=loaded.error[:1500], stage=loaded.stage or "compile", ptxas=_ptxas(loaded.ptxas),
+                              facts=facts)
+        protections = (loaded.protections or [])[:4]
+        runs = []
+        for i, case in enumerate(plan.cases):
             orders, seen = setup.triton and i < 2, len(runner.events)
-            reply = runner.ask({"op": "case", "model": index, "inputs": inputs, "again": True, "orders": orders,
-                                "order_seed": i, "inputs_after": True, "keep": "main" if i == 0 else None})
-            _facts(reply, label, facts)
-            if orders and "error" not in reply:
-                facts["tamper"] += _orders_missing(runner.events[seen:], label)
-            run = {k: _decoded(reply.get(k)) for k in ("out", "again", "reversed", "shuffled", "inputs_after")
-                   if k in reply}
-            if "error" in reply:
-                run = {"error": str(reply["error"])[:300], "inputs_after": run.get("inputs_after", [])}
-            runs.append(run)
-        main_index = plan["cases"][0][1]
-        extra.update(_later_calls(runner, plan, main_index, facts, job))
-        final = runner.ask({"op": "final"})
+            reply = runner.ask(CaseRequest(model=case.model, inputs=case.inputs, again=True, orders=orders,
+                                           order_seed=i, inputs_after=True, keep="main" if i == 0 else None))
+            _facts(reply, case.label, facts)
+            if orders and reply.error is None:
+                facts.tamper += _orders_missing(runner.events[seen:], case.label)
+            if reply.error is not None:
+                runs.append(CaseRun(error=reply.error[:300], inputs_after=_decoded(reply.inputs_after)))
+                continue
+            runs.append(CaseRun(out=_decoded(reply.out), inputs_after=_decoded(reply.inputs_after),
+                                **{k: _decoded(getattr(reply, k)) for k in ("again", "reversed", "shuffled")
+                                   if getattr(reply, k) is not None}))
+        outputs, profile = _later_calls(runner, plan, plan.cases[0].model, facts, job, runs)
+        final = runner.ask(FinalRequest())
         _facts(final, "end of job", facts)
-        ptxas = final.get("ptxas") or loaded.get("ptxas") or []
+        ptxas = _ptxas(final.ptxas or loaded.ptxas)
         triton = _triton_report(runner) if setup.triton else None
     except RunnerDied as exc:
-        return {"error": str(exc), "stage": "run", "facts": facts}
+        return JobFailure(error=str(exc), stage="run", facts=facts)
     finally:
         runner.close()
-    torch.save({"runs": runs, **extra}, "outputs.pt")
-    return {"outputs": "outputs.pt", "facts": facts, "timing_tamper": facts["timing"], "tamper": facts["tamper"],
-            "profile": extra.pop("profile", None), "triton": triton, "ptxas": ptxas, "runner_protections": protections}
+    torch.save(outputs.model_dump(), "outputs.pt")
+    return VerifyResult(facts=facts, profile=profile, triton=triton, ptxas=ptxas, protections=protections)
 
 
-def _later_calls(runner: Runner, plan: dict[str, Any], main: int, facts: dict[str, list[str]],
-                 job: dict[str, Any]) -> dict[str, Any]:
+def _later_calls(runner: Runner, plan: SentPlan, main: int, facts: Facts, job: VerifyJob,
+                 runs: list[CaseRun]) -> tuple[VerifyOutputs, Profile]:
     """Calls on the main case's own tensors with new contents (all of them, then one element at a time), the op
     log, and new weights copied into the same parameters."""
-    extra: dict[str, Any] = {}
-    reply = runner.ask({"op": "refill", "model": main, "slot": "main", "values": plan["fresh"]})
+    outputs = VerifyOutputs(runs=runs)
+    reply = runner.ask(RefillRequest(model=main, slot="main", values=plan.fresh))
     _facts(reply, "new values in the same tensors", facts)
-    if "error" in reply:
-        extra["caching_error"] = str(reply["error"])[:500]
+    if reply.error is not None:
+        outputs.caching_error = reply.error[:500]
     else:
-        extra["caching_out"] = _decoded(reply.get("out"))
-    extra["element_outs"] = []
-    for k, values in enumerate(plan.get("changed", [])):
-        reply = runner.ask({"op": "refill", "model": main, "slot": "main", "values": values})
+        outputs.caching_out = _decoded(reply.out)
+    for k, values in enumerate(plan.changed):
+        reply = runner.ask(RefillRequest(model=main, slot="main", values=values))
         _facts(reply, f"one element changed ({k + 1})", facts)
-        extra["element_outs"].append({"error": str(reply["error"])[:300]} if "error" in reply else
-                                     {"out": _decoded(reply.get("out"))})
+        outputs.element_outs.append(CallResult(error=reply.error[:300]) if reply.error is not None else
+                                    CallResult(out=_decoded(reply.out)))
     seen = len(runner.events)
-    reply = runner.ask({"op": "profile", "model": main, "inputs": plan["fresh"]})
+    reply = runner.ask(ProfileRequest(model=main, inputs=plan.fresh))
     _facts(reply, "profiled call", facts)
-    profile = reply.get("profile")
-    extra["profile"] = {"error": str(reply.get("error", "no profile came back"))[:500]} \
-        if not isinstance(profile, dict) else profile
-    launches = sum(kind == "triton_launch" for kind, _ in runner.events[seen:])
-    if launches and isinstance(profile, dict):
-        profile["own_kernels"] = [*profile.get("own_kernels", []), f"{launches} Triton launch(es)"]
-    if any("not loadable" in n for n in facts["notes"]):
-        extra["reweight_skipped"] = "its parameters do not take the reference's weights by name"
-    elif job.get("alt_state_dict"):
-        reply = runner.ask({"op": "reweight", "model": main, "state_dict": torch.load(job["alt_state_dict"])})
+    profile = reply.profile if reply.profile is not None else \
+        Profile(error=(reply.error or "no profile came back")[:500])
+    launches = sum(isinstance(e, TritonLaunch) for e in runner.events[seen:])
+    if launches and reply.profile is not None:
+        profile.own_kernels.append(f"{launches} Triton launch(es)")
+    if any("not loadable" in n for n in facts.notes):
+        outputs.reweight_skipped = "its parameters do not take the reference's weights by name"
+    elif job.alt_state_dict:
+        reply = runner.ask(ReweightRequest(model=main, state_dict=torch.load(job.alt_state_dict)))
         _facts(reply, "new weights", facts)
-        if "error" in reply:
-            extra["reweight_error"] = str(reply["error"])[:500]
+        if reply.error is not None:
+            outputs.reweight_error = reply.error[:500]
         else:
-            reply = runner.ask({"op": "refill", "model": main, "slot": "main", "values": plan["fresh"]})
+            reply = runner.ask(RefillRequest(model=main, slot="main", values=plan.fresh))
             _facts(reply, "new weights in the same parameters", facts)
-            extra["reweight_out"] = {"error": str(reply["error"])[:300]} if "error" in reply else \
-                {"out": _decoded(reply.get("out"))}
-    return extra
+            outputs.reweight_out = CallResult(error=reply.error[:300]) if reply.error is not None else \
+                CallResult(out=_decoded(reply.out))
+    return outputs, profile
 
 
 def _mask_like(x: torch.Tensor) -> bool:
@@ -739,41 +801,40 @@ def _perturbation(inputs: list[Any], rng: random.Random) -> list[tuple[int, int,
     return changes
 
 
-def _bench(job: dict[str, Any]) -> dict[str, Any]:
-    device = job.get("device", "cpu")
+def _bench(job: BenchJob) -> BenchResult | JobFailure:
     # the candidate's runner first: its pid is then the same as in verification (2 in a pid namespace)
-    candidate = Runner.spawn(RunnerSetup(module=job["candidate"], cls="ModelNew", device=device))
-    runners = [Runner.spawn(RunnerSetup(module=job["reference"], cls="Model", device=device)), candidate]
-    facts: dict[str, list[str]] = {k: [] for k in FACT_KINDS}
+    candidate = Runner.spawn(RunnerSetup(module=job.candidate, cls="ModelNew", device=job.device))
+    runners = [Runner.spawn(RunnerSetup(module=job.reference, cls="Model", device=job.device)), candidate]
+    facts = Facts()
     rng = random.Random(secrets.randbits(64))
     try:
-        state_dict = torch.load(job["state_dict"])
-        drawn = [list(s) for s in torch.load(job["inputs"])]
+        state_dict = torch.load(job.state_dict)
+        drawn = [list(s) for s in torch.load(job.inputs)]
         copies = [[_clones(s) for s in drawn] for _ in runners]  # each runner's inputs, as the harness tracks them
         for who, r in zip(("reference", "candidate"), runners, strict=True):
-            reply = r.ask({"op": "load", "models": [(job["init_args"], state_dict)], "init_seed": 0})
-            if "error" in reply:
-                return {"error": f"{who}: {str(reply['error'])[:500]}", "stage": "run"}
-            r.ask({"op": "stage", "sets": drawn})
+            reply = r.ask(LoadRequest(models=[(job.init_args, state_dict)], init_seed=0))
+            if reply.error is not None:
+                return JobFailure(error=f"{who}: {reply.error[:500]}", stage="run")
+            r.ask(StageRequest(sets=drawn))
 
         def timed(i: int, k: int) -> float:
             sets = copies[i]
             changes = _perturbation(sets[k % len(sets)], rng)
             for index, flat, value in changes:
                 sets[k % len(sets)][index].view(-1)[flat] = value
-            reply = runners[i].ask({"op": "tcall", "set": k % len(sets), "perturb": changes})
-            if "error" in reply:
-                raise RunnerDied(f"{'candidate' if i else 'reference'}: {str(reply['error'])[:300]}")
-            return float(reply["us"])
+            reply = runners[i].ask(TimedCallRequest(set=k % len(sets), perturb=changes))
+            if reply.error is not None or reply.us is None:
+                raise RunnerDied(f"{'candidate' if i else 'reference'}: {(reply.error or 'no time came back')[:300]}")
+            return reply.us
 
         for i in (0, 1):
             for k in range(3):
                 timed(i, k)
-        iters = max(1, min(200, int(job.get("round_seconds", 0.02) * 1e6 / max(timed(0, 0), 1.0))))
+        iters = max(1, min(200, int(job.round_seconds * 1e6 / max(timed(0, 0), 1.0))))
         times: list[list[float]] = [[], []]
         checked = []
         calls = 0
-        for r in range(job["rounds"]):
+        for r in range(job.rounds):
             picks = set(rng.sample(range(iters), min(CHECKS_PER_ROUND, iters)))
             for i in ((0, 1) if r % 2 == 0 else (1, 0)):  # alternate who goes first: drift hits both alike
                 time.sleep(SWITCH_GAP_S)
@@ -782,33 +843,41 @@ def _bench(job: dict[str, Any]) -> dict[str, Any]:
                     calls += 1
                     total += timed(i, calls)
                     if i == 1 and k in picks:  # decided before the round, asked only after the call returned
-                        reply = runners[1].ask({"op": "fetch"})
+                        reply = runners[1].ask(FetchRequest())
                         _facts(reply, f"timed call {calls}", facts)
-                        checked.append({"inputs": _clones(copies[1][calls % len(drawn)]),
-                                        "out": _decoded(reply.get("out"))})
+                        checked.append(CheckedCall(inputs=_clones(copies[1][calls % len(drawn)]),
+                                                   out=_decoded(reply.out)))
                 times[i].append(total / iters)
-        final = runners[1].ask({"op": "final"})
+        final = runners[1].ask(FinalRequest())
         _facts(final, "end of benchmark", facts)
     except RunnerDied as exc:
-        return {"error": str(exc), "stage": "run"}
+        return JobFailure(error=str(exc), stage="run")
     finally:
         for r in runners:
             r.close()
-    torch.save({"checked": checked}, "outputs.pt")
-    return {"reference_us": times[0], "candidate_us": times[1], "iters": iters, "outputs": "outputs.pt",
-            "timing_tamper": facts["timing"] + facts["subclass"], "tamper": facts["tamper"],
-            "facts": facts}
+    torch.save(BenchOutputs(checked=checked).model_dump(), "outputs.pt")
+    return BenchResult(reference_us=times[0], candidate_us=times[1], iters=iters, facts=facts)
 
 
-def _sanitize(job: dict[str, Any]) -> dict[str, Any]:
+def _sanitize(job: SanitizeJob) -> Done:
     """One call on the main case, for compute-sanitizer to watch (the parent wraps this process in it)."""
-    plan = torch.load(job["plan"])
-    model = _build(_load(job["candidate"], "ModelNew"), plan["init_args"][0], torch.load(job["state_dicts"][0]),
-                   job["init_seed"], []).to("cuda")
+    plan = SentPlan.model_validate(torch.load(job.plan))
+    model = _build(_load(job.candidate, "ModelNew"), plan.init_args[0], torch.load(job.state_dicts[0]),
+                   job.init_seed, []).to("cuda")
     with torch.inference_mode():
-        model(*_to(plan["cases"][0][2], "cuda"))
+        model(*_to(plan.cases[0].inputs, "cuda"))
         torch.cuda.synchronize()
-    return {}
+    return Done()
+
+
+def _run(job: VerifyJob | SanitizeJob | BenchJob | NoopJob) -> VerifyResult | BenchResult | Done | JobFailure:
+    if isinstance(job, VerifyJob):
+        return _verify(job)
+    if isinstance(job, BenchJob):
+        return _bench(job)
+    if isinstance(job, SanitizeJob):
+        return _sanitize(job)
+    return Done()
 
 
 def main() -> None:
@@ -816,23 +885,25 @@ def main() -> None:
     # parallel op (and runners forked from it would inherit the pool's state), taking the core a timed call needs.
     # On 2 cores that made a 60 µs op time at 2.4 ms. Runners restore the host's thread count (RunnerSetup.threads).
     torch.set_num_threads(1)
-    job = json.loads(Path(sys.argv[1]).read_text())
-    forks = job["kind"] in ("verify", "bench")
+    job = JOB.validate_json(Path(sys.argv[1]).read_bytes())
+    forks = isinstance(job, (VerifyJob, BenchJob))
     # a harness that forks runners leaves the audit hook to them: it runs no candidate code itself
     protections = confine(Path.cwd(), audit=not forks)  # before any candidate code is imported
     (Path.cwd() / WORK).mkdir(exist_ok=True)
     cuda_check.install(Path.cwd() / WORK)
+    result: VerifyResult | BenchResult | Done | JobFailure
     try:
-        result = {"verify": _verify, "bench": _bench, "sanitize": _sanitize, "noop": lambda job: {}}[job["kind"]](job)
+        result = _run(job)
     except NeedsGPU as exc:
-        result = {"error": str(exc), "stage": "needs_gpu", "ptxas": cuda_check.REPORTS}
+        result = JobFailure(error=str(exc), stage="needs_gpu")
     except Exception as exc:  # the candidate's failure is a result, reported to the parent
         message = str(exc) if isinstance(exc, LoadError) else f"{type(exc).__name__}: {exc}"
-        result = {"error": message.strip()[:1500], "stage": "compile" if isinstance(exc, LoadError) else "run",
-                  "traceback": traceback.format_exc()[-3000:]}
-    result.setdefault("ptxas", cuda_check.REPORTS)
-    result["protections"] = protections + list(result.pop("runner_protections", []) or [])
-    Path("result.json").write_text(json.dumps(result))
+        result = JobFailure(error=message.strip()[:1500], stage="compile" if isinstance(exc, LoadError) else "run",
+                            traceback=traceback.format_exc()[-3000:])
+    if "ptxas" not in result.model_fields_set:  # the harness's own builds (a sanitize job loads the candidate here)
+        result.ptxas = [PtxasReport.model_validate(r) for r in cuda_check.REPORTS]
+    result.protections = protections + result.protections
+    Path("result.json").write_text(result.model_dump_json())
 
 
 if __name__ == "__main__":

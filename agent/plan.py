@@ -1,0 +1,135 @@
+"""Hotspots → tasks, most headroom first: the one planner of both loops (in-process and served).
+
+The planner decides which hotspots get a task (share, --families, --max-tasks, ops tried already) and notes why
+the others get none; where a task comes from is the loop's: `ModelTasks` extracts it from the live model in this
+process, agent/serve.py's `ServedTasks` builds it from a served model's config.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from kernelbot.agent.extract import NotExtractable
+from kernelbot.agent.options import OptimizeOptions
+from kernelbot.agent.tasks import make_generic_task, make_task, module_labels, skip_reason, write_task
+from kernelbot.engine import TorchEngine
+from kernelbot.kernel_library.base import GENERIC
+from kernelbot.records import Hotspot, Task
+
+
+@dataclass(frozen=True)
+class Planned:
+    """A hotspot's task, and its reference's source when it is not the family's."""
+
+    task: Task
+    reference: str | None = None
+
+
+@dataclass(frozen=True)
+class NoTask:
+    """Why a hotspot gets no task; `note`, when given, is what the run's notes say, whatever the iteration."""
+
+    reason: str
+    note: str | None = None
+
+
+class TaskSource(Protocol):
+    """Where a loop's tasks come from."""
+
+    def refuse(self, hotspot: Hotspot) -> str | None:
+        """Why this loop can make no task for the hotspot, known before the task budget is counted; or None."""
+
+    def build(self, hotspot: Hotspot, planned: list[Task]) -> Planned | NoTask:
+        """The hotspot's task (`planned`: the tasks planned before it), or why it has none."""
+
+
+def signature(h: Hotspot) -> str:
+    """What makes two hotspots the same op call: an op tried once is not planned again."""
+    return json.dumps([h.family, h.module_class, h.dtype, h.input_dims])
+
+
+def plan_tasks(hotspots: list[Hotspot], source: TaskSource, opts: OptimizeOptions, run_dir: Path, notes: list[str],
+               *, iteration: int = 0, attempted: set[str] | None = None,
+               deferred: dict[str, str] | None = None) -> list[Task]:
+    """Tasks by expected gain (headroom over the roofline, as ranked), skipping ops already tried or replaced;
+    each written under run_dir/tasks/. Hotspots over --max-tasks are deferred to a later iteration when `deferred`
+    is given (op signature → note), else noted."""
+    tasks: list[Task] = []
+    for h in sorted(hotspots, key=lambda h: -h.score_us):
+        reason = skip_reason(h, opts.min_share)
+        if reason is None and h.kernel:
+            continue  # runs a pack kernel already
+        reason = reason or source.refuse(h)
+        family = h.family or GENERIC
+        if reason is None and opts.families is not None and family not in opts.families:
+            reason = f"family {family} not selected (--families)"
+        if reason is None and attempted is not None and signature(h) in attempted:
+            continue  # tried in an earlier iteration
+        over_budget = reason is None and len(tasks) >= opts.max_tasks
+        if over_budget:
+            reason = f"over the --max-tasks {opts.max_tasks} budget" + (
+                f" of iteration {iteration + 1}" if deferred is not None else "")
+        planned = source.build(h, tasks) if reason is None else NoTask(reason)
+        if isinstance(planned, NoTask):
+            _note(h, planned, opts, notes, iteration, deferred if over_budget else None)
+            continue
+        write_task(planned.task, run_dir / "tasks" / planned.task.id, planned.reference)
+        tasks.append(planned.task)
+    return tasks
+
+
+def _note(h: Hotspot, why: NoTask, opts: OptimizeOptions, notes: list[str], iteration: int,
+          deferred: dict[str, str] | None) -> None:
+    if why.note is not None:
+        notes.append(why.note)
+        return
+    note = f"{h.id} {h.module_class} {h.input_dims} ({h.share:.1%}): no task, {why.reason}"
+    if deferred is not None:
+        deferred[signature(h)] = note  # a later iteration may take it
+    elif h.share >= opts.min_share and note not in notes and iteration == 0:
+        notes.append(note)
+
+
+@dataclass
+class ModelTasks:
+    """Tasks from the model running in this process: a hotspot a family covers gets the family's reference; any
+    other gets a reference extracted from the model at its profiled call."""
+
+    engine: TorchEngine
+    labels: dict[str, str] | None = None  # trace labels → module names, found when a generic task first needs them
+    covered: list[str] = field(default_factory=list)  # modules a generic task replaces whole
+
+    def refuse(self, hotspot: Hotspot) -> str | None:
+        return None
+
+    def build(self, hotspot: Hotspot, planned: list[Task]) -> Planned | NoTask:
+        if hotspot.family is None:
+            return self._generic(hotspot, planned)
+        if _inside(hotspot, self.labels or {}, self.covered):
+            return NoTask("inside a module that a generic task replaces whole")
+        try:
+            return Planned(make_task(hotspot, self.engine.model))
+        except LookupError as exc:
+            return NoTask(str(exc), note=f"{hotspot.id} {hotspot.module_class} ({hotspot.share:.1%}): no task, {exc}")
+
+    def _generic(self, hotspot: Hotspot, planned: list[Task]) -> Planned | NoTask:
+        if self.labels is None:
+            self.labels = module_labels(self.engine.model, self.engine.run_workload)
+        try:
+            task, reference = make_generic_task(hotspot, self.engine.model, self.labels, self.engine.run_workload)
+        except NotExtractable as exc:
+            return NoTask(f"no generic task: {exc}")
+        twin = next((t for t in planned if t.signature == task.signature and t.module_paths == task.module_paths),
+                    None)
+        if twin is not None:
+            return NoTask(f"the same call as task {twin.id}")
+        self.covered.extend(task.module_paths)
+        return Planned(task, reference)
+
+
+def _inside(h: Hotspot, labels: dict[str, str], covered: list[str]) -> bool:
+    names = [labels.get(p.rsplit("/", 1)[-1], "") for p in h.module_paths]
+    return bool(names) and all(any(n.startswith(c + ".") for c in covered) for n in names)

@@ -1,0 +1,401 @@
+"""One session of an in-process `kernelbot optimize` run, as an object whose methods are the run's steps:
+profile → plan → generate → integrate, iterated on the new bottlenecks while budget and headroom last, then
+measure → report. What the steps share (options, run directory, run state, engine, device, pack, rows so far) are
+its attributes; every result a step computes goes through the run state's journal, so a resumed session replays it.
+"""
+
+from __future__ import annotations
+
+import functools
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
+
+from kernelbot.agent.compile_baseline import RegionCompile, time_region_compile
+from kernelbot.agent.generate import Generation
+from kernelbot.agent.journal import Journal
+from kernelbot.agent.measure import count_calls, fidelity, median, time_end_to_end
+from kernelbot.agent.options import OptimizeOptions
+from kernelbot.agent.pack import Accepted, build_pack
+from kernelbot.agent.plan import ModelTasks, plan_tasks, signature
+from kernelbot.agent.report import write_report
+from kernelbot.agent.run_state import Clock, RunState
+from kernelbot.agent.stages import Stages
+from kernelbot.engine import TorchEngine
+from kernelbot.engine.device import DeviceChoice, device_record, pick_device
+from kernelbot.engine.models import resolve_spec
+from kernelbot.kernel_library import classes_covered
+from kernelbot.kernel_library.store import KernelStore
+from kernelbot.profiler.hotspots import op_breakdown, rank_hotspots
+from kernelbot.profiler.trace import load_trace
+from kernelbot.records import (
+    Device,
+    EndToEndTimes,
+    Fidelity,
+    Hotspot,
+    KernelResult,
+    LLMUsage,
+    Pack,
+    Report,
+    Task,
+)
+from kernelbot.rundir import write_record
+
+if TYPE_CHECKING:
+    from kernelbot.agent.cluster import ClusterExecutor
+
+COMPILE_GUESS_S = 90.0  # torch.compile's warm-up, when a budget must decide whether it fits
+FAR_FROM_FLOOR = 2.0  # an incumbent slower than this many times its roofline floor is worth a challenger
+
+
+@dataclass(frozen=True)
+class Finish:
+    """How the end-to-end measurement fits the time budget: its rounds, and whether torch.compile is timed."""
+
+    rounds: int
+    compile: bool
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What the final pack changed, as measured: the model's outputs, and the workload's time."""
+
+    fidelity: Fidelity
+    times: EndToEndTimes
+
+
+class OptimizeRun:
+    """One session of a run: built from its options and journal (which starts it: the engine and the device's
+    peaks), then `run()` takes it to its report."""
+
+    def __init__(self, opts: OptimizeOptions, journal: Journal, console: Console,
+                 executor: ClusterExecutor | None = None) -> None:
+        self.t_start = time.perf_counter()
+        self.opts, self.console = opts, console
+        self.run_dir = Path(opts.run_dir or ".")
+        self.sessions = int(journal.meta("sessions", 0)) + 1
+        journal.set_meta("sessions", self.sessions)
+        journal.set_meta("state", "running")
+        clock = Clock(journal, opts.budget_hours)
+        self.choice = pick_device(opts.device)
+        # auto's CPU rule asks the CPU
+        dtype = "bfloat16" if self.choice.is_gpu and opts.dtype == "auto" else opts.dtype
+        self.spec, spec_notes = resolve_spec(opts.model, dtype, opts.batch, opts.prompt_len, opts.decode_steps,
+                                             opts.seed)
+        self.stages = Stages(console, self.run_dir, clock.before)
+        self._say_start(spec_notes)
+        self.stages.say("[1/7] engine: building the model and measuring the device's peaks")
+        self.engine = TorchEngine(self.spec, device=self.choice)
+        self.state = RunState(journal, clock, KernelStore(opts.store) if opts.store else None, "")
+        self.device = self._device(spec_notes)
+        self.notes = list(spec_notes)  # the report's
+        self.generation = Generation(opts, self.run_dir, self.state, self.stages, self.device, self.notes, executor)
+        self.kernels: list[KernelResult] = []
+        self.accepted: list[Accepted] = []
+        self.attempted: set[str] = set()  # op signatures planned in an iteration
+        self.challenged: set[str] = set()  # task ids whose incumbent was challenged once already
+        self.deferred: dict[str, str] = {}  # op signature → why no task yet (--max-tasks), until an iteration takes it
+        self.usage: LLMUsage | None = None
+        self.pack = Pack(version="empty", run_id=self.run_dir.name, device=self.device.name, entries=[])
+        self.pack_dir = self.run_dir / "pack"
+        self.hotspots_before: list[Hotspot] = []
+        self.hotspots_now: list[Hotspot] = []
+        self.profile_s = 0.0
+        self.iterations_done = 0
+
+    def _say_start(self, spec_notes: list[str]) -> None:
+        spec = self.spec
+        if self.sessions > 1:
+            self.stages.say(f"resuming {self.run_dir} (session {self.sessions}); recorded results are replayed, not "
+                            "recomputed", style="yellow")
+        self.stages.say(f"[bold]kernelbot optimize[/bold] {spec.name} ({spec.dtype}, batch {spec.batch}, "
+                        f"{spec.prompt_len}-token prompts, {spec.decode_steps} decode steps) → {self.run_dir}")
+        for note in spec_notes:
+            self.stages.say(f"note: {note}", style="yellow")
+
+    def _device(self, spec_notes: list[str]) -> Device:
+        self.state.stage("engine")
+        device = Device.model_validate(self.state.memo(
+            "device", "stage", lambda: device_record(self.choice, self.spec.dtype).model_dump()))
+        device.notes.extend(n for n in spec_notes if n not in device.notes)
+        self.state.device_name = f"{device.kind}:{device.name}"
+        write_record(self.run_dir / "model.json", self.spec)
+        write_record(self.run_dir / "device.json", device)
+        self.stages.say(f"      {device.name}, {device.threads} threads: {device.peak_gflops} GFLOP/s, "
+                        f"{device.peak_gbps} GB/s")
+        return device
+
+    # -- the loop -------------------------------------------------------------------------------------------------
+    def run(self) -> Report:
+        for it in range(self.opts.iterations + 1):
+            self.state.iteration = it
+            self.hotspots_now = self.profile(it)
+            if it == self.opts.iterations or self.state.stop_reason or not self.iterate(it):
+                break
+        self.notes.extend(note for sig, note in self.deferred.items() if sig not in self.attempted)
+        if self.opts.llm is not None and self.usage is None and self.state.session is not None:
+            self.usage = self.state.session.finish()
+        hotspots_after = self.final_profile()
+        finish = self.finish_plan()
+        if finish.compile:
+            self.compile_regions()
+        report = self.report(self.measure(finish), finish, hotspots_after)
+        self.state.journal.set_meta("state", "done")
+        self.state.clock.save()
+        return report
+
+    def iterate(self, it: int) -> bool:
+        """Plan, generate and integrate on this iteration's hotspots; whether another iteration may change more."""
+        tasks, incumbents = self.plan(it)
+        if not tasks:
+            if it:
+                self.notes.append(f"iteration {it + 1}: no hotspot left with headroom a task could take")
+            return False
+        self.attempted.update(signature(h) for h in self.hotspots_now if h.id in {t.hotspot_id for t in tasks})
+        if not self.state.clock.affords_candidate() and not any(self.state.recorded(t.id) for t in tasks):
+            self.state.stop_reason = self.state.stop_reason or self.state.clock.spent_reason()
+            self.notes.append(f"iteration {it + 1}'s tasks not tried: {self.state.stop_reason}")
+            return False
+        new_rows, new_accepted, self.usage = self.generation.generate(tasks, self.hotspots_now, incumbents)
+        self.kernels += new_rows
+        if incumbents and all(a is incumbents.get(a.task.id) for a in new_accepted):
+            return False  # every incumbent stayed: the pack is what it was
+        self.integrate(new_accepted)
+        self.iterations_done = it + 1
+        return bool(new_accepted)  # nothing changed: profiling again would find the same hotspots
+
+    # -- the steps ------------------------------------------------------------------------------------------------
+    def profile(self, it: int) -> list[Hotspot]:
+        """The workload profiled with the pack so far, ranked (iteration 0: without a pack)."""
+        self.state.stage("profile")
+        trace = self.run_dir / ("trace.json.gz" if it == 0 else "trace_after.json.gz")
+        self.stages.say(f"[2/7] profile + rank{f' (iteration {it + 1}, pack applied)' if it else ''}: "
+                        "torch.profiler over the workload")
+        t0 = time.perf_counter()
+        hotspots = self._profiled(f"hotspots:{it}", trace)
+        if it == 0:  # a profile's length prices the finish (a resumed run reads the first session's)
+            took = time.perf_counter() - t0
+            self.profile_s = float(self.state.memo("profile_seconds", "stage", functools.partial(float, took)))
+        # torch.compile is not reserved for: it is dropped at the end when the budget has no room for it
+        self.state.clock.reserve = self.profile_s * (3 + self.opts.e2e_rounds) + 10
+        write_record(self.run_dir / ("hotspots.json" if it == 0 else f"hotspots_iter{it + 1}.json"), hotspots)
+        if it == 0:
+            self.hotspots_before = hotspots
+        for h in hotspots[:6]:
+            self.stages.say(f"      {h.id} {h.module_class:28s} {h.share:6.1%}  headroom {h.score_us / 1e3:8.1f} ms"
+                            + (f"  (pack kernel {h.kernel})" if h.kernel else ""))
+        return hotspots
+
+    def plan(self, it: int) -> tuple[list[Task], dict[str, Accepted]]:
+        """This iteration's tasks (hotspots → KernelBench-format references); when none is new, the incumbents an
+        LLM may challenge, as tasks (task id → incumbent)."""
+        self.stages.say("[3/7] tasks: hotspots → KernelBench-format references, most headroom first")
+        tasks = plan_tasks(self.hotspots_now, ModelTasks(self.engine), self.opts, self.run_dir, self.notes,
+                           iteration=it, attempted=self.attempted, deferred=self.deferred)
+        self.stages.say(f"      {len(tasks)} tasks: {', '.join(t.id for t in tasks)}")
+        incumbents = {} if tasks else self._challenges()
+        if incumbents:
+            tasks = [a.task for a in incumbents.values()]
+            self.challenged.update(incumbents)
+            self.stages.say(f"      no new hotspot: challenging the incumbents furthest above their floor: "
+                            f"{', '.join(incumbents)}")
+        return tasks, incumbents
+
+    def _challenges(self) -> dict[str, Accepted]:
+        """When no new hotspot is left and an LLM can still be asked: the incumbents furthest above their roofline
+        floor (estimated time above it: the task's share times the part of a call above the floor), once each."""
+        session = self.state.session
+        if self.opts.llm is None or session is None or not session.active \
+                or not self.state.clock.affords_candidate():
+            return {}
+        # an incumbent the LLM wrote in this run had its rounds already
+        far = [a for a in self.accepted if a.task.id not in self.challenged and a.task.floor_us > 0
+               and not a.candidate.proposer.startswith("llm")
+               and a.bench.candidate_us > FAR_FROM_FLOOR * a.task.floor_us]
+        far.sort(key=lambda a: -a.task.share * (1 - a.task.floor_us / a.bench.candidate_us))
+        return {a.task.id: a for a in far[:self.opts.max_tasks]}
+
+    def integrate(self, new_accepted: list[Accepted]) -> None:
+        """The new winners replace their tasks' kernels in the pack."""
+        replaced = {a.task.id for a in new_accepted}
+        self.accepted = [a for a in self.accepted if a.task.id not in replaced] + new_accepted
+        self.stages.say(f"[5/7] integrate: {len(self.accepted)} kernels into pack/")
+        self.pack = build_pack(self.accepted, self.run_dir.name, self.device.name, self.pack_dir)
+
+    def final_profile(self) -> list[Hotspot]:
+        """The profile with the final pack: the last iteration's when it had that pack, else a new one."""
+        last = self.hotspots_now
+        if not self.accepted or any(h.kernel for h in last):
+            if not (self.run_dir / "trace_after.json.gz").exists() and (self.run_dir / "trace.json.gz").exists():
+                shutil.copyfile(self.run_dir / "trace.json.gz", self.run_dir / "trace_after.json.gz")
+            write_record(self.run_dir / "hotspots_after.json", last)
+            return last
+        after = self._profiled(f"hotspots:final:{self.pack.version}", self.run_dir / "trace_after.json.gz")
+        write_record(self.run_dir / "hotspots_after.json", after)
+        return after
+
+    def _profiled(self, key: str, trace: Path) -> list[Hotspot]:
+        with self.stages.working("profiling the workload and ranking its modules against the roofline"):
+            return [Hotspot.model_validate(h) for h in self.state.memo(key, "stage", functools.partial(
+                _profile_with, self.engine, self.device, self.pack, self.pack_dir, trace))]
+
+    def finish_plan(self) -> Finish:
+        """The end-to-end rounds and whether to time torch.compile, within what the time budget leaves."""
+        rounds, compile_ = self.opts.e2e_rounds, self.opts.compile
+        clock = self.state.clock
+        if clock.limit is None:
+            return Finish(rounds, compile_)
+        workload = self.profile_s / 2  # a profile is a warm-up plus a traced run
+        left = clock.left() - self.profile_s - 4 * workload - 10
+        if compile_ and left < COMPILE_GUESS_S + 2 * rounds * workload:
+            compile_ = False
+            self.notes.append("torch.compile comparison skipped: the time budget had no room for it")
+        fit = max(1, int(left // max(2 * workload, 1e-3)))
+        if fit < rounds:
+            self.notes.append(f"end-to-end timing cut to {fit} rounds by the time budget (asked {rounds})")
+            rounds = fit
+        return Finish(rounds, compile_)
+
+    def compile_regions(self) -> None:
+        """torch.compile of each accepted kernel's own region, timed beside eager (agent/compile_baseline.py): the
+        rows of its task get compile's gain over eager there, so the report can set each kernel beside compile."""
+        for a in self.accepted:
+            task_dir = self.run_dir / "tasks" / a.task.id
+            self.stages.say(f"      torch.compile of {a.task.id}'s region: compiling and timing it beside eager")
+            region = RegionCompile.model_validate(self.state.memo(
+                f"region_compile:{a.task.id}", "stage",
+                functools.partial(_region_compile, a.task, task_dir / "reference.py", self.choice)))
+            write_record(task_dir / "compile.json", region)
+            if region.error:
+                self.stages.say(f"      {a.task.id}: torch.compile not timed: {region.error}", style="yellow")
+            for row in self.kernels:
+                if row.candidate_id.startswith(f"{a.task.id}/"):
+                    row.region_compile_speedup = region.speedup
+
+    def measure(self, finish: Finish) -> Measured:
+        """Calls into each kernel of the pack, the model's outputs with it, and the workload's time: eager vs
+        kernelbot vs torch.compile, interleaved."""
+        self.state.stage("integrate")
+        self._count_calls()
+        with self.stages.working("fidelity: the pack's outputs against eager's and float64's"):
+            fid = Fidelity.model_validate(self.state.memo(f"fidelity:{self.pack.version}", "stage", lambda: fidelity(
+                self.engine, self.pack, self.pack_dir).model_dump()))
+        self.stages.say(f"      fidelity: {fid.summary()}")
+        self.state.stage("measure")
+        baselines = "torch.compile" + (" vs CUDA-graph decode" if self.engine.device.is_gpu else "")
+        self.stages.say(f"[6/7] measure: eager vs kernelbot vs {baselines}, {finish.rounds} interleaved rounds")
+        times = EndToEndTimes.model_validate(self.state.memo(
+            f"timings:{self.pack.version}", "stage", functools.partial(self._time, finish)))
+        write_record(self.run_dir / "timings.json", times)
+        if times.host is not None and times.host.contended:
+            self.stages.say(f"      the host was busy while timing ({times.host.summary()}): the ratios are "
+                            "doubtful", style="yellow")
+        return Measured(fid, times)
+
+    def _count_calls(self) -> None:
+        calls, fallbacks = self.state.memo(f"calls:{self.pack.version}", "stage",
+                                           lambda: list(count_calls(self.engine, self.pack, self.pack_dir)))
+        for row in self.kernels:
+            cid = row.candidate_id.replace("/", "__")
+            row.calls = calls.get(cid, 0)
+            if row.status == "accepted":
+                row.fallback_calls = fallbacks.get(row.module, 0)
+                if row.calls == 0:
+                    self.notes.append(f"{row.candidate_id} is in the pack but never ran")
+
+    def _time(self, finish: Finish) -> dict[str, Any]:
+        compiled = None
+        if finish.compile:
+            t0 = time.perf_counter()
+            compiled = self.engine.compiled()
+            with self.stages.working("torch.compile warm-up (compiling the model for prefill and decode)"):
+                compiled.run_workload()
+                compiled.run_workload()
+            self.stages.say(f"      torch.compile warm-up took {time.perf_counter() - t0:.0f} s")
+        graphed = None
+        if self.engine.device.is_gpu and self.engine.cache_name is not None:  # how serving engines run decode
+            graphed = self.engine.static_decode(graphs=True)
+            graphed.run_workload()  # captures the decode step
+        self.engine.apply_pack(self.pack, self.pack_dir)
+        self.engine.run_workload()  # warm the kernels (weights packed on first call)
+        self.engine.remove_pack()
+        with self.stages.working(f"timing {finish.rounds} interleaved rounds"):
+            return time_end_to_end(self.engine, self.pack, self.pack_dir, finish.rounds, compiled,
+                                   graphed).model_dump()
+
+    def report(self, measured: Measured, finish: Finish, hotspots_after: list[Hotspot]) -> Report:
+        """report.json and report.md; then, when the pack kept the model's outputs, its kernels into the store."""
+        self.state.stage("report")
+        self.stages.say("[7/7] report")
+        times, fid = measured.times, measured.fidelity
+        baseline, optimized, comp = median(times.eager), median(times.kernelbot), median(times.compiled)
+        graphed = median(times.graph_decode)
+        assert baseline and optimized
+        self._fidelity_notes(fid)
+        if self.state.stop_reason:
+            self.stages.say(f"stopped early by the {self.state.stop_reason}", style="yellow")
+            self.notes.append(f"stopped early by the {self.state.stop_reason}")
+        report = Report(
+            run_id=self.run_dir.name, model=self.spec, device=self.device, baseline_ms=baseline,
+            optimized_ms=optimized, compiled_ms=comp, speedup=round(baseline / optimized, 3),
+            speedup_vs_compiled=round(comp / optimized, 3) if comp else None, graph_decode_ms=graphed,
+            timing_rounds=finish.rounds,
+            fidelity=fid, kernels=self.kernels, hotspots_before=self.hotspots_before, hotspots_after=hotspots_after,
+            notes=self.notes, seconds=round(self.state.clock.elapsed(), 1), llm=self.usage,
+            iterations=max(self.iterations_done, 1), stop_reason=self.state.stop_reason, budget=self._budget(),
+            reused=self.state.reused, sessions=self.sessions, host=times.host)
+        write_report(report, self.run_dir, self.console)
+        if fid.passed:
+            self._store_accepted()
+        return report
+
+    def _fidelity_notes(self, fid: Fidelity) -> None:
+        if not fid.passed:
+            self.notes.append("fidelity: the pack changed the model's outputs beyond its dtype's own error; "
+                              "do not ship it")
+        elif not fid.greedy_match:
+            self.notes.append("fidelity: some greedy tokens changed, at near ties: on eager's tokens the pack is "
+                              "within twice eager's own distance from float64")
+
+    def _budget(self) -> dict[str, Any]:
+        opts = self.opts
+        budget: dict[str, Any] = {"budget_hours": opts.budget_hours, "iterations": opts.iterations,
+                                  "max_tasks": opts.max_tasks, "max_task_minutes": opts.max_task_minutes}
+        if opts.llm is not None:
+            b = opts.llm.budget
+            budget.update(max_cost=b.max_cost, max_tokens=b.max_tokens, max_llm_seconds=b.max_seconds,
+                          max_calls_per_task=b.max_calls_per_task)
+        return budget
+
+    def _store_accepted(self) -> None:
+        store = self.state.store
+        if store is None:
+            return
+        for a in self.accepted:
+            store.add(a.task, a.candidate.backend, self.state.device_name, a.source.read_text(), {
+                "run_id": self.run_dir.name, "proposer": a.candidate.proposer, "config": a.candidate.config,
+                "source_hash": a.candidate.source_hash, "speedup": a.bench.speedup,
+                "verdict": a.verdict.verdict, "checks": [c.id for c in a.verdict.checks if c.status == "pass"]})
+        if self.accepted:
+            self.stages.say(f"      {len(self.accepted)} kernels stored in {store.root} for later runs")
+
+
+def _profile_with(engine: TorchEngine, device: Device, pack: Pack, pack_dir: Path, trace: Path) -> list[dict]:
+    """The workload profiled (with the pack when it has kernels) and ranked, as JSON for the journal."""
+    if pack.entries:
+        engine.apply_pack(pack, pack_dir)
+    try:
+        engine.profile(trace)
+        loaded = load_trace(trace)
+        op_breakdown(loaded).to_csv(trace.with_name(trace.name.replace(".json.gz", "_ops.csv")), index=False)
+        return [h.model_dump() for h in rank_hotspots(loaded, device, classes_covered(engine.model))]
+    finally:
+        engine.remove_pack()
+
+
+def _region_compile(task: Task, reference: Path, choice: DeviceChoice) -> dict[str, Any]:
+    return time_region_compile(task, reference, choice).model_dump()

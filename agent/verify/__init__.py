@@ -1,0 +1,19 @@
+"""Verification and benchmarking, in one wing: everything that decides whether a candidate is right and fast.
+
+Parent side (trusted; the candidate never runs here):
+  run.py        `verify()`: the entry point, the check ids, a task from a standalone reference
+  cases.py      the models and input sets a candidate is run on
+  judge.py      what came back from the box, turned into checks against references computed here
+  numerics.py   tolerances by dtype, against a float64 reference
+  sanitizer.py  on a GPU: compute-sanitizer's report as checks
+  bench.py      interleaved timing rounds, medians, noise; timed outputs checked
+  evaluate.py   one candidate through verify and bench, as the optimize loop sees it
+
+In the box (run by the sandbox as `python -m kernelbot.agent.verify.harness`):
+  harness.py    the harness and the runners it forks, which alone run candidate code
+  probes.py, triton_check.py, cuda_check.py   observations made in a runner around the candidate's calls
+
+Both sides: messages.py, the typed messages the parent, the harness and its runners exchange.
+
+This file imports nothing, so starting the harness in the box loads only what the harness needs.
+"""

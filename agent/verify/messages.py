@@ -1,0 +1,349 @@
+"""The typed messages of the verification wing, one schema for every side that speaks them.
+
+  parent -> box       a Job (job.json), written by the parent, read by the harness
+  harness -> runner   a Request (one per call the runner makes), as plain data on the harness's channel
+  runner -> harness   a Reply (its Facts, outputs as EncodedTensor tuples) and Events (Triton launches, findings)
+  box -> parent       result.json: a VerifyResult, BenchResult, Done or Failure; outputs.pt: VerifyOutputs or
+                      BenchOutputs (tensors as torch.save'd them, loaded with weights_only=True)
+
+Everything that crosses a process boundary travels as plain data (JSON, or pickles of builtins and tensors) and is
+validated into these models by the side that reads it; what came from the box or a runner is never trusted beyond
+what the model admits (unknown fields are refused).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+
+class Message(BaseModel):
+    """Unknown fields are refused; tensors travel inside as they are."""
+
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+
+
+# ---------------------------------------------------------------- the job (parent -> box)
+
+class VerifyJob(Message):
+    kind: Literal["verify"] = "verify"
+    candidate: str  # the candidate module's path
+    plan: str  # torch.save'd plan: init args, the input sets (guarded), fresh and changed values
+    state_dicts: list[str]  # one per model of the plan
+    alt_state_dict: str | None = None  # new weights for the result_caching check
+    init_seed: int
+    triton: bool = False
+    device: str = "cpu"
+    settle_s: float = 0.02
+
+
+class SanitizeJob(Message):
+    """One call on the main input set, for compute-sanitizer to watch."""
+    kind: Literal["sanitize"] = "sanitize"
+    candidate: str
+    plan: str
+    state_dicts: list[str]
+    init_seed: int
+    device: str = "cuda"
+
+
+class BenchJob(Message):
+    kind: Literal["bench"] = "bench"
+    reference: str
+    candidate: str
+    init_args: list[Any]
+    state_dict: str
+    inputs: str  # torch.save'd input sets the timed calls rotate through
+    rounds: int
+    device: str = "cpu"
+    round_seconds: float = 0.02
+
+
+class NoopJob(Message):
+    """Nothing: measures the sandbox's own cost per job."""
+    kind: Literal["noop"] = "noop"
+
+
+Job = Annotated[VerifyJob | SanitizeJob | BenchJob | NoopJob, Field(discriminator="kind")]
+JOB: TypeAdapter[Job] = TypeAdapter(Job)
+
+
+class SentCase(Message):
+    label: str
+    model: int  # index into SentPlan.init_args
+    inputs: list[Any]  # guarded: canary regions around every contiguous tensor
+
+
+class SentPlan(Message):
+    """What a verify or sanitize job runs the candidate on (torch.save'd beside the job by the parent)."""
+    init_args: list[list[Any]]
+    cases: list[SentCase]
+    fresh: list[Any] = Field(default_factory=list)  # another draw at the main case's shapes (caching check)
+    changed: list[list[Any]] = Field(default_factory=list)  # `fresh`, one element changed per call
+
+
+# ---------------------------------------------------------------- observations and reports
+
+class Facts(Message):
+    """What a runner observed around the candidate's calls, by kind; the judge turns each kind into a check."""
+    subclass: list[str] = Field(default_factory=list)  # tensor subclasses or other objects returned
+    aliasing: list[str] = Field(default_factory=list)
+    late: list[str] = Field(default_factory=list)  # outputs changing after the call returned
+    threads: list[str] = Field(default_factory=list)  # threads left running
+    weights: list[str] = Field(default_factory=list)  # parameters changed
+    tamper: list[str] = Field(default_factory=list)  # the harness's code, seal or channel disturbed
+    timing: list[str] = Field(default_factory=list)  # clocks or comparison functions replaced
+    notes: list[str] = Field(default_factory=list)
+
+
+FACT_KINDS: tuple[str, ...] = tuple(Facts.model_fields)
+
+
+class PtxasKernel(Message):
+    kernel: str
+    arch: str
+    registers: int | None
+    smem_bytes: int
+    stack_bytes: int
+    spill_store_bytes: int
+    spill_load_bytes: int
+
+
+class PtxasReport(Message):
+    """nvcc -Xptxas -v on the candidate's CUDA sources."""
+    ok: bool
+    kernels: list[PtxasKernel] = Field(default_factory=list)
+    log: str = ""
+
+
+class Profile(Message):
+    """The profiled call: aten compute work on every thread, the candidate's own kernels, whether the op log stayed
+    intact; or why no profile came back."""
+    compute: dict[str, float] = Field(default_factory=dict)
+    own_kernels: list[str] = Field(default_factory=list)
+    intact: bool = False
+    error: str | None = None
+
+
+class TritonReport(Message):
+    """Rebuilt by the harness from the launches and findings a runner streamed."""
+    launches: int = 0
+    programs: int = 0
+    kernels: list[str] = Field(default_factory=list)
+    out_of_bounds: list[str] = Field(default_factory=list)
+    races: list[str] = Field(default_factory=list)
+    float_atomic_kernels: list[str] = Field(default_factory=list)
+    order_mismatch: list[str] = Field(default_factory=list)
+
+
+# ---------------------------------------------------------------- harness -> runner
+
+# A plain tensor as plain data: ("T", dtype, shape, stride, storage offset, bytes).
+EncodedTensor = tuple[Literal["T"], str, tuple[int, ...], tuple[int, ...], int, bytes]
+# One output as it leaves a runner: a tensor, a number, or None (something refused).
+Value = EncodedTensor | bool | int | float | None
+Stage = Literal["compile", "run", "needs_gpu"]
+
+
+class Request(Message):
+    seq: int = 0  # set by the harness when it sends
+
+
+class LoadRequest(Request):
+    """Import the module, build one model per (init args, state dict)."""
+    op: Literal["load"] = "load"
+    models: list[tuple[list[Any], dict[str, Any]]]
+    init_seed: int
+
+
+class CaseRequest(Request):
+    """One verified call on an input set (kept under `keep` for later calls on the same tensors)."""
+    op: Literal["case"] = "case"
+    model: int
+    inputs: list[Any]
+    again: bool = False  # a second run on copies
+    orders: bool = False  # also in reversed and shuffled Triton program order
+    order_seed: int = 0
+    inputs_after: bool = False  # send the inputs back afterwards, guard regions included
+    keep: str | None = None
+
+
+class RefillRequest(Request):
+    """New values in the tensors kept under `slot`, then a verified call on them."""
+    op: Literal["refill"] = "refill"
+    model: int
+    slot: str
+    values: list[Any]
+
+
+class ReweightRequest(Request):
+    """New weights copied into the same parameters."""
+    op: Literal["reweight"] = "reweight"
+    model: int
+    state_dict: dict[str, Any]
+
+
+class ProfileRequest(Request):
+    op: Literal["profile"] = "profile"
+    model: int
+    inputs: list[Any]
+
+
+class StageRequest(Request):
+    """The benchmark's input sets, held by the runner."""
+    op: Literal["stage"] = "stage"
+    sets: list[list[Any]]
+
+
+class TimedCallRequest(Request):
+    """One timed call on a staged set, after changing one element per input (index, flat position, value)."""
+    op: Literal["tcall"] = "tcall"
+    set: int
+    perturb: list[tuple[int, int, float | int | bool]] = Field(default_factory=list)
+
+
+class FetchRequest(Request):
+    """The last timed call's outputs, asked for only after it returned."""
+    op: Literal["fetch"] = "fetch"
+
+
+class FinalRequest(Request):
+    """The end of the job: outputs still final, no thread left."""
+    op: Literal["final"] = "final"
+
+
+AnyRequest = Annotated[LoadRequest | CaseRequest | RefillRequest | ReweightRequest | ProfileRequest | StageRequest |
+                       TimedCallRequest | FetchRequest | FinalRequest, Field(discriminator="op")]
+REQUEST: TypeAdapter[AnyRequest] = TypeAdapter(AnyRequest)
+REQUEST_TYPES: tuple[type[Request], ...] = (LoadRequest, CaseRequest, RefillRequest, ReweightRequest, ProfileRequest,
+                                            StageRequest, TimedCallRequest, FetchRequest, FinalRequest)
+
+
+# ---------------------------------------------------------------- runner -> harness
+
+class Reply(Message):
+    """A runner's answer to one request; which fields are set depends on the request."""
+    facts: Facts
+    error: str | None = None
+    stage: Stage | None = None  # with an error at load: compile or needs_gpu
+    ptxas: list[PtxasReport] | None = None
+    protections: list[str] | None = None  # the runner's own, with its load reply
+    out: list[Value] | None = None
+    again: list[Value] | None = None
+    reversed: list[Value] | None = None
+    shuffled: list[Value] | None = None
+    inputs_after: list[Value] | None = None
+    profile: Profile | None = None
+    us: float | None = None  # a timed call's microseconds
+
+
+REPLY: TypeAdapter[Reply] = TypeAdapter(Reply)
+
+
+class TritonLaunch(Message):
+    kernel: str
+    programs: int
+    order: str  # the program order it ran in
+    float_atomic_adds: int = 0
+    asked: str  # the order the harness had asked for then
+
+
+class TritonFinding(Message):
+    kind: Literal["out_of_bounds", "race"]
+    text: str
+    asked: str
+
+
+EVENTS: dict[str, type[Message]] = {"triton_launch": TritonLaunch, "triton_finding": TritonFinding}
+
+
+# ---------------------------------------------------------------- box -> parent
+
+class CaseRun(Message):
+    """One input set's verified call, decoded: outputs, the second run, other program orders, inputs afterwards."""
+    out: list[Any] = Field(default_factory=list)
+    again: list[Any] | None = None
+    reversed: list[Any] | None = None
+    shuffled: list[Any] | None = None
+    inputs_after: list[Any] = Field(default_factory=list)
+    error: str | None = None
+
+    def in_order(self, order: str) -> list[Any] | None:
+        """The outputs in `order` (reversed or shuffled) program order, when that ran."""
+        return self.reversed if order == "reversed" else self.shuffled if order == "shuffled" else None
+
+
+class CallResult(Message):
+    out: list[Any] | None = None
+    error: str | None = None
+
+
+class VerifyOutputs(Message):
+    """outputs.pt of a verify job."""
+    runs: list[CaseRun]
+    caching_out: list[Any] | None = None
+    caching_error: str | None = None
+    element_outs: list[CallResult] = Field(default_factory=list)
+    reweight_out: CallResult | None = None
+    reweight_error: str | None = None
+    reweight_skipped: str | None = None
+
+
+class CheckedCall(Message):
+    inputs: list[Any]
+    out: list[Any]
+
+
+class BenchOutputs(Message):
+    """outputs.pt of a bench job: some timed calls' inputs and outputs, for the parent to check."""
+    checked: list[CheckedCall]
+
+
+class BoxResult(Message):
+    """What every job's result.json carries: the protections in force in the box (the sandbox reads these too)."""
+    protections: list[str] = Field(default_factory=list)
+    ptxas: list[PtxasReport] = Field(default_factory=list)
+
+
+class Failure(BoxResult):
+    """The job could not finish: the candidate failed to load or run, or a runner died. `error` is candidate text."""
+    kind: Literal["failure"] = "failure"
+    error: str
+    stage: Stage
+    facts: Facts = Field(default_factory=Facts)
+    traceback: str = ""
+
+
+class VerifyResult(BoxResult):
+    kind: Literal["verify"] = "verify"
+    facts: Facts
+    profile: Profile
+    triton: TritonReport | None = None
+
+
+class BenchResult(BoxResult):
+    kind: Literal["bench"] = "bench"
+    reference_us: list[float]
+    candidate_us: list[float]
+    iters: int
+    facts: Facts
+
+
+class Done(BoxResult):
+    """A sanitize or noop job that ran to its end."""
+    kind: Literal["done"] = "done"
+
+
+Result = Annotated[Failure | VerifyResult | BenchResult | Done, Field(discriminator="kind")]
+RESULT: TypeAdapter[Result] = TypeAdapter(Result)
+
+
+def read_result(payload: dict[str, Any] | None) -> Result | None:
+    """The box's result.json as its model; None when there is none or it does not fit one (the job then crashed)."""
+    if payload is None:
+        return None
+    try:
+        return RESULT.validate_python(payload)
+    except ValueError:
+        return None
