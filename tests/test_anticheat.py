@@ -19,7 +19,7 @@ HEADER = """
 import ctypes, gc, os, sys, threading, time
 from pathlib import Path
 import torch
-from kernelbot.kernel_library.rmsnorm.cpu import RMSNormCpp
+from kernelbot.kernel_library.rmsnorm.cpp import RMSNormCpp
 from kernelbot.kernel_library.rmsnorm.triton_kernel import RMSNormTriton
 
 class Lazy(torch.Tensor):

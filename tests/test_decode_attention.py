@@ -173,12 +173,12 @@ def test_cpp_forward_matches_the_reference_in_fp32(name):
 @pytest.mark.parametrize("name", list(CASES))
 def test_cpp_forward_in_bf16_is_as_accurate_as_eager(name, path, monkeypatch):
     """Through the avx512_bf16 GEMMs (where the CPU has them) and through the fp32 GEMMs other CPUs use."""
-    from kernelbot.kernel_library.decode_attention import cpu
+    from kernelbot.kernel_library.decode_attention import cpp
 
-    if path == "native" and not cpu.load_cpp(cpu.SOURCE).has_avx512_bf16():
+    if path == "native" and not cpp.load_cpp(cpp.SOURCE).has_avx512_bf16():
         pytest.skip("this CPU has no avx512_bf16")
     if path == "fp32":
-        monkeypatch.setattr(cpu, "bf16_path", lambda ext, x: False)
+        monkeypatch.setattr(cpp, "bf16_path", lambda ext, x: False)
     kernel, reference, exact = _models(CASES[name], "cpp", "bfloat16")
     got, eager, truth = _run(kernel, reference, exact, CASES[name].inputs(torch.bfloat16, seed=2))
     assert_as_accurate_as_eager(got, eager, truth, slack=1.25)
@@ -225,7 +225,7 @@ def test_cpp_step_appends_into_a_larger_cache_over_several_steps(dtype, buffer):
 
 
 def test_cpp_kernels_refuse_a_cache_without_room_before_writing():
-    from kernelbot.kernel_library.decode_attention.cpu import DecodeAttentionCpp
+    from kernelbot.kernel_library.decode_attention.cpp import DecodeAttentionCpp
 
     case = CASES["decode"]
     kernel = DecodeAttentionCpp(*case.init("float32")).eval()

@@ -5,7 +5,7 @@ from kernelbot import KernelbotError
 from kernelbot.engine import TorchEngine, builtin_spec
 from kernelbot.records import Pack, PackEntry
 
-LIBRARY_NORM = "from kernelbot.kernel_library.rmsnorm.cpu import RMSNormCpp as ModelNew\n"
+LIBRARY_NORM = "from kernelbot.kernel_library.rmsnorm.cpp import RMSNormCpp as ModelNew\n"
 
 
 def _norm_pack(tmp_path, source: str, dtype: str, shape: list[int]) -> tuple:
@@ -83,7 +83,7 @@ def test_fidelity_sets_the_packs_logit_change_beside_the_dtypes_own_error(tmp_pa
     engine = TorchEngine(spec)
     source = LIBRARY_NORM
     if scale:  # verified-looking but 1% off: far beyond fp32's own error
-        source = ("from kernelbot.kernel_library.rmsnorm.cpu import RMSNormCpp\n\n\nclass ModelNew(RMSNormCpp):\n"
+        source = ("from kernelbot.kernel_library.rmsnorm.cpp import RMSNormCpp\n\n\nclass ModelNew(RMSNormCpp):\n"
                   f"    def forward(self, x):\n        return super().forward(x) * {scale}\n")
     fid = fidelity(engine, *_norm_pack(tmp_path, source, dtype, [2, 5, spec.hidden]))
     assert fid.dtype_noise is not None and fid.dtype_noise > 0

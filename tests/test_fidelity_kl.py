@@ -15,8 +15,8 @@ from kernelbot.engine import TorchEngine
 from kernelbot.engine.models import resolve_spec
 from kernelbot.records import Fidelity, KLCheck, Pack, PackEntry
 
-LIBRARY_NORM = "from kernelbot.kernel_library.rmsnorm.cpu import RMSNormCpp as ModelNew\n"
-ONE_PERCENT_OFF = ("from kernelbot.kernel_library.rmsnorm.cpu import RMSNormCpp\n\n\nclass ModelNew(RMSNormCpp):\n"
+LIBRARY_NORM = "from kernelbot.kernel_library.rmsnorm.cpp import RMSNormCpp as ModelNew\n"
+ONE_PERCENT_OFF = ("from kernelbot.kernel_library.rmsnorm.cpp import RMSNormCpp\n\n\nclass ModelNew(RMSNormCpp):\n"
                    "    def forward(self, x):\n        return super().forward(x) * 1.01\n")
 OLD_REPORT = {"max_abs_logit_diff": 2e-6, "greedy_match": True, "token_agreement": 1.0, "dtype_noise": 1e-6,
               "pack_error": 1e-6, "within_noise": True}
@@ -75,7 +75,7 @@ def test_reports_written_before_the_kl_check_still_read_and_pass_as_they_did() -
     assert "KL" not in old.summary()
 
 
-LIBRARY_MLP = "from kernelbot.kernel_library.gated_mlp.cpu import GatedMLPCpp as ModelNew\n"
+LIBRARY_MLP = "from kernelbot.kernel_library.gated_mlp.cpp import GatedMLPCpp as ModelNew\n"
 
 
 def _one_kernel_pack(tmp_path: Path, source: str, dtype: str, hidden: int, intermediate: int) -> tuple[Pack, Path]:

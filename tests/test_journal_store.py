@@ -15,11 +15,11 @@ def test_store_is_keyed_by_signature_backend_and_device(tmp_path, monkeypatch):
     monkeypatch.setenv("KERNELBOT_STORE", str(tmp_path / "s"))
     store = KernelStore()
     assert store.root == store_root() == tmp_path / "s"
-    assert store.lookup(_task([4, 1, 128]), "cpp", "cpu:A") is None
-    store.add(_task([4, 1, 128]), "cpp", "cpu:A", "class ModelNew: pass\n", {"run_id": "r1", "speedup": 2.0})
-    source, entry = store.lookup(_task([4, 1, 128], tid="h07-rmsnorm-other-model"), "cpp", "cpu:A")
+    assert store.lookup(_task([4, 1, 128]), "cpp", "cpp:A") is None
+    store.add(_task([4, 1, 128]), "cpp", "cpp:A", "class ModelNew: pass\n", {"run_id": "r1", "speedup": 2.0})
+    source, entry = store.lookup(_task([4, 1, 128], tid="h07-rmsnorm-other-model"), "cpp", "cpp:A")
     assert source == "class ModelNew: pass\n" and entry["run_id"] == "r1" and entry["backend"] == "cpp"
     assert entry["signature"]["input_shapes"] == [[4, 1, 128]]
-    for other in ((_task([4, 8, 128]), "cpp", "cpu:A"), (_task([4, 1, 128], "bfloat16"), "cpp", "cpu:A"),
-                  (_task([4, 1, 128]), "triton", "cpu:A"), (_task([4, 1, 128]), "cpp", "cpu:B")):
+    for other in ((_task([4, 8, 128]), "cpp", "cpp:A"), (_task([4, 1, 128], "bfloat16"), "cpp", "cpp:A"),
+                  (_task([4, 1, 128]), "triton", "cpp:A"), (_task([4, 1, 128]), "cpp", "cpp:B")):
         assert store.lookup(*other) is None, other

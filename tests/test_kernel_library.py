@@ -40,12 +40,12 @@ def test_family_matches_reference(name, backend):
 def test_cpp_kernels_in_bf16_are_as_accurate_as_eager(name, path, monkeypatch):
     """bf16 weights and activations, through the avx512_bf16 kernels (native; where the CPU has them) and through
     the fp32 kernels other CPUs use: no further from float64 than torch's own bf16 path."""
-    from kernelbot.kernel_library.linear import cpu as linear_cpu
+    from kernelbot.kernel_library.linear import cpp as linear_cpp
 
-    if name != "rmsnorm" and path == "native" and not linear_cpu.load_cpp(linear_cpu.SOURCE).has_avx512_bf16():
+    if name != "rmsnorm" and path == "native" and not linear_cpp.load_cpp(linear_cpp.SOURCE).has_avx512_bf16():
         pytest.skip("this CPU has no avx512_bf16")
     if path == "fp32":
-        for module in (linear_cpu, importlib.import_module("kernelbot.kernel_library.gated_mlp.cpu")):
+        for module in (linear_cpp, importlib.import_module("kernelbot.kernel_library.gated_mlp.cpp")):
             monkeypatch.setattr(module, "bf16_path", lambda ext, x: False)
     family = FAMILIES[name]
     torch.manual_seed(0)
@@ -64,7 +64,7 @@ def test_cpp_kernels_in_bf16_are_as_accurate_as_eager(name, path, monkeypatch):
 
 
 def test_repacks_when_weights_change():
-    from kernelbot.kernel_library.linear.cpu import LinearCpp
+    from kernelbot.kernel_library.linear.cpp import LinearCpp
 
     layer = LinearCpp(16, 24, False)
     torch.nn.init.normal_(layer.weight)
@@ -139,7 +139,7 @@ def test_rotary_embedding_in_half_precision_stays_within_the_references_rounding
 
 
 def test_rotary_embedding_cpp_refuses_positions_past_its_cache():
-    from kernelbot.kernel_library.rotary_embedding.cpu import RotaryEmbeddingCpp
+    from kernelbot.kernel_library.rotary_embedding.cpp import RotaryEmbeddingCpp
 
     kernel = RotaryEmbeddingCpp(32, 32, 16, 10000.0, True, "float32")
     with pytest.raises(RuntimeError, match="position 16 out of range"):

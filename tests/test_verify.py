@@ -50,7 +50,7 @@ def test_fuzzed_shapes_cover_one_primes_and_the_observed():
 def test_library_kernel_passes(tmp_path):
     ref = write_module(tmp_path / "reference.py", reference_source(RMS_TASK))
     cand = write_module(tmp_path / "cand" / "candidate.py",
-                        "from kernelbot.kernel_library.rmsnorm.cpu import RMSNormCpp as ModelNew\n")
+                        "from kernelbot.kernel_library.rmsnorm.cpp import RMSNormCpp as ModelNew\n")
     verdict = verify(RMS_TASK, ref, cand, tmp_path / "work")
     assert verdict.verdict == "pass", verdict.checks
     assert [c.id for c in verdict.checks] == list(CHECK_IDS)
@@ -74,7 +74,7 @@ def test_library_triton_kernel_passes_in_the_interpreter(tmp_path):
 
 
 @pytest.mark.parametrize(("family", "live", "shape", "wrapper"), [
-    ("rmsnorm", lambda: LlamaRMSNorm(64), [4, 1, 64], "rmsnorm.cpu:RMSNormCpp"),
+    ("rmsnorm", lambda: LlamaRMSNorm(64), [4, 1, 64], "rmsnorm.cpp:RMSNormCpp"),
     ("linear", lambda: torch.nn.Linear(48, 40), [4, 1, 48], "linear.triton_kernel:LinearTriton"),
 ])
 def test_a_bf16_models_task_keeps_its_weights_in_bf16(tmp_path, family, live, shape, wrapper):
@@ -108,7 +108,7 @@ ROPE_TASK = Task(id="rope", hotspot_id="h", family="rotary_embedding", module_cl
 def test_rotary_candidates_are_checked_at_random_positions(tmp_path, body, verdict_):
     ref = write_module(tmp_path / "reference.py", reference_source(ROPE_TASK))
     cand = write_module(tmp_path / "cand" / "candidate.py",
-                        "import torch\nfrom kernelbot.kernel_library.rotary_embedding.cpu import RotaryEmbeddingCpp\n\n"
+                        "import torch\nfrom kernelbot.kernel_library.rotary_embedding.cpp import RotaryEmbeddingCpp\n\n"
                         f"class ModelNew(RotaryEmbeddingCpp):\n    pass\n{body}")
     verdict = verify(ROPE_TASK, ref, cand, tmp_path / "work")
     assert verdict.verdict == verdict_, verdict.checks

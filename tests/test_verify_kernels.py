@@ -275,7 +275,7 @@ def test_an_online_softmax_is_checked_on_fully_masked_and_left_padded_rows(tmp_p
 
 RIGHT_ONLY_AT_FIRST = '''
 import torch
-from kernelbot.kernel_library.rmsnorm.cpu import RMSNormCpp
+from kernelbot.kernel_library.rmsnorm.cpp import RMSNormCpp
 
 
 class ModelNew(RMSNormCpp):
@@ -303,6 +303,6 @@ def test_a_candidate_right_only_for_its_first_calls_passes_verification_but_not_
 def test_the_benchmark_checks_an_honest_candidate_and_times_it(tmp_path):
     ref = write_module(tmp_path / "reference.py", reference_source(RMS_TASK))
     cand = write_module(tmp_path / "cand" / "candidate.py",
-                        "from kernelbot.kernel_library.rmsnorm.cpu import RMSNormCpp as ModelNew\n")
+                        "from kernelbot.kernel_library.rmsnorm.cpp import RMSNormCpp as ModelNew\n")
     result = bench(RMS_TASK, ref, cand, tmp_path / "bench", rounds=3)
     assert result.rounds == 3 and result.candidate_us > 0 and result.reference_us > 0

@@ -114,7 +114,7 @@ def library_examples(task: Task, backend: str, reference: str = "") -> list[tupl
     family = FAMILIES.get(task.family) or FAMILIES[nearest_family(reference)]
     folder = ROOT / family.name
     files = [folder / "triton_kernel.py"] if backend == "triton" else [*sorted(folder.glob("*.cpp")),
-                                                                         folder / "cpu.py"]
+                                                                         folder / "cpp.py"]
     return [(f"kernel_library/{family.name}/{p.name}", p.read_text()[:EXAMPLE_CHARS]) for p in files if p.is_file()]
 
 

@@ -158,7 +158,7 @@ def _call_dims(ops: list[OpCall]) -> tuple[list[list[int]], list[str]] | None:
 FAMILY = Family(
     name="decode_attention",
     module_classes=(),  # found by structure (covers), whatever an attention's class is called
-    wrappers={"cpp": "cpu:DecodeAttentionCpp", "triton": "triton_kernel:DecodeAttentionTriton"},
+    wrappers={"cpp": "cpp:DecodeAttentionCpp", "triton": "triton_kernel:DecodeAttentionTriton"},
     configs={"cpp": [{"grain": 1}, {"grain": 4}, {"grain": 16}],
              "triton": [{"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 64, "ATTN_BLOCK_M": 16, "ATTN_BLOCK_N": 32,
                          "num_warps": 4}]},

@@ -14,7 +14,7 @@ import triton.language as tl
 from kernelbot import KernelbotError
 from kernelbot.kernel_library.decode_attention.cache import pure_forward
 from kernelbot.kernel_library.decode_attention.reference import Model
-from kernelbot.kernel_library.linear.cpu import PackedWeights
+from kernelbot.kernel_library.linear.cpp import PackedWeights
 from kernelbot.kernel_library.linear.triton_kernel import triton_linear
 
 LOG2E = 1.4426950408889634

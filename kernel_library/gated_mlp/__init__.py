@@ -14,7 +14,7 @@ def _cost(dims, itemsize):
 FAMILY = Family(
     name="gated_mlp",
     module_classes=("LlamaMLP", "Qwen2MLP", "MistralMLP"),
-    wrappers={"cpp": "cpu:GatedMLPCpp", "triton": "triton_kernel:GatedMLPTriton"},
+    wrappers={"cpp": "cpp:GatedMLPCpp", "triton": "triton_kernel:GatedMLPTriton"},
     configs={"cpp": [{"grain": 1}, {"grain": 4}, {"grain": 16}],
              "triton": [{"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 64}]},
     dtypes={"cpp": ("float32", "bfloat16"), "triton": ("float32", "bfloat16", "float16")},

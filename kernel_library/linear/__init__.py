@@ -9,7 +9,7 @@ def _cost(dims, itemsize):
 FAMILY = Family(
     name="linear",
     module_classes=("Linear",),
-    wrappers={"cpp": "cpu:LinearCpp", "triton": "triton_kernel:LinearTriton"},
+    wrappers={"cpp": "cpp:LinearCpp", "triton": "triton_kernel:LinearTriton"},
     configs={"cpp": [{"grain": 1}, {"grain": 4}, {"grain": 16}],
              "triton": [{"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 64}]},
     dtypes={"cpp": ("float32", "bfloat16"), "triton": ("float32", "bfloat16", "float16")},

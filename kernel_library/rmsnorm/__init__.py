@@ -16,7 +16,7 @@ def _covers(m: torch.nn.Module) -> bool:
 FAMILY = Family(
     name="rmsnorm",
     module_classes=("LlamaRMSNorm", "Qwen2RMSNorm", "MistralRMSNorm", "RMSNorm"),
-    wrappers={"cpp": "cpu:RMSNormCpp", "triton": "triton_kernel:RMSNormTriton"},
+    wrappers={"cpp": "cpp:RMSNormCpp", "triton": "triton_kernel:RMSNormTriton"},
     configs={"cpp": [{"grain": 1}, {"grain": 8}, {"grain": 64}], "triton": [{"num_warps": 4}]},
     dtypes={"cpp": ("float32", "bfloat16", "float16"), "triton": ("float32", "bfloat16", "float16")},
     init_args=lambda m: [int(m.weight.shape[0]), float(getattr(m, "variance_epsilon", getattr(m, "eps", 1e-6))),

@@ -41,7 +41,7 @@ def _call_dims(ops: list[OpCall]) -> tuple[list[list[int]], list[str]] | None:
 FAMILY = Family(
     name="rotary_embedding",
     module_classes=("RotaryEmbedding",),
-    wrappers={"cpp": "cpu:RotaryEmbeddingCpp", "triton": "triton_kernel:RotaryEmbeddingTriton"},
+    wrappers={"cpp": "cpp:RotaryEmbeddingCpp", "triton": "triton_kernel:RotaryEmbeddingTriton"},
     configs={"cpp": [{"grain": 1}, {"grain": 8}], "triton": [{"num_warps": 1}, {"num_warps": 4}]},
     dtypes={"cpp": ("float32", "bfloat16", "float16"), "triton": ("float32", "bfloat16", "float16")},
     init_args=_init_args,

@@ -6,7 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernelbot.kernel_library.rotary_embedding.cpu import rows
+from kernelbot.kernel_library.rotary_embedding.cpp import rows
 from kernelbot.kernel_library.rotary_embedding.reference import Model
 
 

@@ -3,7 +3,7 @@ from kernelbot.kernel_library.base import Family, rows
 FAMILY = Family(
     name="silu_and_mul",
     module_classes=("SiluAndMul",),
-    wrappers={"cpp": "cpu:SiluAndMulCpp", "triton": "triton_kernel:SiluAndMulTriton"},
+    wrappers={"cpp": "cpp:SiluAndMulCpp", "triton": "triton_kernel:SiluAndMulTriton"},
     configs={"cpp": [{"grain": 1}, {"grain": 16}], "triton": [{"BLOCK": 1024, "num_warps": 4}]},
     dtypes={"cpp": ("float32", "bfloat16", "float16"), "triton": ("float32", "bfloat16", "float16")},
     init_args=lambda m: [],

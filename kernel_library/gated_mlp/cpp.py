@@ -6,7 +6,7 @@ import torch
 
 from kernelbot.kernel_library.cpp_build import load_cpp
 from kernelbot.kernel_library.gated_mlp.reference import Model
-from kernelbot.kernel_library.linear.cpu import SOURCE, PackedWeights, bf16_path, even_k, pack_panels_bf16
+from kernelbot.kernel_library.linear.cpp import SOURCE, PackedWeights, bf16_path, even_k, pack_panels_bf16
 
 
 class GatedMLPCpp(Model):

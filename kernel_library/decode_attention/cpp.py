@@ -13,7 +13,7 @@ from kernelbot import KernelbotError
 from kernelbot.kernel_library.cpp_build import load_cpp
 from kernelbot.kernel_library.decode_attention.cache import pure_forward
 from kernelbot.kernel_library.decode_attention.reference import Model
-from kernelbot.kernel_library.linear.cpu import PackedWeights, bf16_path, pack_panels, pack_panels_bf16
+from kernelbot.kernel_library.linear.cpp import PackedWeights, bf16_path, pack_panels, pack_panels_bf16
 
 SOURCE = Path(__file__).with_name("attention.cpp")
 
