@@ -65,7 +65,7 @@ CASES = {
     "multi-head (no GQA) with biases": Case(batch=2, tokens=3, past=4, kv_heads=4, bias=True),
     "GQA 4:1, cos per batch row": Case(batch=3, tokens=2, past=3, kv_heads=1, cos_batch=3),
     "decode with biases, head_dim 32": Case(batch=2, tokens=1, past=6, heads=2, kv_heads=2, head_dim=32, bias=True),
-    "prefill rows for the library GEMM, with biases": Case(batch=4, tokens=20, past=2, bias=True),
+    "a long prefill (80 rows), with biases": Case(batch=4, tokens=20, past=2, bias=True),
 }
 
 

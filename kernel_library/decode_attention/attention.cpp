@@ -275,24 +275,12 @@ static void rope_attend_items(const Raw<T>* qkv, int64_t row, const Raw<T>* cos,
   });
 }
 
-// Rows from which a projection goes through ATen's GEMM (oneDNN/MKL on CPUs) on the plain weights rather than the
-// small-M GEMM: at prefill the weights are reused across many rows and the blocked library GEMM wins.
-constexpr int64_t LIBRARY_GEMM_ROWS = 64;
-
-static at::Tensor project(const at::Tensor& x, const at::Tensor& panels, const at::Tensor& plain,
-                          const c10::optional<at::Tensor>& bias, int64_t N, int64_t grain) {
-  if (x.size(0) >= LIBRARY_GEMM_ROWS) return at::linear(x, plain, bias);
-  return small_m_project(x, panels, bias, N, grain);
-}
-
 // x [B, T, hidden]; qkv_panels: q, k and v weights stacked along N and packed (linear's pack_panels or
-// pack_panels_bf16), qkv_weight the same weights stacked, unpacked, in x's dtype; o_panels and o_weight likewise for
-// o_proj; qkv_bias in x's dtype; cos, sin [1 or B, T, head_dim]; key_cache, value_cache
+// pack_panels_bf16); o_panels likewise for o_proj; cos, sin [1 or B, T, head_dim]; key_cache, value_cache
 // [B, kv_heads, capacity >= past_len + T, head_dim] (strided views allowed), written at past_len.. in place.
 // Returns [B, T, hidden].
-at::Tensor step(const at::Tensor& x, const at::Tensor& qkv_panels, const at::Tensor& qkv_weight,
-                const c10::optional<at::Tensor>& qkv_bias, const at::Tensor& o_panels, const at::Tensor& o_weight,
-                const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& key_cache,
+at::Tensor step(const at::Tensor& x, const at::Tensor& qkv_panels, const c10::optional<at::Tensor>& qkv_bias,
+                const at::Tensor& o_panels, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& key_cache,
                 const at::Tensor& value_cache, int64_t past_len, int64_t heads, double scaling, int64_t grain) {
   TORCH_CHECK(x.dim() == 3, "step: hidden_states must be [B, T, hidden]");
   const int64_t B = x.size(0), T = x.size(1), hidden = x.size(2);
@@ -308,12 +296,7 @@ at::Tensor step(const at::Tensor& x, const at::Tensor& qkv_panels, const at::Ten
   check_cache(key_cache, "step: key_cache", B, KVH, D, past_len + T, x);
   check_cache(value_cache, "step: value_cache", B, KVH, D, past_len + T, x);
   const int64_t width = (heads + 2 * KVH) * D;
-  TORCH_CHECK(qkv_weight.dim() == 2 && qkv_weight.size(0) == width && qkv_weight.size(1) == hidden &&
-                  o_weight.dim() == 2 && o_weight.size(0) == hidden && o_weight.size(1) == heads * D &&
-                  qkv_weight.scalar_type() == x.scalar_type() && o_weight.scalar_type() == x.scalar_type(),
-              "step: qkv_weight must be [(heads + 2 kv_heads) head_dim, hidden] and o_weight [hidden, heads head_dim],"
-              " both in the hidden states' dtype");
-  auto qkv = project(x.reshape({B * T, hidden}), qkv_panels, qkv_weight, qkv_bias, width, grain).contiguous();
+  auto qkv = small_m_project(x.reshape({B * T, hidden}), qkv_panels, qkv_bias, width, grain).contiguous();
   auto cs = cos.to(x.scalar_type()).contiguous(), sn = sin.to(x.scalar_type()).contiguous();
   auto attn = at::empty({B * T, heads * D}, x.options());
   if (B * T > 0) {
@@ -327,7 +310,7 @@ at::Tensor step(const at::Tensor& x, const at::Tensor& qkv_panels, const at::Ten
                             static_cast<float>(scaling));
     });
   }
-  return project(attn, o_panels, o_weight, c10::nullopt, hidden, grain).view({B, T, hidden});
+  return small_m_project(attn, o_panels, c10::nullopt, hidden, grain).view({B, T, hidden});
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

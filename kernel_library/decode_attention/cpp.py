@@ -28,11 +28,6 @@ def pack_fused_bf16(weights: list[torch.Tensor]) -> torch.Tensor:
     return pack_panels_bf16([torch.cat([w.detach() for w in weights])])
 
 
-def stack_plain(weights: list[torch.Tensor]) -> torch.Tensor:
-    """Weights stacked along N, unpacked (ATen's GEMM takes them at prefill)."""
-    return torch.cat([w.detach() for w in weights])
-
-
 def concat_biases(biases: list[torch.Tensor]) -> torch.Tensor:
     """q, k, v biases as one [N] vector (the fused GEMM's)."""
     return torch.cat([b.detach() for b in biases])
@@ -50,7 +45,6 @@ class DecodeAttentionCpp(Model):
         self._qkv = PackedWeights()
         self._qkv_bias = PackedWeights()
         self._o = PackedWeights()
-        self._qkv_plain = PackedWeights()  # for prefill's rows, which go through ATen's GEMM
 
     def forward(self, hidden_states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, past_key: torch.Tensor,
                 past_value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -66,14 +60,10 @@ class DecodeAttentionCpp(Model):
                                  "allocate the caches in the activations' dtype")
         bf16 = bf16_path(self._ext, hidden_states)
         pack = pack_fused_bf16 if bf16 else pack_fused
-        qkv_weights = [self.q_proj.weight, self.k_proj.weight, self.v_proj.weight]
-        qkv = self._qkv.get(qkv_weights, pack)
+        qkv = self._qkv.get([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight], pack)
         bias = None
         if self.q_proj.bias is not None:
             bias = self._qkv_bias.get([self.q_proj.bias, self.k_proj.bias, self.v_proj.bias], concat_biases)
-            bias = bias.to(dtype).contiguous()
-        qkv_plain = self._qkv_plain.get(qkv_weights, stack_plain).to(dtype)  # no copy where the dtypes agree
-        o_plain = self.o_proj.weight.detach().to(dtype)
-        return self._ext.step(hidden_states, qkv, qkv_plain, bias, self._o.get([self.o_proj.weight], pack), o_plain,
-                              cos, sin, key_cache, value_cache, past_len, self.num_heads, self.scaling,
-                              self.CONFIG["grain"])
+            bias = bias.to(torch.bfloat16 if bf16 else torch.float32).contiguous()
+        return self._ext.step(hidden_states, qkv, bias, self._o.get([self.o_proj.weight], pack), cos, sin, key_cache,
+                              value_cache, past_len, self.num_heads, self.scaling, self.CONFIG["grain"])
