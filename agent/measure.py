@@ -11,7 +11,7 @@ from kernelbot.agent.timing import time_once
 from kernelbot.engine import TorchEngine
 from kernelbot.engine.graph_decode import StaticDecode
 from kernelbot.profiler import host
-from kernelbot.records import EndToEndTimes, Fidelity, KLCheck, Pack
+from kernelbot.records import EndToEndTimes, Fidelity, KernelResult, KLCheck, Pack
 
 
 def count_calls(engine: TorchEngine, pack: Pack, pack_dir: Path) -> tuple[dict[str, int], dict[str, int]]:
@@ -120,6 +120,15 @@ def time_end_to_end(engine: TorchEngine, pack: Pack, pack_dir: Path, rounds: int
             times.graph_decode.append(time_once(graphed.run_workload, engine.device))
     times.host = host.host_load(since)
     return times
+
+
+def apply_counts(kernels: list[KernelResult], calls: dict[str, int], fallbacks: dict[str, int]) -> None:
+    """Each row's calls into its pack kernel (pack files name a candidate with `__` for `/`), and for accepted rows
+    the calls on their module that fell back."""
+    for row in kernels:
+        row.calls = calls.get(row.candidate_id.replace("/", "__"), 0)
+        if row.status == "accepted":
+            row.fallback_calls = fallbacks.get(row.module, 0)
 
 
 def median(xs: list[float]) -> float | None:

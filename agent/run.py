@@ -15,10 +15,11 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
+from kernelbot import KernelbotError
 from kernelbot.agent.compile_baseline import RegionCompile, time_region_compile
 from kernelbot.agent.generate import Generation
 from kernelbot.agent.journal import Journal
-from kernelbot.agent.measure import count_calls, fidelity, median, time_end_to_end
+from kernelbot.agent.measure import apply_counts, count_calls, fidelity, median, time_end_to_end
 from kernelbot.agent.options import OptimizeOptions
 from kernelbot.agent.pack import Accepted, build_pack
 from kernelbot.agent.plan import ModelTasks, plan_tasks, signature
@@ -185,9 +186,7 @@ class OptimizeRun:
         write_record(self.run_dir / ("hotspots.json" if it == 0 else f"hotspots_iter{it + 1}.json"), hotspots)
         if it == 0:
             self.hotspots_before = hotspots
-        for h in hotspots[:6]:
-            self.stages.say(f"      {h.id} {h.module_class:28s} {h.share:6.1%}  headroom {h.score_us / 1e3:8.1f} ms"
-                            + (f"  (pack kernel {h.kernel})" if h.kernel else ""))
+        self.stages.hotspots(hotspots)
         return hotspots
 
     def plan(self, it: int) -> tuple[list[Task], dict[str, Accepted]]:
@@ -221,6 +220,7 @@ class OptimizeRun:
 
     def integrate(self, new_accepted: list[Accepted]) -> None:
         """The new winners replace their tasks' kernels in the pack."""
+        self.state.stage("integrate")
         replaced = {a.task.id for a in new_accepted}
         self.accepted = [a for a in self.accepted if a.task.id not in replaced] + new_accepted
         self.stages.say(f"[5/7] integrate: {len(self.accepted)} kernels into pack/")
@@ -279,14 +279,14 @@ class OptimizeRun:
     def measure(self, finish: Finish) -> Measured:
         """Calls into each kernel of the pack, the model's outputs with it, and the workload's time: eager vs
         kernelbot vs torch.compile, interleaved."""
-        self.state.stage("integrate")
+        self.state.stage("fidelity")
         self._count_calls()
         with self.stages.working("fidelity: the pack's outputs against eager's and float64's"):
             fid = Fidelity.model_validate(self.state.memo(f"fidelity:{self.pack.version}", "stage", lambda: fidelity(
                 self.engine, self.pack, self.pack_dir).model_dump()))
         self.stages.say(f"      fidelity: {fid.summary()}")
         self.state.stage("measure")
-        baselines = "torch.compile" + (" vs CUDA-graph decode" if self.engine.device.is_gpu else "")
+        baselines = "torch.compile" + (" vs CUDA-graph decode" if self.engine.graph_decode_baseline else "")
         self.stages.say(f"[6/7] measure: eager vs kernelbot vs {baselines}, {finish.rounds} interleaved rounds")
         times = EndToEndTimes.model_validate(self.state.memo(
             f"timings:{self.pack.version}", "stage", functools.partial(self._time, finish)))
@@ -299,13 +299,9 @@ class OptimizeRun:
     def _count_calls(self) -> None:
         calls, fallbacks = self.state.memo(f"calls:{self.pack.version}", "stage",
                                            lambda: list(count_calls(self.engine, self.pack, self.pack_dir)))
-        for row in self.kernels:
-            cid = row.candidate_id.replace("/", "__")
-            row.calls = calls.get(cid, 0)
-            if row.status == "accepted":
-                row.fallback_calls = fallbacks.get(row.module, 0)
-                if row.calls == 0:
-                    self.notes.append(f"{row.candidate_id} is in the pack but never ran")
+        apply_counts(self.kernels, calls, fallbacks)
+        self.notes.extend(f"{row.candidate_id} is in the pack but never ran" for row in self.kernels
+                          if row.status == "accepted" and row.calls == 0)
 
     def _time(self, finish: Finish) -> dict[str, Any]:
         compiled = None
@@ -317,9 +313,11 @@ class OptimizeRun:
                 compiled.run_workload()
             self.stages.say(f"      torch.compile warm-up took {time.perf_counter() - t0:.0f} s")
         graphed = None
-        if self.engine.device.is_gpu and self.engine.cache_name is not None:  # how serving engines run decode
-            graphed = self.engine.static_decode(graphs=True)
-            graphed.run_workload()  # captures the decode step
+        if self.engine.graph_decode_baseline:  # how serving engines run decode
+            try:
+                graphed = self.engine.static_decode(graphs=True)
+            except KernelbotError as exc:
+                self.notes.append(f"CUDA-graph decode not timed: {exc}")
         self.engine.apply_pack(self.pack, self.pack_dir)
         self.engine.run_workload()  # warm the kernels (weights packed on first call)
         self.engine.remove_pack()

@@ -22,7 +22,7 @@ from rich.console import Console
 
 from kernelbot import KernelbotError
 from kernelbot.agent.generate import builtin_proposals, hotspot_fields, local_evaluator, try_candidates
-from kernelbot.agent.measure import served_fidelity
+from kernelbot.agent.measure import apply_counts, served_fidelity
 from kernelbot.agent.options import OptimizeOptions
 from kernelbot.agent.pack import Accepted, build_pack
 from kernelbot.agent.plan import NoTask, Planned, plan_tasks
@@ -222,8 +222,7 @@ def _optimize_served(opts: ServeOptions, console: Console | None) -> ServedRepor
     if graphs:
         base.traces = serving.session("baseline_eager", None, serve=False, disable_graphs=True).traces
     hotspots = _rank(base.traces, device, run_dir, "hotspots.json")
-    for h in hotspots[:6]:
-        stages.say(f"      {h.id} {h.module_class:28s} {h.share:6.1%}  headroom {h.score_us / 1e3:8.1f} ms")
+    stages.hotspots(hotspots)
 
     stages.say("[2/6] tasks: hotspots the plugin can route → KernelBench-format references")
     tasks = plan_tasks(hotspots, ServedTasks(config, device.kind), opts.candidate, run_dir, notes)
@@ -290,7 +289,4 @@ def _count_calls(kernels: list[KernelResult], counts: list[dict]) -> None:
             calls[cid] = calls.get(cid, 0) + n["calls"] + n["captured"]
         for cls, reasons in c["fallback"].items():
             fallbacks[cls] = fallbacks.get(cls, 0) + sum(reasons.values())
-    for row in kernels:
-        row.calls = calls.get(row.candidate_id.replace("/", "__"), 0)
-        if row.status == "accepted":
-            row.fallback_calls = fallbacks.get(row.module, 0)
+    apply_counts(kernels, calls, fallbacks)

@@ -10,6 +10,8 @@ from pathlib import Path
 
 from rich.console import Console
 
+from kernelbot.records import Hotspot
+
 
 class Stages:
     """Prints each stage as it starts and appends it to the run's log.txt (readable with tail -f)."""
@@ -29,3 +31,10 @@ class Stages:
         """A spinner with `message` while the block runs; gone from the console when it ends."""
         with self.console.status(f"[dim]{message}[/dim]"):
             yield
+
+    def hotspots(self, hotspots: list[Hotspot], shown: int = 6) -> None:
+        """The top of a ranking, a line each: share of the profile, headroom over the roofline, and the pack kernel
+        already running there."""
+        for h in hotspots[:shown]:
+            self.say(f"      {h.id} {h.module_class:28s} {h.share:6.1%}  headroom {h.score_us / 1e3:8.1f} ms"
+                     + (f"  (pack kernel {h.kernel})" if h.kernel else ""))

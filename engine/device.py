@@ -160,15 +160,16 @@ class DeviceChoice(BaseModel):
         a side stream as capture requires; returns the graph's replay. A CPU has no graphs: one line, use eager."""
         if not self.is_gpu:
             raise KernelbotError("graph-captured decode needs a GPU: on a CPU compare against eager and torch.compile")
-        side = torch.cuda.Stream(self.index)
-        side.wait_stream(torch.cuda.current_stream(self.index))
-        with torch.cuda.stream(side):
-            for _ in range(GRAPH_WARMUP_CALLS):
+        with torch.cuda.device(self.index):  # capture records on the current device's streams
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(GRAPH_WARMUP_CALLS):
+                    step()
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
                 step()
-        torch.cuda.current_stream(self.index).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            step()
         return graph.replay
 
     def gpu_state(self, own_pids: Iterable[int] = ()) -> GpuState | None:

@@ -34,6 +34,10 @@ class StaticDecode:
         self.engine, self.graphs = engine, graphs
         place = engine.device.torch_device
         self.cache = StaticCache(config=engine.model.config, max_cache_len=spec.prompt_len + spec.decode_steps + 1)
+        if graphs and any(getattr(layer, "is_sliding", False) for layer in getattr(self.cache, "layers", ())):
+            raise KernelbotError(f"{spec.name}: its sliding-window cache layers track their position in Python, so a "
+                                 "captured decode step would replay one step's positions; compare against eager and "
+                                 "torch.compile only")
         self.token = torch.zeros(spec.batch, 1, dtype=torch.long, device=place)  # the step's input
         self.position = torch.zeros(1, dtype=torch.long, device=place)  # where the step writes in the cache
         self.next_token = torch.zeros(spec.batch, 1, dtype=torch.long, device=place)  # the step's output
@@ -56,8 +60,10 @@ class StaticDecode:
         return first
 
     def _stepper(self) -> Callable[[], None]:
-        """The decode step to call per token: captured once (its warm-up writes only the first decode position,
-        which the first real step overwrites), or the plain step where graphs are off."""
+        """The decode step to call per token: captured once, or the plain step where graphs are off. The cache
+        writes where its own on-device counter says (advanced by the warm-up and captured calls too); every run
+        starts by resetting cache and counter in place, so the replayed step and `position` (the masks' and RoPE's)
+        stay in step."""
         if not self.graphs:
             return self._step
         if self._replay is None:
@@ -85,3 +91,17 @@ class StaticDecode:
 
 def _last_logits_only(engine: TorchEngine) -> dict[str, int]:
     return {"logits_to_keep": 1} if "logits_to_keep" in engine.forward_flags else {}
+
+
+def checked_graph_decode(engine: TorchEngine) -> StaticDecode:
+    """Graph-replayed decode that is known to decode what the same static loop decodes without a graph (a model that
+    keeps a step's state in Python would replay stale state: its tokens would differ). Raises KernelbotError naming
+    why there is none."""
+    graphed = StaticDecode(engine, graphs=True)
+    try:
+        replayed = graphed.run_workload()
+    except RuntimeError as exc:  # an op the capture cannot record (a host sync, a new allocation from a list)
+        raise KernelbotError(f"capturing the decode step failed: {str(exc).splitlines()[0][:200]}") from exc
+    if not torch.equal(replayed, StaticDecode(engine, graphs=False).run_workload()):
+        raise KernelbotError("the replayed decode step decoded other tokens than the same loop without a graph")
+    return graphed

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from kernelbot.engine.device import DeviceChoice, pick_device
-from kernelbot.engine.graph_decode import StaticDecode
+from kernelbot.engine.graph_decode import StaticDecode, checked_graph_decode
 from kernelbot.engine.models import (  # noqa: F401 (re-exported: callers import these from here)
     BUILTIN_MODELS,
     build_llama,
@@ -134,8 +134,13 @@ class TorchEngine:
 
     def static_decode(self, graphs: bool) -> StaticDecode:
         """The same model and prompts decoded over a static KV cache; with `graphs` (GPUs), each decode step replays a
-        captured graph, as serving engines run decode."""
-        return StaticDecode(self, graphs)
+        captured graph, as serving engines run decode (captured and checked against the loop without a graph)."""
+        return checked_graph_decode(self) if graphs else StaticDecode(self, graphs=False)
+
+    @property
+    def graph_decode_baseline(self) -> bool:
+        """Whether the end-to-end rounds time graph-replayed decode: on a GPU, for a model that keeps a KV cache."""
+        return self.device.is_gpu and self.cache_name is not None
 
     def compiled(self) -> TorchEngine:
         """The same engine with the model under torch.compile (dynamic shapes: decode grows the cache)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,12 @@ def _key(signature: dict[str, Any], backend: str, device: str) -> str:
     return f"{signature['family']}-{backend}-{hashlib.sha256(text.encode()).hexdigest()[:20]}"
 
 
+def current_imports(source: str) -> str:
+    """A stored kernel's source with the library's module paths as they are now: the families' C++ wrappers moved
+    from `<family>/cpu.py` to `<family>/cpp.py`, and kernels stored before that import the old path."""
+    return re.sub(r"\b(kernelbot\.kernel_library\.\w+)\.cpu import\b", r"\1.cpp import", source)
+
+
 class KernelStore:
     def __init__(self, root: Path | None = None) -> None:
         self.root = Path(root) if root else store_root()
@@ -42,7 +49,7 @@ class KernelStore:
             source = (folder / "candidate.py").read_text()
         except (OSError, ValueError):
             return None
-        return source, entry
+        return current_imports(source), entry
 
     def add(self, task: Task, backend: str, device: str, source: str, entry: dict[str, Any]) -> Path:
         """Write (or replace) the kernel for this op; atomic per file, so a reader never sees half of one."""

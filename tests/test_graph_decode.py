@@ -56,3 +56,29 @@ def test_graph_decode_is_timed_in_the_same_rounds_and_reported_beside_the_others
     report = fake_run(tmp_path / "run").model_copy(update={"graph_decode_ms": 42.5})
     assert "| CUDA-graph decode (static cache) | 42.5 |" in render_markdown(report)
     assert "CUDA-graph" not in render_markdown(report.model_copy(update={"graph_decode_ms": None}))
+
+
+def test_a_sliding_window_model_gets_no_graph_and_a_one_line_reason(zoo):
+    engine = TorchEngine(resolve_spec(str(zoo["mistral"]), **WORKLOAD)[0])
+    with pytest.raises(KernelbotError, match="sliding-window") as caught:
+        engine.static_decode(graphs=True)
+    assert "\n" not in str(caught.value)
+
+
+def test_a_captured_step_is_kept_only_when_its_replays_decode_the_plain_loops_tokens(zoo, monkeypatch):
+    """The capture stood in for on the CPU: a faithful one (the step itself) is kept; one whose replays go stale (the
+    first step's token forever, as a step with state in Python would replay) is refused."""
+    from kernelbot.engine.device import DeviceChoice
+
+    engine = TorchEngine(resolve_spec(str(zoo["llama"]), **WORKLOAD)[0])
+    monkeypatch.setattr(DeviceChoice, "capture", lambda self, step: step)
+    assert torch.equal(engine.static_decode(graphs=True).run_workload(), engine.run_workload())
+
+    def stale(self, step):
+        step()
+        first = step.__self__.next_token.clone()
+        return lambda: step.__self__.next_token.copy_(first)
+
+    monkeypatch.setattr(DeviceChoice, "capture", stale)
+    with pytest.raises(KernelbotError, match="decoded other tokens"):
+        engine.static_decode(graphs=True)

@@ -23,3 +23,18 @@ def test_store_is_keyed_by_signature_backend_and_device(tmp_path, monkeypatch):
     for other in ((_task([4, 8, 128]), "cpp", "cpp:A"), (_task([4, 1, 128], "bfloat16"), "cpp", "cpp:A"),
                   (_task([4, 1, 128]), "triton", "cpp:A"), (_task([4, 1, 128]), "cpp", "cpp:B")):
         assert store.lookup(*other) is None, other
+
+
+def test_a_kernel_stored_before_the_cpp_wrappers_moved_still_imports_and_builds(tmp_path):
+    """Kernels stored by earlier versions import `<family>.cpu`; the store hands them back importing `<family>.cpp`,
+    and the class they name is there."""
+    from kernelbot.loading import load_module
+
+    store = KernelStore(tmp_path / "s")
+    old = ("from kernelbot.kernel_library.rmsnorm.cpu import RMSNormCpp\n\n\n"
+           "class ModelNew(RMSNormCpp):\n    CONFIG = {'grain': 8}\n")
+    store.add(_task([4, 1, 128]), "cpp", "cpp:A", old, {"run_id": "r0"})
+    source, _ = store.lookup(_task([4, 1, 128]), "cpp", "cpp:A")
+    assert "rmsnorm.cpp import RMSNormCpp" in source and ".cpu import" not in source
+    (tmp_path / "candidate.py").write_text(source)
+    assert load_module(tmp_path / "candidate.py", "kb_old_stored").ModelNew.CONFIG == {"grain": 8}

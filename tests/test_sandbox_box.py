@@ -70,7 +70,7 @@ def test_an_ending_reads_as_the_same_status_for_either_runner(tmp_path):
 
 
 class _Containers:
-    """Stands in for docker's client.containers: records each create and plays a worker that writes its result."""
+    """Stands in for docker's client.containers: records each create and plays the harness that writes its result."""
 
     def __init__(self) -> None:
         self.created: list[dict[str, Any]] = []

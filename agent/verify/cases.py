@@ -51,6 +51,7 @@ class Case:
     model: int  # index into Plan.init_args
     inputs: list[Any]
     special: bool = False  # inputs carry ±inf/NaN or masked rows: NaN in the output is expected there
+    rescaled: bool = False  # values scaled far from the reference's own draws (tiny, large): outputs may under/overflow
 
 
 @dataclass
@@ -357,7 +358,8 @@ def plan(module: ModuleType, task: Task, seed: int, trials: int = 1) -> Plan:
     for kind in (*VALUE_VARIANTS, "zeros"):
         label = "inputs with signed zeros and subnormals" if kind == "zeros" else f"{kind} inputs"
         result.cases.append(Case(f"{label} at {main_label} sizes", main.model,
-                                 _rescaled(draw(module, main_values, next(seeds))[1], kind, gen)))
+                                 _rescaled(draw(module, main_values, next(seeds))[1], kind, gen),
+                                 rescaled=kind in VALUE_VARIANTS))
     special_inputs = draw(module, main_values, next(seeds))[1]
     result.cases += _special_cases(module, result.init_args[main.model], special_inputs, main_label, main.model, gen,
                                    result.notes)

@@ -238,7 +238,6 @@ class Reply(Message):
     us: float | None = None  # a timed call's microseconds
 
 
-REPLY: TypeAdapter[Reply] = TypeAdapter(Reply)
 
 
 class TritonLaunch(Message):

@@ -1,3 +1,6 @@
+"""The gated MLP's C++ backend: gate and up projections in one pass (SiLU-and-mul in registers), then down,
+through the small-M GEMMs of kernel_library/small_m_gemm.h."""
+
 from __future__ import annotations
 
 from typing import Any

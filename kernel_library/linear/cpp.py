@@ -1,3 +1,6 @@
+"""The linear family's C++ backend: weights packed once into panels for the small-M GEMMs of
+kernel_library/small_m_gemm.h (fp32 everywhere, bf16 on CPUs with avx512_bf16), and the wrapper that routes to them."""
+
 from __future__ import annotations
 
 from collections.abc import Callable

@@ -1,3 +1,5 @@
+"""The RMSNorm family's C++ backend: rmsnorm.cpp, one pass per row, bound for Python."""
+
 from __future__ import annotations
 
 from pathlib import Path

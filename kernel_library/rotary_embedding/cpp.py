@@ -1,3 +1,5 @@
+"""The RoPE family's C++ backend: rotary_embedding.cpp, rotating q and k in one call."""
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,3 +1,5 @@
+"""The SiLU-and-mul family's C++ backend: silu_and_mul.cpp, one fused pointwise loop."""
+
 from __future__ import annotations
 
 from pathlib import Path
