@@ -342,14 +342,14 @@ def _clones(xs: list[Any]) -> list[Any]:
 
 
 def _build(model_cls: type, init_args: list[Any], state_dict: dict[str, Any], init_seed: int,
-           notes: list[str]) -> torch.nn.Module:
+           unloadable: list[str]) -> torch.nn.Module:
     try:
         torch.manual_seed(init_seed)  # KernelBench's convention, for candidates whose parameters are named differently
         model = model_cls(*init_args)
         try:
             model.load_state_dict(state_dict, strict=True)
         except RuntimeError as exc:
-            notes.append(f"reference weights not loadable ({str(exc).splitlines()[0][:200]}); "
+            unloadable.append(f"reference weights not loadable ({str(exc).splitlines()[0][:200]}); "
                          "the candidate keeps its own seeded initialisation")
     except NeedsGPU:
         raise
@@ -627,7 +627,7 @@ def _op_final(watch: Watch, held: tuple, loaded_threads: frozenset[int], facts: 
 def _op_load(setup: RunnerSetup, request: LoadRequest, facts: dict[str, list[str]]
              ) -> tuple[dict[str, Any], tuple[torch.nn.Module, ...]]:
     model_cls = _load(setup.module, setup.cls)
-    models = tuple(_build(model_cls, init, sd, request.init_seed, facts["notes"]).to(setup.device)
+    models = tuple(_build(model_cls, init, sd, request.init_seed, facts["unloadable_weights"]).to(setup.device)
                    for init, sd in request.models)
     return {"ptxas": cuda_check.REPORTS, "protections": list(_PROTECTIONS)}, models
 
@@ -762,7 +762,7 @@ def _later_calls(runner: Runner, plan: SentPlan, main: int, facts: Facts, job: V
     launches = sum(isinstance(e, TritonLaunch) for e in runner.events[seen:])
     if launches and reply.profile is not None:
         profile.own_kernels.append(f"{launches} Triton launch(es)")
-    if any("not loadable" in n for n in facts.notes):
+    if facts.unloadable_weights:
         outputs.reweight_skipped = "its parameters do not take the reference's weights by name"
     elif job.alt_state_dict:
         reply = runner.ask(ReweightRequest(model=main, state_dict=torch.load(job.alt_state_dict)))

@@ -94,6 +94,7 @@ class Facts(Message):
     weights: list[str] = Field(default_factory=list)  # parameters changed
     tamper: list[str] = Field(default_factory=list)  # the harness's code, seal or channel disturbed
     timing: list[str] = Field(default_factory=list)  # clocks or comparison functions replaced
+    unloadable_weights: list[str] = Field(default_factory=list)  # the reference's weights did not load by name
     notes: list[str] = Field(default_factory=list)
 
 

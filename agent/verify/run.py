@@ -164,7 +164,8 @@ def verify(task: Task, reference_path: Path, candidate_path: Path, workdir: Path
     checks = [Check(id=c.id, status=c.status, detail=scrub(c.detail)) for c in checks]
     failed = [c.id for c in checks if c.status == "fail"]
     correct = any(c.id == "correctness" and c.status == "pass" for c in checks)
-    child_notes = report.facts.notes if isinstance(report, (VerifyResult, Failure)) else []
+    child_notes = [*report.facts.unloadable_weights, *report.facts.notes] \
+        if isinstance(report, (VerifyResult, Failure)) else []
     notes = plan.notes + [excerpt(n) for n in child_notes[:5]] + properties
     return Verdict(candidate_id=candidate_path.parent.name, verdict="pass" if correct and not failed else "fail",
                    failed=failed, checks=checks, not_run=[c.id for c in checks if c.status == "not_run"],
