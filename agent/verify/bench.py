@@ -9,16 +9,14 @@ the reference here: a candidate that is right only while verified, or only for i
 
 from __future__ import annotations
 
-import copy
 import statistics
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from kernelbot.agent.verify.cases import inputs_at
 from kernelbot.agent.verify.messages import BenchJob, BenchOutputs, BenchResult, read_result
-from kernelbot.agent.verify.numerics import compare
+from kernelbot.agent.verify.numerics import compare, float64_twin, reference_outputs
 from kernelbot.agent.verify.run import load_reference
 from kernelbot.kernel_library.cpp_build import prebuild_library
 from kernelbot.profiler import host
@@ -80,22 +78,10 @@ def _wrong_timed_outputs(model: torch.nn.Module, path: Path) -> str | None:
         return f"the checked outputs are not readable safely: {type(exc).__name__}"
     if not checked:
         return "no timed call's output came back"
-    try:
-        exact_model = copy.deepcopy(model).double()
-    except Exception:
-        exact_model = None
+    exact_model = float64_twin(model)
     for k, item in enumerate(checked):
         inputs, got = item.inputs, item.out
-        with torch.inference_mode():
-            native = _outs(model(*inputs))
-            exact = native
-            if exact_model is not None:
-                try:
-                    up = [x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs]
-                    exact = [e.to(n.dtype) if isinstance(e, torch.Tensor) and isinstance(n, torch.Tensor) else e
-                             for e, n in zip(_outs(exact_model(*up)), native, strict=True)]
-                except Exception:
-                    exact = native
+        native, exact = reference_outputs(model, exact_model, inputs)
         if not isinstance(got, list) or len(got) != len(native):
             return f"checked call {k + 1}: {len(got) if isinstance(got, list) else 0} outputs, expected {len(native)}"
         for o, n, e in zip(got, native, exact, strict=True):
@@ -104,6 +90,3 @@ def _wrong_timed_outputs(model: torch.nn.Module, path: Path) -> str | None:
                 return f"checked call {k + 1} of {len(checked)}: {problem}"
     return None
 
-
-def _outs(value: Any) -> list[Any]:
-    return list(value) if isinstance(value, (tuple, list)) else [value]

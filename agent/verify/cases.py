@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from kernelbot import KernelbotError
-from kernelbot.agent.verify.numerics import WEAK_TASK_SPREAD, spread
+from kernelbot.agent.verify.numerics import WEAK_TASK_SPREAD, outs, spread
 from kernelbot.records import Task
 
 SCALED_BYTES = 16 << 20  # inputs + weights + outputs of the main case
@@ -372,9 +372,6 @@ def plan(module: ModuleType, task: Task, seed: int, trials: int = 1) -> Plan:
     return result
 
 
-def _outs(value: Any) -> list[Any]:
-    return list(value) if isinstance(value, (tuple, list)) else [value]
-
 
 def check_strength(module: ModuleType, plan_: Plan, init_seed: int) -> None:
     """Refuse references whose output barely depends on their inputs, or that do not repeat themselves."""
@@ -382,8 +379,8 @@ def check_strength(module: ModuleType, plan_: Plan, init_seed: int) -> None:
     with torch.inference_mode(), torch.random.fork_rng(devices=[]):
         torch.manual_seed(init_seed)
         model = module.Model(*plan_.init_args[main.model]).eval()
-        first, again = _outs(model(*main.inputs)), _outs(model(*main.inputs))
-        others = [_outs(model(*inputs)) for inputs in [plan_.fresh, *plan_.spares]]
+        first, again = outs(model(*main.inputs)), outs(model(*main.inputs))
+        others = [outs(model(*inputs)) for inputs in [plan_.fresh, *plan_.spares]]
     for i, (a, b) in enumerate(zip(first, again, strict=True)):
         if not isinstance(a, torch.Tensor):
             continue

@@ -17,7 +17,16 @@ import torch
 
 from kernelbot.agent.verify import cases as casemod
 from kernelbot.agent.verify.messages import FACT_KINDS, Facts, TritonReport, VerifyOutputs, VerifyResult
-from kernelbot.agent.verify.numerics import LOWER_PRECISIONS, compare, downcast_finding, rel_l2, same_bits
+from kernelbot.agent.verify.numerics import (
+    LOWER_PRECISIONS,
+    compare,
+    downcast_finding,
+    float64_twin,
+    outs,
+    reference_outputs,
+    rel_l2,
+    same_bits,
+)
 from kernelbot.agent.verify.probes import POISON_BYTE, measure_work
 from kernelbot.kernel_library.base import dtype_name
 from kernelbot.records import Check, Task
@@ -98,10 +107,6 @@ def guards_intact(after: torch.Tensor, sent: torch.Tensor) -> bool:
     return torch.equal(full[:lo], fresh[:lo]) and torch.equal(full[hi:], fresh[hi:])
 
 
-def outs(value: Any) -> list[Any]:
-    return list(value) if isinstance(value, (tuple, list)) else [value]
-
-
 def check(cid: str, problems: list[str], ok: str) -> Check:
     if not problems:
         return Check(id=cid, status="pass", detail=ok)
@@ -126,34 +131,13 @@ class Judge:
         self.alt_reference, self.require_deterministic = alt_reference, require_deterministic
         self.properties: list[str] = []  # what the verdict reports about the kernel without failing it
         self.native = references
-        self.exact = []
-        for ref in references:
-            try:
-                self.exact.append(copy.deepcopy(ref).double())
-            except Exception:
-                self.exact.append(None)
+        self.exact = [float64_twin(ref) for ref in references]
 
     def reference(self, model: int | torch.nn.Module, inputs: list[Any]) -> tuple[list[Any], list[Any]]:
         """(in the task's dtype, in float64) outputs of the reference (by index, or a model of its own)."""
         native_model = self.native[model] if isinstance(model, int) else model
-        if isinstance(model, int):
-            exact_model = self.exact[model]
-        else:
-            try:
-                exact_model = copy.deepcopy(model).double()
-            except Exception:
-                exact_model = None
-        with torch.inference_mode():
-            native = outs(native_model(*inputs))
-            if exact_model is None:
-                return native, native
-            try:
-                up = [x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs]
-                exact = [e.to(n.dtype) if isinstance(e, torch.Tensor) and isinstance(n, torch.Tensor) else e
-                         for e, n in zip(outs(exact_model(*up)), native, strict=True)]
-            except Exception:
-                exact = native
-        return native, exact
+        exact_model = self.exact[model] if isinstance(model, int) else float64_twin(model)
+        return reference_outputs(native_model, exact_model, inputs)
 
     def wrong(self, model: int | torch.nn.Module, inputs: list[Any], got: Any) -> list[str]:
         """What is wrong with outputs `got` for `inputs` (empty: within tolerance)."""

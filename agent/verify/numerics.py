@@ -12,6 +12,9 @@ outputs must match exactly.
 
 from __future__ import annotations
 
+import copy
+from typing import Any
+
 import torch
 
 from kernelbot.kernel_library.base import dtype_name
@@ -103,3 +106,33 @@ def same_bits(a: object, b: object) -> bool:
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
     return torch.equal(a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8))
+
+
+def outs(value: Any) -> list[Any]:
+    """A model's outputs as a list (a lone tensor, a tuple or a list of them)."""
+    return list(value) if isinstance(value, (tuple, list)) else [value]
+
+
+def float64_twin(model: torch.nn.Module) -> torch.nn.Module | None:
+    """A float64 copy of the reference, the exact arithmetic errors are measured against; None where it has none."""
+    try:
+        return copy.deepcopy(model).double()
+    except Exception:
+        return None
+
+
+def reference_outputs(model: torch.nn.Module, exact_model: torch.nn.Module | None,
+                      inputs: list[Any]) -> tuple[list[Any], list[Any]]:
+    """The reference's outputs in the task's dtype and, from its float64 twin on the same inputs (rounded back to that
+    dtype's type), the exact ones; the native ones stand in where the twin cannot run."""
+    with torch.inference_mode():
+        native = outs(model(*inputs))
+        if exact_model is None:
+            return native, native
+        try:
+            up = [x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs]
+            exact = [e.to(n.dtype) if isinstance(e, torch.Tensor) and isinstance(n, torch.Tensor) else e
+                     for e, n in zip(outs(exact_model(*up)), native, strict=True)]
+        except Exception:
+            exact = native
+    return native, exact
