@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
-from collections.abc import Callable, Iterator
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch.utils import _pytree as pytree
 
+from kernelbot.engine.layer_route import PARTS, LeanLayer, has_parts, probe_agrees
 from kernelbot.kernel_library import FAMILIES
-from kernelbot.kernel_library.base import GENERIC, dtype_name
+from kernelbot.kernel_library.base import GENERIC
 from kernelbot.loading import load_module
 from kernelbot.profiler.trace import KERNEL_LABEL
 from kernelbot.records import CallSignature, Pack, PackEntry
@@ -25,24 +28,15 @@ class CallCounts:
 
 
 def _signature(args: tuple, kwargs: dict) -> tuple | None:
+    """(shape, dtype) of each argument: torch.Size hashes and compares as the tuple of its dims."""
     if kwargs or not args or not all(isinstance(a, torch.Tensor) for a in args):
         return None
-    return tuple((tuple(a.shape), dtype_name(a.dtype)) for a in args)
+    return tuple((a.shape, a.dtype) for a in args)
 
 
 def kernel_label(entry: PackEntry) -> str:
     """The trace annotation for a pack kernel: its id, dtype and the dims the profiler saw it replace."""
     return f"{KERNEL_LABEL}{entry.candidate_id} {entry.dtype} {json.dumps(entry.profiled_dims)}"
-
-
-@contextlib.contextmanager
-def _labelled(label: str) -> Iterator[None]:
-    """Name the kernel in traces while profiling, so re-profiles can rank it."""
-    if torch.autograd._profiler_enabled():
-        with torch.profiler.record_function(label):
-            yield
-    else:
-        yield
 
 
 class GenericCall:
@@ -72,13 +66,56 @@ class GenericCall:
         return pytree.tree_unflatten([None if none else next(produced) for none in self.none], self.out_spec)
 
 
+def _bound(kernel: torch.nn.Module, dtype: str) -> Any:
+    """The kernel's hot path bound for this dtype (forward or step with weights packed once), where its class takes
+    `bound` and the forward (and step) that call it from one kernel_library class, none overridden: a candidate's
+    own methods are what was verified, so a candidate that redefines any of them runs through its forward."""
+    owners = {next((c for c in type(kernel).__mro__ if name in vars(c)), None)
+              for name in ("bound", "forward", "step") if hasattr(kernel, name)}
+    owner = owners.pop() if len(owners) == 1 else None
+    if owner is None or not owner.__module__.startswith("kernelbot.kernel_library.") or getattr(
+            sys.modules.get(owner.__module__), owner.__name__, None) is not owner:
+        return None
+    return kernel.bound(getattr(torch, dtype))
+
+
+def _generic_run(call: GenericCall, kernel: torch.nn.Module, inputs: list[torch.Tensor]) -> object:
+    return call.output(kernel.forward(*inputs))
+
+
+def _counted(run: Callable[[], Any], counts: CallCounts, label: str) -> Callable[[], Any]:
+    def counted() -> Any:
+        counts.calls += 1
+        if torch.autograd._profiler_enabled():  # name the kernel in traces, so re-profiles can rank it
+            with torch.profiler.record_function(label):
+                return run()
+        return run()
+    return counted
+
+
 @dataclass
 class _Route:
-    kernels: dict[tuple, tuple[torch.nn.Module, CallCounts, str]] = field(default_factory=dict)
+    kernels: dict[tuple, tuple[Callable[..., Any], CallCounts, str]] = field(default_factory=dict)
     generic: list[tuple[GenericCall, torch.nn.Module, CallCounts, str]] = field(default_factory=list)
     # families whose calls carry more than the reference's inputs (an attention's cache): their own engine_call
-    engine: list[tuple[Callable, torch.nn.Module, CallCounts, str, list[list[int]]]] = field(default_factory=list)
+    engine: list[tuple[Callable, Any, CallCounts, str, list[list[int]]]] = field(default_factory=list)
     fallback: CallCounts = field(default_factory=CallCounts)
+
+    def resolve(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> Callable[[], Any] | None:
+        """The pack kernel's run for this call (counted and labelled when it runs), or None: not a verified call."""
+        for engine_call, kernel, counts, label, shapes in self.engine:
+            run = engine_call(kernel, module, args, kwargs, shapes)
+            if run is not None:
+                return _counted(run, counts, label)
+        for call, kernel, counts, label in self.generic:
+            inputs = call.inputs(args, kwargs)
+            if inputs is not None:
+                return _counted(partial(_generic_run, call, kernel, inputs), counts, label)
+        hit = self.kernels.get(_signature(args, kwargs))
+        if hit is None:
+            return None
+        run, counts, label = hit
+        return _counted(lambda: run(*args), counts, label)
 
 
 class PackPatcher:
@@ -92,6 +129,7 @@ class PackPatcher:
         self.counts: dict[str, CallCounts] = {}  # candidate id -> counts
         self.fallbacks: dict[str, CallCounts] = {}  # module class -> counts
         self._patched: list[torch.nn.Module] = []
+        self.lean_layers: list[str] = []  # decoder layers run part to part (engine/layer_route.py)
         # Kernels outlive remove(): re-applying a pack must not rebuild them or repack their weights.
         self._kernels: dict[tuple[str, int], torch.nn.Module] = {}
 
@@ -109,13 +147,37 @@ class PackPatcher:
                     continue
                 engine_call = FAMILIES[entry.family].engine_call
                 if engine_call is not None:
-                    route.engine.append((engine_call, kernel, counts, kernel_label(entry), entry.input_shapes))
+                    stepper = _bound(kernel, entry.dtype) or kernel
+                    route.engine.append((engine_call, stepper, counts, kernel_label(entry), entry.input_shapes))
                     continue
-                sig = tuple((tuple(s), entry.dtype) for s in entry.input_shapes)
-                route.kernels[sig] = (kernel, counts, kernel_label(entry))
+                sig = tuple((tuple(s), getattr(torch, entry.dtype)) for s in entry.input_shapes)
+                route.kernels[sig] = (_bound(kernel, entry.dtype) or kernel.forward, counts, kernel_label(entry))
         for module in self.model.modules():
             if id(module) in routes:
                 self._wrap(module, routes[id(module)])
+        for name, module in self.model.named_modules():
+            attention = getattr(module, "self_attn", None)
+            if has_parts(module) and id(attention) in routes and routes[id(attention)].engine:
+                self._route_layer(name, module, routes)
+
+    def _route_layer(self, name: str, layer: torch.nn.Module, routes: dict[int, _Route]) -> None:
+        """Run the layer part to part (engine/layer_route.py) if it probes the same as its own forward at every
+        shape its attention kernel takes; the probe's calls are not counted."""
+        resolvers = [routes[id(p)].resolve if id(p) in routes else None
+                     for p in (getattr(layer, part) for part in PARTS)]
+        lean = LeanLayer(layer, layer.forward, resolvers)
+        counts = [*self.counts.values(), *self.fallbacks.values()]
+        before = [(c.calls, c.fallback_calls) for c in counts]
+        try:
+            agrees = all(probe_agrees(layer, lean, shapes) for *_, shapes in routes[id(layer.self_attn)].engine)
+        except Exception:  # a layer whose forward takes other arguments: it keeps its forward
+            agrees = False
+        for c, (calls, fallback_calls) in zip(counts, before, strict=True):
+            c.calls, c.fallback_calls = calls, fallback_calls
+        if agrees:
+            layer.forward = lean
+            self._patched.append(layer)
+            self.lean_layers.append(name)
 
     def _kernel(self, entry: PackEntry, pack_dir: Path, module: torch.nn.Module) -> torch.nn.Module:
         key = (f"{pack_dir.resolve()}/{entry.candidate_id}", id(module))
@@ -145,26 +207,11 @@ class PackPatcher:
         original = module.forward
 
         def forward(*args, **kwargs):
-            for engine_call, kernel, counts, label, shapes in route.engine:
-                run = engine_call(kernel, module, args, kwargs, shapes)
-                if run is not None:
-                    counts.calls += 1
-                    with _labelled(label):
-                        return run()
-            for call, kernel, counts, label in route.generic:
-                inputs = call.inputs(args, kwargs)
-                if inputs is not None:
-                    counts.calls += 1
-                    with _labelled(label):
-                        return call.output(kernel.forward(*inputs))
-            hit = route.kernels.get(_signature(args, kwargs))
-            if hit is None:
+            run = route.resolve(module, args, kwargs)
+            if run is None:
                 route.fallback.fallback_calls += 1
                 return original(*args, **kwargs)
-            kernel, counts, label = hit
-            counts.calls += 1
-            with _labelled(label):
-                return kernel.forward(*args)
+            return run()
 
         module.forward = forward  # instance attribute shadows the class method; removed by remove()
         self._patched.append(module)
@@ -173,6 +220,7 @@ class PackPatcher:
         for module in self._patched:
             del module.forward
         self._patched.clear()
+        self.lean_layers.clear()
 
     def reset_counts(self) -> None:
         for c in [*self.counts.values(), *self.fallbacks.values()]:

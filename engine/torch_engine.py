@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import copy
 import inspect
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from kernelbot.engine.device import DeviceChoice, pick_device
 from kernelbot.engine.graph_decode import StaticDecode, checked_graph_decode
+from kernelbot.engine.kv_cache import cache_kwarg, returned_cache
 from kernelbot.engine.models import (  # noqa: F401 (re-exported: callers import these from here)
     BUILTIN_MODELS,
     build_llama,
@@ -22,20 +21,6 @@ from kernelbot.engine.models import (  # noqa: F401 (re-exported: callers import
 )
 from kernelbot.engine.patching import PackPatcher
 from kernelbot.records import ModelSpec, Pack
-
-CACHE_NAMES = ("cache", "past_key_values")  # transformers 5 renamed past_key_values; older models keep it
-
-
-def cache_kwarg(model: torch.nn.Module) -> str | None:
-    """The name under which this model's forward takes its KV cache, or None when it takes none."""
-    params = inspect.signature(model.forward).parameters
-    return next((name for name in CACHE_NAMES if name in params), None)
-
-
-def returned_cache(out: Any) -> Any:
-    """The cache a forward returned, under whichever name it uses."""
-    fields = out if isinstance(out, Mapping) else vars(out)
-    return next((fields[name] for name in CACHE_NAMES if fields.get(name) is not None), None)
 
 
 def _without_grouped_experts(model: torch.nn.Module) -> torch.nn.Module:
@@ -71,7 +56,7 @@ class TorchEngine:
     def _use(self, model: torch.nn.Module, forward_of: torch.nn.Module | None = None) -> None:
         """Run `model`; its forward's parameters are read from `forward_of` (a compiled model hides them)."""
         self.model = model
-        self.cache_name = cache_kwarg(forward_of or model)
+        self.cache_name = cache_kwarg((forward_of or model).forward)
         params = inspect.signature((forward_of or model).forward).parameters
         takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
         self.forward_flags = {"use_cache": True} if "use_cache" in params or takes_any else {}

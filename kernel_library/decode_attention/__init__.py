@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -107,20 +108,24 @@ def _engine_call(kernel: nn.Module, module: nn.Module, args: tuple, kwargs: dict
     DynamicCache) on the kernel, appending to the cache layer in place; routed only without a mask (no padding),
     with a plain DynamicLayer, at the batch, tokens and dtype the kernel was verified and timed at (the cache's
     length is free)."""
-    from transformers.cache_utils import DynamicLayer
-
     hidden = kwargs.get("hidden_states", args[0] if args else None)
     cos_sin = kwargs.get("position_embeddings")
     layers = getattr(kwargs.get("cache", kwargs.get("past_key_values")), "layers", None)
     if (not isinstance(hidden, torch.Tensor) or len(args) > 1 or kwargs.get("attention_mask") is not None
-            or not isinstance(cos_sin, tuple) or layers is None or type(layers[module.layer_idx]) is not DynamicLayer
-            or hidden.dtype != module.q_proj.weight.dtype):
+            or not isinstance(cos_sin, tuple) or layers is None
+            or type(layers[module.layer_idx]) is not _dynamic_layer() or hidden.dtype != module.q_proj.weight.dtype):
         return None
     cos, sin = cos_sin
-    past = [*verified[3][:2], 0, verified[3][3]]  # the cache's length is not compared
-    if _group_dims([list(hidden.shape), list(cos.shape), list(sin.shape), past, past]) != _group_dims(verified[:5]):
+    if hidden.shape != tuple(verified[0]) or cos.shape != tuple(verified[1]) or sin.shape != tuple(verified[2]):
         return None
     return lambda: (step_dynamic_layer(kernel, layers[module.layer_idx], hidden, cos, sin), None)
+
+
+@functools.cache
+def _dynamic_layer() -> type:
+    from transformers.cache_utils import DynamicLayer
+
+    return DynamicLayer
 
 
 def _matches(m: nn.Module, dims: list[list[int]]) -> bool:

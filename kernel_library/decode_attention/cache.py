@@ -4,6 +4,8 @@ buffers with spare room, which the kernels' `step` writes the new tokens into; t
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
@@ -17,6 +19,15 @@ class SteppingAttention(Protocol):
 
     def step(self, hidden_states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, key_cache: torch.Tensor,
              value_cache: torch.Tensor, past_len: int) -> torch.Tensor: ...
+
+
+@dataclass(frozen=True)
+class BoundStep:
+    """A kernel's step with its weights and constants bound (the engine's hot path); a SteppingAttention."""
+
+    num_kv_heads: int
+    head_dim: int
+    step: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor]
 
 
 def kv_with_room(keys: torch.Tensor, values: torch.Tensor, new_tokens: int,

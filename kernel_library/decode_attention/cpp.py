@@ -11,7 +11,7 @@ import torch
 
 from kernelbot import KernelbotError
 from kernelbot.kernel_library.cpp_build import load_cpp
-from kernelbot.kernel_library.decode_attention.cache import pure_forward
+from kernelbot.kernel_library.decode_attention.cache import BoundStep, pure_forward
 from kernelbot.kernel_library.decode_attention.reference import Model
 from kernelbot.kernel_library.linear.cpp import PackedWeights, bf16_path, pack_panels, pack_panels_bf16
 
@@ -54,16 +54,27 @@ class DecodeAttentionCpp(Model):
              value_cache: torch.Tensor, past_len: int) -> torch.Tensor:
         """Attention of hidden_states' T tokens at positions past_len.., appending their rotated keys and values to
         key_cache/value_cache [B, KVH, capacity >= past_len + T, D] (written in place) -> [B, T, hidden]."""
-        dtype = hidden_states.dtype
-        if key_cache.dtype != dtype or value_cache.dtype != dtype:
-            raise KernelbotError(f"decode_attention: the caches are {key_cache.dtype}, the activations {dtype}: "
-                                 "allocate the caches in the activations' dtype")
-        bf16 = bf16_path(self._ext, hidden_states)
+        return self.bound(hidden_states.dtype).step(hidden_states, cos, sin, key_cache, value_cache, past_len)
+
+    def bound(self, dtype: torch.dtype) -> BoundStep:
+        """step for activations of this dtype, with the weights packed and the constants taken once: the engine's hot
+        path (bound again whenever a pack is applied)."""
+        ext, heads, scaling, grain = self._ext, self.num_heads, self.scaling, self.CONFIG["grain"]
+        bf16 = bf16_path(ext, dtype)
         pack = pack_fused_bf16 if bf16 else pack_fused
         qkv = self._qkv.get([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight], pack)
+        o = self._o.get([self.o_proj.weight], pack)
         bias = None
         if self.q_proj.bias is not None:
             bias = self._qkv_bias.get([self.q_proj.bias, self.k_proj.bias, self.v_proj.bias], concat_biases)
             bias = bias.to(torch.bfloat16 if bf16 else torch.float32).contiguous()
-        return self._ext.step(hidden_states, qkv, bias, self._o.get([self.o_proj.weight], pack), cos, sin, key_cache,
-                              value_cache, past_len, self.num_heads, self.scaling, self.CONFIG["grain"])
+
+        def step(hidden_states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, key_cache: torch.Tensor,
+                 value_cache: torch.Tensor, past_len: int) -> torch.Tensor:
+            if key_cache.dtype != dtype or value_cache.dtype != dtype or hidden_states.dtype != dtype:
+                raise KernelbotError(f"decode_attention: the caches are {key_cache.dtype}, the activations "
+                                     f"{hidden_states.dtype}, the kernel was bound for {dtype}: allocate the caches "
+                                     "in the activations' dtype")
+            return ext.step(hidden_states, qkv, bias, o, cos, sin, key_cache, value_cache, past_len, heads, scaling,
+                            grain)
+        return BoundStep(self.num_kv_heads, self.head_dim, step)

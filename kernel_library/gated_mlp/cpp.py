@@ -3,6 +3,7 @@ through the small-M GEMMs of kernel_library/small_m_gemm.h."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -24,15 +25,25 @@ class GatedMLPCpp(Model):
         self._down = PackedWeights()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        inter, hidden = self.gate_proj.weight.shape
-        grain = self.CONFIG["grain"]
-        x2 = x.reshape(-1, hidden).contiguous()
+        return self.bound(x.dtype)(x)
+
+    def bound(self, dtype: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor]:
+        """forward for inputs of this dtype, with the weights packed and the constants taken once: the engine's hot
+        path (bound again whenever a pack is applied)."""
+        ext, (inter, hidden), grain = self._ext, self.gate_proj.weight.shape, self.CONFIG["grain"]
         gate_up = [self.gate_proj.weight, self.up_proj.weight]
-        if bf16_path(self._ext, x2):  # h rounded to bf16 once, where eager rounds gate, up, silu and the product
-            h = self._ext.gate_up_silu_bf16(even_k(x2), self._gate_up.get(gate_up, pack_panels_bf16), inter, grain)
-            out = self._ext.small_m_linear_bf16(even_k(h), self._down.get([self.down_proj.weight], pack_panels_bf16),
-                                                None, hidden, grain)
+        if bf16_path(ext, dtype):  # h rounded to bf16 once, where eager rounds gate, up, silu and the product
+            panels = self._gate_up.get(gate_up, pack_panels_bf16)
+            down = self._down.get([self.down_proj.weight], pack_panels_bf16)
+
+            def run(x: torch.Tensor) -> torch.Tensor:
+                h = ext.gate_up_silu_bf16(even_k(x.reshape(-1, hidden).contiguous()), panels, inter, grain)
+                return ext.small_m_linear_bf16(even_k(h), down, None, hidden, grain).view(*x.shape[:-1], hidden)
         else:
-            h = self._ext.gate_up_silu(x2.float(), self._gate_up.get(gate_up), inter, grain)
-            out = self._ext.small_m_linear(h, self._down.get([self.down_proj.weight]), None, hidden, grain)
-        return out.to(x.dtype).view(*x.shape[:-1], hidden)
+            panels, down = self._gate_up.get(gate_up), self._down.get([self.down_proj.weight])
+
+            def run(x: torch.Tensor) -> torch.Tensor:
+                h = ext.gate_up_silu(x.reshape(-1, hidden).float().contiguous(), panels, inter, grain)
+                out = ext.small_m_linear(h, down, None, hidden, grain)
+                return out.to(x.dtype).view(*x.shape[:-1], hidden)
+        return run

@@ -40,9 +40,9 @@ def even_k(x2: torch.Tensor) -> torch.Tensor:
     return F.pad(x2, (0, 1)) if x2.shape[1] % 2 else x2
 
 
-def bf16_path(ext: Any, x: torch.Tensor) -> bool:
+def bf16_path(ext: Any, dtype: torch.dtype) -> bool:
     """bf16 activations on a CPU with avx512_bf16 run the bf16 kernels; elsewhere bf16 goes through fp32."""
-    return x.dtype == torch.bfloat16 and ext.has_avx512_bf16()
+    return dtype == torch.bfloat16 and ext.has_avx512_bf16()
 
 
 class PackedWeights:
@@ -70,13 +70,23 @@ class LinearCpp(Model):
         self._packed = PackedWeights()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        n, k = self.weight.shape
-        x2, grain = x.reshape(-1, k).contiguous(), self.CONFIG["grain"]
-        bias = None if self.bias is None else self.bias.detach().to(x.dtype).contiguous()
-        if bf16_path(self._ext, x2):
-            out = self._ext.small_m_linear_bf16(even_k(x2), self._packed.get([self.weight], pack_panels_bf16), bias,
-                                                n, grain)
+        return self.bound(x.dtype)(x)
+
+    def bound(self, dtype: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor]:
+        """forward for inputs of this dtype, with the weights packed and the constants taken once: the engine's hot
+        path (bound again whenever a pack is applied)."""
+        ext, (n, k), grain = self._ext, self.weight.shape, self.CONFIG["grain"]
+        bias = None if self.bias is None else self.bias.detach().to(dtype).contiguous()
+        if bf16_path(ext, dtype):
+            panels = self._packed.get([self.weight], pack_panels_bf16)
+
+            def run(x: torch.Tensor) -> torch.Tensor:
+                out = ext.small_m_linear_bf16(even_k(x.reshape(-1, k).contiguous()), panels, bias, n, grain)
+                return out.view(*x.shape[:-1], n)
         else:
-            out = self._ext.small_m_linear(x2.float(), self._packed.get([self.weight]),
-                                           None if bias is None else bias.float(), n, grain).to(x.dtype)
-        return out.view(*x.shape[:-1], n)
+            panels, bias32 = self._packed.get([self.weight]), None if bias is None else bias.float()
+
+            def run(x: torch.Tensor) -> torch.Tensor:
+                out = ext.small_m_linear(x.reshape(-1, k).float().contiguous(), panels, bias32, n, grain)
+                return out.to(x.dtype).view(*x.shape[:-1], n)
+        return run

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,11 @@ class RMSNormCpp(Model):
         self._ext = load_cpp(Path(__file__).with_name("rmsnorm.cpp"))
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        x = hidden_states.contiguous()
-        return self._ext.rmsnorm(x, self.weight.to(x.dtype).contiguous(), self.variance_epsilon,
-                                 self.CONFIG["grain"])
+        return self.bound(hidden_states.dtype)(hidden_states)
+
+    def bound(self, dtype: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor]:
+        """forward for inputs of this dtype, with the weight cast and the constants taken once: the engine's hot path
+        (bound again whenever a pack is applied)."""
+        ext, eps, grain = self._ext, self.variance_epsilon, self.CONFIG["grain"]
+        weight = self.weight.detach().to(dtype).contiguous()
+        return lambda hidden_states: ext.rmsnorm(hidden_states.contiguous(), weight, eps, grain)
