@@ -37,6 +37,13 @@ struct F32 {
     for (int g = 0; g < G; ++g)
       for (int m = 0; m < MB; ++m) _mm256_storeu_ps(out + (g * MB + m) * 8, acc[g][m]);
   }
+
+  static void store_bias(const float* acc, const float* bias, float* o, int64_t nv) {
+    for (int64_t j = 0; j < nv; ++j) o[j] = acc[j] + (bias ? bias[j] : 0.f);
+  }
+  static void store_silu_mul(const float* g, const float* u, float* o, int64_t nv) {
+    for (int64_t j = 0; j < nv; ++j) o[j] = g[j] / (1.f + std::exp(-g[j])) * u[j];
+  }
 };
 
 // bf16: W packed as [NP, G, K/2, 16, 2] (16 output columns per panel, each lane holding a pair of k), so one
@@ -76,6 +83,52 @@ struct BF16 {
     for (int g = 0; g < G; ++g)
       for (int m = 0; m < MB; ++m) _mm512_storeu_ps(out + (g * MB + m) * 16, acc[g][m]);
   }
+
+  // Epilogues, 16 columns at a time: fp32 sums rounded to bf16 once (round to nearest even, as L::out; the
+  // instruction treats subnormal sums as zero). A partial panel (nv < 16) goes lane by lane.
+  __attribute__((target("avx512f,avx512bf16"))) static void store_bias(const float* acc, const uint16_t* bias,
+                                                                       uint16_t* o, int64_t nv) {
+    if (nv < W) {
+      for (int64_t j = 0; j < nv; ++j) o[j] = L::out(acc[j] + (bias ? L::in(bias[j]) : 0.f));
+      return;
+    }
+    __m512 v = _mm512_loadu_ps(acc);
+    if (bias) v = _mm512_add_ps(v, widen(bias));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(o), (__m256i)_mm512_cvtneps_pbh(v));
+  }
+  // SiLU(g) * u with exp by range reduction (x = n ln2 + r, |r| <= ln2/2) and a degree-6 polynomial: within 2 ulp
+  // of fp32's exp, far below the bf16 rounding that follows.
+  __attribute__((target("avx512f,avx512bf16"))) static void store_silu_mul(const float* g, const float* u,
+                                                                           uint16_t* o, int64_t nv) {
+    if (nv < W) {
+      for (int64_t j = 0; j < nv; ++j) o[j] = L::out(g[j] / (1.f + std::exp(-g[j])) * u[j]);
+      return;
+    }
+    const __m512 x = _mm512_loadu_ps(g);
+    const __m512 e = exp512(_mm512_sub_ps(_mm512_setzero_ps(), x));
+    const __m512 s = _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.f), e));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(o),
+                        (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(s, _mm512_loadu_ps(u))));
+  }
+  __attribute__((target("avx512f"))) static __m512 widen(const uint16_t* b) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(
+        _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b))), 16));
+  }
+  __attribute__((target("avx512f"))) static __m512 exp512(__m512 x) {
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-104.f)), _mm512_set1_ps(88.7f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-0.693145752f), x);
+    r = _mm512_fmadd_ps(n, _mm512_set1_ps(-1.42860677e-6f), r);
+    __m512 p = _mm512_set1_ps(1.f / 720);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 120));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+    return _mm512_scalef_ps(p, n);
+  }
 };
 
 // The tile instantiation for a block of mb rows (tiles keep MB accumulators per projection in registers).
@@ -91,32 +144,33 @@ static void tile_rows(int64_t mb, const typename Isa::X* x, int64_t steps, const
 }
 
 // Panels split over threads; per block of rows a tile sums into buf ([G][mb][W]), then the epilogue: + bias, or
-// SiLU(gate) * up for G = 2, rounded once to the output type.
+// SiLU(gate) * up for G = 2, rounded once to the output type. With one projection and more rows than a tile holds
+// (prefill), a tile takes two adjacent panels (laid out as one G = 2 panel would be): twice the accumulators per
+// broadcast of x, so the multiply-adds are not waiting on each other's latency. Decode keeps one panel per tile.
 template <typename Isa, int G, int MBMAX>
 static void run(const typename Isa::X* xp, int64_t M, int64_t steps, const typename Isa::P* pp, int64_t NP,
                 const typename Isa::L::raw* bias, typename Isa::L::raw* op, int64_t N, int64_t grain) {
   constexpr int W = Isa::W;
-  using L = typename Isa::L;
+  const bool pairs = G == 1 && M > MBMAX;
   at::parallel_for(0, NP, grain, [&](int64_t p0, int64_t p1) {
-    alignas(64) float buf[G * MBMAX * W];
-    for (int64_t p = p0; p < p1; ++p) {
+    alignas(64) float buf[2 * G * MBMAX * W];
+    for (int64_t p = p0; p < p1;) {
       const typename Isa::P* panel = pp + p * G * steps * Isa::STEP;
-      const int64_t nv = std::min<int64_t>(W, N - p * W);
+      const int64_t np = pairs && p + 1 < p1 ? 2 : 1;
       for (int64_t m0 = 0; m0 < M; m0 += MBMAX) {
         const int64_t mb = std::min<int64_t>(MBMAX, M - m0);
-        tile_rows<Isa, G, MBMAX>(mb, xp + m0 * steps, steps, panel, buf);
-        for (int64_t m = 0; m < mb; ++m) {
-          auto* o = op + (m0 + m) * N + p * W;
-          for (int64_t j = 0; j < nv; ++j) {
-            if constexpr (G == 2) {
-              const float g = buf[m * W + j], u = buf[(mb + m) * W + j];
-              o[j] = L::out(g / (1.f + std::exp(-g)) * u);
-            } else {
-              o[j] = L::out(buf[m * W + j] + (bias ? L::in(bias[p * W + j]) : 0.f));
-            }
+        if (np == 2) tile_rows<Isa, 2, MBMAX>(mb, xp + m0 * steps, steps, panel, buf);
+        else tile_rows<Isa, G, MBMAX>(mb, xp + m0 * steps, steps, panel, buf);
+        for (int64_t q = 0; q < np; ++q) {
+          const int64_t col = (p + q) * W, nv = std::min<int64_t>(W, N - col);
+          for (int64_t m = 0; m < mb; ++m) {
+            auto* o = op + (m0 + m) * N + col;
+            if constexpr (G == 2) Isa::store_silu_mul(buf + m * W, buf + (mb + m) * W, o, nv);
+            else Isa::store_bias(buf + (q * mb + m) * W, bias ? bias + col : nullptr, o, nv);
           }
         }
       }
+      p += np;
     }
   });
 }
