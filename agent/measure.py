@@ -26,6 +26,20 @@ def count_calls(engine: TorchEngine, pack: Pack, pack_dir: Path) -> tuple[dict[s
         engine.remove_pack()
 
 
+def layer_routes_note(engine: TorchEngine, pack: Pack, pack_dir: Path) -> str | None:
+    """Which decoder layers the pack runs part to part (engine/layer_route.py), in one line for the report."""
+    engine.apply_pack(pack, pack_dir)
+    try:
+        layers = list(engine.patcher.lean_layers)
+    finally:
+        engine.remove_pack()
+    if not layers:
+        return None
+    named = ", ".join(layers) if len(layers) <= 4 else f"{layers[0]} … {layers[-1]}"
+    return (f"{len(layers)} decoder layer(s) run part to part, their parts' kernels called directly ({named}): each "
+            "gave exactly its own forward's output and cache on probe calls at the attention kernel's shapes")
+
+
 # Two implementations with equally good rounding each sit about the dtype's error from float64, in different
 # directions; a pack is held to twice eager's distance, far below what a wrong kernel moves (tests/test_engine.py).
 NOISE_SLACK = 2.0

@@ -19,7 +19,14 @@ from kernelbot import KernelbotError
 from kernelbot.agent.compile_baseline import RegionCompile, time_region_compile
 from kernelbot.agent.generate import Generation
 from kernelbot.agent.journal import Journal
-from kernelbot.agent.measure import apply_counts, count_calls, fidelity, median, time_end_to_end
+from kernelbot.agent.measure import (
+    apply_counts,
+    count_calls,
+    fidelity,
+    layer_routes_note,
+    median,
+    time_end_to_end,
+)
 from kernelbot.agent.options import OptimizeOptions
 from kernelbot.agent.pack import Accepted, build_pack
 from kernelbot.agent.plan import ModelTasks, plan_tasks, signature
@@ -302,6 +309,9 @@ class OptimizeRun:
         apply_counts(self.kernels, calls, fallbacks)
         self.notes.extend(f"{row.candidate_id} is in the pack but never ran" for row in self.kernels
                           if row.status == "accepted" and row.calls == 0)
+        routes = layer_routes_note(self.engine, self.pack, self.pack_dir)
+        if routes is not None:
+            self.notes.append(routes)
 
     def _time(self, finish: Finish) -> dict[str, Any]:
         compiled = None

@@ -146,3 +146,16 @@ def test_a_candidate_that_redefines_a_library_method_is_never_bound():
     assert _bound(Plain(8, 1e-6), "float32") is not None
     assert _bound(OwnForward(8, 1e-6), "float32") is None
     assert _bound(OwnBound(8, 1e-6), "float32") is None
+
+
+def test_the_report_names_the_layers_run_part_to_part_and_leaves_the_model_as_it_was(tmp_path):
+    from kernelbot.agent.measure import layer_routes_note
+
+    spec, _ = resolve_spec("llama-micro", "float32", 2, 6, 2, 0)
+    engine = TorchEngine(spec)
+    pack = _whole_layer_pack(engine, tmp_path)
+    note = layer_routes_note(engine, pack, tmp_path)
+    assert note is not None and note.startswith("2 decoder layer(s)") and "model.layers.1" in note
+    assert all("forward" not in vars(m) for m in engine.model.modules())
+    only_norms = Pack(version="v", run_id="r", device="cpu", entries=[e for e in pack.entries if e.family == "rmsnorm"])
+    assert layer_routes_note(engine, only_norms, tmp_path) is None
