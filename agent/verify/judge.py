@@ -22,6 +22,7 @@ from kernelbot.agent.verify.numerics import (
     compare,
     downcast_finding,
     float64_twin,
+    jittered_outputs,
     outs,
     reference_outputs,
     rel_l2,
@@ -139,18 +140,27 @@ class Judge:
         exact_model = self.exact[model] if isinstance(model, int) else float64_twin(model)
         return reference_outputs(native_model, exact_model, inputs)
 
-    def wrong(self, model: int | torch.nn.Module, inputs: list[Any], got: Any) -> list[str]:
+    def jittered(self, model: int | torch.nn.Module, inputs: list[Any], native: list[Any], rescaled: bool,
+                 ) -> list[list[torch.Tensor]]:
+        """For inputs scaled far from the reference's draws: per output, its float64 outputs on inputs moved by their
+        dtype's rounding (numerics.compare's floor for ill-conditioned problems); none otherwise."""
+        if not rescaled:
+            return [[] for _ in native]
+        exact_model = self.exact[model] if isinstance(model, int) else float64_twin(model)
+        return jittered_outputs(exact_model, inputs, native)
+
+    def wrong(self, model: int | torch.nn.Module, inputs: list[Any], got: Any, rescaled: bool = False) -> list[str]:
         """What is wrong with outputs `got` for `inputs` (empty: within tolerance)."""
         native, exact = self.reference(model, inputs)
         got = got if isinstance(got, list) else []
         if len(got) != len(native):
             return [f"{len(got)} outputs, expected {len(native)}"]
         problems = []
-        for o, n, e in zip(got, native, exact, strict=True):
+        for o, n, e, j in zip(got, native, exact, self.jittered(model, inputs, native, rescaled), strict=True):
             if o is None:
                 problems.append("a tensor subclass or unsupported object (refused)")
             elif isinstance(n, torch.Tensor):
-                problem = compare(o, n, e)
+                problem = compare(o, n, e, j)
                 if problem:
                     problems.append(problem)
             elif o != n:
@@ -170,18 +180,20 @@ class Judge:
                 wrong.append(f"{where}: {len(run.out)} outputs, expected {len(native)}")
                 continue
             compared += 1
-            for out, n, e in zip(run.out, native, exact, strict=True):
+            jittered = self.jittered(case.model, case.inputs, native, case.rescaled)
+            for out, n, e, j in zip(run.out, native, exact, jittered, strict=True):
                 if out is None:
                     wrong.append(f"{where}: output is a tensor subclass or unsupported object (refused)")
                     continue
-                problem = compare(out, n, e) if isinstance(n, torch.Tensor) else (None if out == n else "differs")
+                problem = compare(out, n, e, j) if isinstance(n, torch.Tensor) else (None if out == n else "differs")
                 if problem:
                     wrong.append(f"{where}: {problem}")
                     unwritten += self.holes(case, where, out, n)
             for order in ("reversed", "shuffled"):  # each program order must be right, not only the natural one
                 if run.in_order(order) is not None and not any(where in w for w in wrong):
                     wrong += [f"{where} ({order} program order): {p}" for p in self.wrong(case.model, case.inputs,
-                                                                                          run.in_order(order))]
+                                                                                          run.in_order(order),
+                                                                                          case.rescaled)]
             again = run.again
             if again is None or len(again) != len(run.out) or \
                     not all(same_bits(a, b) for a, b in zip(run.out, again, strict=True)):
