@@ -8,6 +8,7 @@ import torch
 from helpers import write_module
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
+from kernelbot import KernelbotError
 from kernelbot.agent.tasks import reference_source
 from kernelbot.agent.verify import cases
 from kernelbot.agent.verify.cases import WeakTask
@@ -291,3 +292,17 @@ def test_weak_task_is_refused_with_its_reason(tmp_path):
                         "    def forward(self, p, t):\n        return torch.tensor(2.0)\n")
     with pytest.raises(WeakTask, match="barely depends on the inputs"):
         verify(task_from_reference(ref), ref, cand, tmp_path / "w")
+
+
+def test_a_reference_in_a_runs_task_directory_is_verified_with_that_tasks_record(tmp_path):
+    from kernelbot.agent.tasks import write_task
+
+    family = FAMILIES["rmsnorm"]
+    task = Task(id="t", hotspot_id="h00", family="rmsnorm", module_class="LlamaRMSNorm", dtype="float32",
+                input_shapes=[[4, 1, 64]], free_dims=[[0]], init_args=family.init_args(LlamaRMSNorm(64)),
+                share=0.5, floor_us=1.0)
+    write_task(task, tmp_path / "t")
+    assert task_from_reference(tmp_path / "t" / "reference.py") == task  # its free dims: the run's fuzzed cases
+    (tmp_path / "t" / "task.json").write_text("{}")
+    with pytest.raises(KernelbotError, match="not a task record"):
+        task_from_reference(tmp_path / "t" / "reference.py")

@@ -72,9 +72,17 @@ def load_reference(path: Path):
 
 
 def task_from_reference(path: Path) -> Task:
-    """A task for a standalone KernelBench reference; sizes come from its module constants."""
+    """The task of a reference in a run's task directory (its task.json: the free dims and cases the run verified
+    with, so a verdict's seed replays it); for a standalone KernelBench reference, sizes from its module constants."""
     if not path.is_file():
         raise KernelbotError(f"{path}: no such reference file")
+    recorded = path.with_name("task.json")
+    if recorded.is_file():
+        try:
+            return Task.model_validate_json(recorded.read_text())
+        except ValueError as exc:
+            raise KernelbotError(f"{recorded}: not a task record ({type(exc).__name__}); move the reference out of "
+                                 "that directory to verify it on its own") from None
     try:
         module = load_reference(path)
         for name in ("Model", "get_inputs", "get_init_inputs"):
