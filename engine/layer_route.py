@@ -28,12 +28,11 @@ def has_parts(module: torch.nn.Module) -> bool:
 class LeanLayer:
     """The layer's forward, part to part; `tuple_out` where the layer's forward returns (hidden_states,)."""
 
-    def __init__(self, layer: torch.nn.Module, original: Callable[..., Any], resolvers: list[Resolve | None],
-                 tuple_out: bool = False) -> None:
+    def __init__(self, layer: torch.nn.Module, original: Callable[..., Any], resolvers: list[Resolve | None]) -> None:
         self.parts = [getattr(layer, p) for p in PARTS]
         self.resolvers = resolvers
         self.original = original
-        self.tuple_out = tuple_out
+        self.tuple_out = False  # set by probe_agrees from the layer's own output
 
     def _part(self, i: int, args: tuple, kwargs: dict) -> Any:
         resolve = self.resolvers[i]

@@ -137,8 +137,10 @@ class Judge:
     def reference(self, model: int | torch.nn.Module, inputs: list[Any]) -> tuple[list[Any], list[Any]]:
         """(in the task's dtype, in float64) outputs of the reference (by index, or a model of its own)."""
         native_model = self.native[model] if isinstance(model, int) else model
-        exact_model = self.exact[model] if isinstance(model, int) else float64_twin(model)
-        return reference_outputs(native_model, exact_model, inputs)
+        return reference_outputs(native_model, self._exact(model), inputs)
+
+    def _exact(self, model: int | torch.nn.Module) -> torch.nn.Module | None:
+        return self.exact[model] if isinstance(model, int) else float64_twin(model)
 
     def jittered(self, model: int | torch.nn.Module, inputs: list[Any], native: list[Any], rescaled: bool,
                  ) -> list[list[torch.Tensor]]:
@@ -146,8 +148,7 @@ class Judge:
         dtype's rounding (numerics.compare's floor for ill-conditioned problems); none otherwise."""
         if not rescaled:
             return [[] for _ in native]
-        exact_model = self.exact[model] if isinstance(model, int) else float64_twin(model)
-        return jittered_outputs(exact_model, inputs, native)
+        return jittered_outputs(self._exact(model), inputs, native)
 
     def wrong(self, model: int | torch.nn.Module, inputs: list[Any], got: Any, rescaled: bool = False) -> list[str]:
         """What is wrong with outputs `got` for `inputs` (empty: within tolerance)."""

@@ -9,8 +9,7 @@ is also allowed 4x the error the reference itself makes in the task's dtype, sin
 can do much better; on inputs scaled far from the reference's own draws, where moving the inputs by half an ulp of
 their dtype moves the float64 reference beyond the tolerance, also 4x that movement (at large scales an attention's
 scores are so far apart that rounding alone picks a different key: the problem, not the kernel, is ill-conditioned
-there). NaN and Inf must sit
-exactly where the reference has them. Integer and boolean outputs must match exactly.
+there). NaN and Inf must sit exactly where the reference has them. Integer and boolean outputs must match exactly.
 """
 
 from __future__ import annotations
