@@ -18,6 +18,7 @@ from transformers.models.qwen2.modeling_qwen2 import Qwen2Attention
 from transformers.models.qwen3.modeling_qwen3 import Qwen3Attention, Qwen3Config
 
 from kernelbot import KernelbotError
+from kernelbot.engine.kv_cache import cache_kwarg
 from kernelbot.kernel_library.base import OpCall
 from kernelbot.kernel_library.decode_attention import FAMILY
 from kernelbot.kernel_library.decode_attention import reference as ref_module
@@ -134,7 +135,7 @@ def test_the_reference_equals_transformers_attention_with_a_dynamic_cache(kind):
         cos, sin = rope(x, torch.arange(position, position + tokens)[None])
         mask = ref_module.causal_mask(tokens, position, x.device)[None, None] if position and tokens > 1 else None
         with torch.inference_mode():
-            want, _ = module(x, (cos, sin), mask, cache=cache)
+            want, _ = module(x, (cos, sin), mask, **{cache_kwarg(module.forward): cache})
             got, key, value = reference(x, cos, sin, past_key, past_value)
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(key, cache.layers[0].keys[:, :, position:], rtol=1e-5, atol=1e-6)
@@ -358,7 +359,7 @@ def test_step_dynamic_layer_is_a_drop_in_for_llama_attention_with_a_dynamic_cach
         x = torch.randn(2, tokens, HIDDEN)
         cos, sin = rope(x, torch.arange(position, position + tokens)[None])
         with torch.inference_mode():
-            want, _ = module(x, (cos, sin), None, cache=theirs)
+            want, _ = module(x, (cos, sin), None, **{cache_kwarg(module.forward): theirs})
             got = step_dynamic_layer(kernel, ours.layers[0], x, cos, sin, room=2)
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
         position += tokens
@@ -376,11 +377,11 @@ def _attention_ops(module: torch.nn.Module, rope: LlamaRotaryEmbedding, config, 
     with torch.inference_mode():
         if past:
             x = torch.randn(2, past, HIDDEN)
-            module(x, rope(x, torch.arange(past)[None]), None, cache=cache)
+            module(x, rope(x, torch.arange(past)[None]), None, **{cache_kwarg(module.forward): cache})
         x = torch.randn(2, tokens, HIDDEN)
         cos_sin = rope(x, torch.arange(past, past + tokens)[None])
         with torch.profiler.profile(record_shapes=True) as prof:
-            module(x, cos_sin, None, cache=cache)
+            module(x, cos_sin, None, **{cache_kwarg(module.forward): cache})
     prof.export_chrome_trace(str(trace))
     events = sorted((e for e in json.loads(trace.read_text())["traceEvents"] if e.get("cat") == "cpu_op"),
                     key=lambda e: e["ts"])

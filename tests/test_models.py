@@ -13,6 +13,7 @@ import torch
 from model_zoo import ZOO, write_model_dir, write_model_with_weights
 
 from kernelbot import KernelbotError
+from kernelbot.engine.kv_cache import cache_kwarg, returned_cache
 from kernelbot.engine.models import build_model, builtin_spec, resolve_spec
 from kernelbot.engine.torch_engine import TorchEngine
 
@@ -186,8 +187,8 @@ class OldCacheName(torch.nn.Module):
         self.inner = inner
 
     def forward(self, input_ids: torch.Tensor, past_key_values: Any = None, use_cache: bool = False) -> OldStyleOutput:
-        out = self.inner(input_ids=input_ids, cache=past_key_values, use_cache=use_cache)
-        return OldStyleOutput(logits=out.logits, past_key_values=out.cache)
+        out = self.inner(input_ids=input_ids, use_cache=use_cache, **{cache_kwarg(self.inner.forward): past_key_values})
+        return OldStyleOutput(logits=out.logits, past_key_values=returned_cache(out))
 
 
 class NoCache(torch.nn.Module):
