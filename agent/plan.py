@@ -99,11 +99,14 @@ class ModelTasks:
     other gets a reference extracted from the model at its profiled call."""
 
     engine: TorchEngine
+    # why no candidate could be made for a generic task here (the built-in generator writes C++, which runs on
+    # CPUs only, and no LLM was given), or None: such hotspots are refused before they take a task's place
+    generic_refused: str | None = None
     labels: dict[str, str] | None = None  # trace labels → module names, found when a generic task first needs them
     covered: list[str] = field(default_factory=list)  # modules a generic task replaces whole
 
     def refuse(self, hotspot: Hotspot) -> str | None:
-        return None
+        return self.generic_refused if hotspot.family is None else None
 
     def build(self, hotspot: Hotspot, planned: list[Task]) -> Planned | NoTask:
         if hotspot.family is None:

@@ -200,8 +200,11 @@ class OptimizeRun:
         """This iteration's tasks (hotspots → KernelBench-format references); when none is new, the incumbents an
         LLM may challenge, as tasks (task id → incumbent)."""
         self.stages.say("[3/7] tasks: hotspots → KernelBench-format references, most headroom first")
-        tasks = plan_tasks(self.hotspots_now, ModelTasks(self.engine), self.opts, self.run_dir, self.notes,
-                           iteration=it, attempted=self.attempted, deferred=self.deferred)
+        generic_refused = None if self.opts.llm or "cpp" in self.generation.backends else (
+            "no generic task: the built-in generator writes C++ for CPUs, and no LLM (--llm) can write a kernel for "
+            f"{self.device.kind}")
+        tasks = plan_tasks(self.hotspots_now, ModelTasks(self.engine, generic_refused), self.opts, self.run_dir,
+                           self.notes, iteration=it, attempted=self.attempted, deferred=self.deferred)
         self.stages.say(f"      {len(tasks)} tasks: {', '.join(t.id for t in tasks)}")
         incumbents = {} if tasks else self._challenges()
         if incumbents:

@@ -75,6 +75,7 @@ def computes_reference(family: Family, module: torch.nn.Module, inputs: list[tor
     try:
         reference = load_module(family.reference_path, f"kb_covers_{family.name}").Model(*family.init_args(module))
         reference.load_state_dict(module.state_dict())
+        reference.to(inputs[0].device)
         with torch.no_grad():
             want, got = reference(*inputs), module(*inputs)
     except Exception:  # another signature or state layout: not this family's op

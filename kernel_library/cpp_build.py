@@ -60,6 +60,12 @@ def prebuild_library() -> dict[str, str]:
     return {CACHE_ENV: str(cache_dir().resolve())}
 
 
+def library_env(device: str) -> dict[str, str]:
+    """The environment a sandboxed job on `device` needs for the library's C++ builds: built first on the CPU;
+    on a GPU no candidate runs the CPU library, so nothing is built (minutes on a first run) and nothing is passed."""
+    return prebuild_library() if device == "cpu" else {}
+
+
 def load_cpp(path: Path) -> ModuleType:
     """Compile `path` as a torch extension (first call: tens of seconds) or load the cached build."""
     name, built = _build_of(path)

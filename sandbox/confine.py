@@ -32,12 +32,16 @@ from kernelbot.paths import CACHE_ENV, cache_dir
 MS_RDONLY, MS_NOSUID, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 32, 4096, 16384, 1 << 18
 PR_CAPBSET_DROP = 24
 SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL|AUTH", re.IGNORECASE)
-BUILD_TOOLS = {"c++", "g++", "gcc", "cc", "nvcc", "ninja", "ld", "x86_64-linux-gnu-g++", "x86_64-linux-gnu-gcc"}
+# Compilers a kernel's build runs; on a GPU, Triton's first compile also runs ptxas, `ldconfig -p` (to find
+# libcuda) and `file` (platform.architecture), and builds its launcher with gcc or clang.
+BUILD_TOOLS = {"c++", "g++", "gcc", "cc", "clang", "nvcc", "ninja", "ld", "x86_64-linux-gnu-g++",
+               "x86_64-linux-gnu-gcc", "ptxas", "ldconfig", "file", "cuobjdump", "nvdisasm", "nvlink", "fatbinary"}
 libc = ctypes.CDLL(None, use_errno=True)
 # What the runner may read besides Python, kernelbot and its own module (everything else is refused).
 SYSTEM_READABLE = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/opt", "/sys",
                    "/proc/cpuinfo", "/proc/meminfo", "/proc/stat", "/proc/sys/kernel", "/proc/sys/vm",
-                   "/proc/driver/nvidia", "/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
+                   "/proc/driver/nvidia", "/proc/driver/nvidia-uvm", "/dev/null", "/dev/zero", "/dev/full",
+                   "/dev/random", "/dev/urandom")
 # /etc entries kept from the runner: credentials and keys.
 ETC_WITHHELD = re.compile(r"^(g?shadow-?|sudoers(\.d)?|ssh|ssl|pki|security|krb5\.keytab)$|secret|token|credential|key",
                           re.IGNORECASE)
@@ -175,10 +179,10 @@ def trap_environment(record: Recorder) -> None:
     os.environ.__class__ = TrappedEnviron
 
 
-def confine(box: Path, audit: bool = True) -> list[str]:
+def confine(box: Path, audit: bool = True, gpu: bool = False) -> list[str]:
     """Apply what this process can; return the protections now in force. With `audit` False (a harness that
     runs candidates only in a forked runner), the audit hook and environment trap are left to
-    `confine_runner`."""
+    `confine_runner`. With `gpu`, the job may write what the CUDA driver writes (landlock.gpu_writable)."""
     global RECORDER
     protections = []
     audit_fd = os.environ.pop("KERNELBOT_AUDIT_FD", None)
@@ -196,7 +200,7 @@ def confine(box: Path, audit: bool = True) -> list[str]:
             protections.append(f"capabilities NOT dropped ({exc})")
     from kernelbot.sandbox.landlock import restrict
 
-    protections += restrict(box) or ["no Landlock on this kernel"]
+    protections += restrict(box, gpu) or ["no Landlock on this kernel"]
     if audit:
         install_audit(record)
         trap_environment(record)
@@ -233,9 +237,11 @@ def _listdir(path: str) -> list[str]:
         return []
 
 
-def confine_runner(work: Path, extra_readable: Iterable[Path], trusted: Iterable[CodeType]) -> list[str]:
+def confine_runner(work: Path, extra_readable: Iterable[Path], trusted: Iterable[CodeType], gpu: bool = False
+                   ) -> list[str]:
     """In the forked runner, before candidate code loads: reads only from `readable_paths`, writes only in
-    `work`; then the audit hook (reads elsewhere recorded too) and the environment trap."""
+    `work` (with `gpu`, also its own threads' names, which the CUDA driver sets); then the audit hook (reads
+    elsewhere recorded too) and the environment trap."""
     from kernelbot.sandbox import landlock as ll
 
     record = RECORDER or Recorder(None, work)
@@ -249,8 +255,9 @@ def confine_runner(work: Path, extra_readable: Iterable[Path], trusted: Iterable
         writes = ll.WRITE_FILE | ll.REMOVE_DIR | ll.REMOVE_FILE | ll.MAKE_ANY | (ll.REFER if abi >= 2 else 0) | \
             (ll.TRUNCATE if abi >= 3 else 0)
         devices = [Path(p) for p in glob.glob("/dev/nvidia*")] + [Path("/dev/null")]  # opened read-write
+        threads = [Path(f"/proc/{os.getpid()}/task")] if gpu else []
         rules = [(p, read) for p in readable] + [(work, read | writes)] + \
-            [(d, read | ll.WRITE_FILE | (ll.TRUNCATE if abi >= 3 else 0)) for d in devices]
+            [(d, read | ll.WRITE_FILE | (ll.TRUNCATE if abi >= 3 else 0)) for d in devices + threads]
         problem = _landlock_layer(ll, abi, read | writes, rules)
         protections.append(problem or "runner: Landlock layer of its own (reads only system, Python and kernelbot "
                                       "files and its module; writes only its scratch dir; cannot signal or trace "

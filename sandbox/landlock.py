@@ -7,6 +7,7 @@ those are not available, and an extra layer where they are.
 from __future__ import annotations
 
 import ctypes
+import glob
 import os
 from pathlib import Path
 
@@ -39,13 +40,25 @@ def abi_version() -> int:
     return max(0, version)
 
 
-def restrict(box: Path) -> list[str]:
-    """Apply Landlock to this process; returns the protections now in force (empty if Landlock is absent)."""
+def gpu_writable() -> list[Path]:
+    """What the CUDA driver opens for writing: the NVIDIA device nodes (read-write), and /proc, where driver 570+
+    names its threads (/proc/<pid>/task/<tid>/comm; refused, cuInit fails with error 304). Landlock rules bind
+    to inodes, so a process whose pid is not yet known (a runner forked later) can only be given all of /proc:
+    the kernel's own ownership checks still limit those writes to the job's processes."""
+    return [Path(p) for p in sorted(glob.glob("/dev/nvidia*"))] + [Path("/proc")]
+
+
+def restrict(box: Path, gpu: bool = False) -> list[str]:
+    """Apply Landlock to this process; returns the protections now in force (empty if Landlock is absent).
+    With `gpu`, the CUDA driver's writes (gpu_writable) are allowed too."""
     abi = abi_version()
     if abi < 1:
         return []
     writes = WRITE_FILE | REMOVE_DIR | REMOVE_FILE | MAKE_ANY | (REFER if abi >= 2 else 0) | \
         (TRUNCATE if abi >= 3 else 0)
+    file_writes = WRITE_FILE | (TRUNCATE if abi >= 3 else 0)
+    rules = [(box, writes), (Path("/dev/null"), file_writes)] + \
+        [(path, file_writes) for path in (gpu_writable() if gpu else [])]
     attr = _Ruleset(writes, NET_BIND_TCP | NET_CONNECT_TCP if abi >= 4 else 0,
                     SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL if abi >= 6 else 0)
     size = ctypes.sizeof(_Ruleset) if abi >= 6 else 16 if abi >= 4 else 8
@@ -53,7 +66,7 @@ def restrict(box: Path) -> list[str]:
     if fd < 0:
         return [f"Landlock unavailable ({os.strerror(ctypes.get_errno())})"]
     try:
-        for path, rights in ((box, writes), ("/dev/null", WRITE_FILE | (TRUNCATE if abi >= 3 else 0))):
+        for path, rights in rules:
             target = os.open(path, os.O_PATH | os.O_CLOEXEC)
             try:
                 rule = _PathBeneath(rights, target)
@@ -66,7 +79,8 @@ def restrict(box: Path) -> list[str]:
             return [f"Landlock not applied ({os.strerror(ctypes.get_errno())})"]
     finally:
         os.close(fd)
-    done = [f"Landlock ABI {abi}: writes only inside the work dir"]
+    done = [f"Landlock ABI {abi}: writes only inside the work dir" +
+            (" and, for the CUDA driver, to the GPU's device nodes and /proc" if gpu else "")]
     if abi >= 4:
         done.append("Landlock: no TCP bind or connect")
     if abi >= 6:

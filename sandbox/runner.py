@@ -130,7 +130,7 @@ def run_job(job: dict[str, Any], workdir: Path, timeout: float, env: dict[str, s
     box = open_box(job, workdir)
     group = _make_cgroup()
     isolated = namespaces_available()
-    protections = _protections(timeout, group, isolated)
+    protections = _protections(timeout, group, isolated, gpu is None)
     command = [*(wrapper or []), sys.executable, "-m", HARNESS, "job.json"]
     if isolated:
         command = ["unshare", "--pid", "--fork", "--net", "--mount", "--kill-child", *command]
@@ -142,7 +142,8 @@ def run_job(job: dict[str, Any], workdir: Path, timeout: float, env: dict[str, s
     with open(workdir / STDERR, "wb") as err:
         proc = subprocess.Popen(command, cwd=box, stdin=subprocess.DEVNULL, stdout=err, stderr=err,
                                 env=child_env(extra), start_new_session=True,
-                                preexec_fn=functools.partial(_limit_child, group, timeout), pass_fds=(write_fd,))
+                                preexec_fn=functools.partial(_limit_child, group, timeout, gpu is None),
+                                pass_fds=(write_fd,))
         os.close(write_fd)
         try:
             proc.wait(timeout=timeout)
@@ -163,9 +164,11 @@ def run_job(job: dict[str, Any], workdir: Path, timeout: float, env: dict[str, s
     return outcome(workdir, timeout, Ending(timed_out, proc.returncode, seconds, records), protections)
 
 
-def _protections(timeout: float, group: Path | None, isolated: bool) -> list[str]:
+def _protections(timeout: float, group: Path | None, isolated: bool, address_limited: bool) -> list[str]:
     protections = ["process runner", f"timeout {timeout:.0f} s", "own session and process group",
-                   "secrets scrubbed from env", f"address space {memory_limit() >> 30} GiB",
+                   "secrets scrubbed from env",
+                   f"address space {memory_limit() >> 30} GiB" if address_limited else
+                   "no address-space limit (the CUDA driver reserves more virtual memory than any limit allows)",
                    f"files ≤ {MAX_FILE_BYTES >> 30} GiB", "no core dumps"]
     protections.append(f"≤ {MAX_PROCESSES} processes (pids cgroup)" if group else "no process cap (no pids cgroup)")
     if not isolated:
@@ -174,12 +177,14 @@ def _protections(timeout: float, group: Path | None, isolated: bool) -> list[str
     return protections
 
 
-def _limit_child(group: Path | None, timeout: float) -> None:
-    """Runs in the child between fork and exec."""
+def _limit_child(group: Path | None, timeout: float, address_limited: bool) -> None:
+    """Runs in the child between fork and exec. A GPU job gets no address-space limit: the CUDA driver reserves
+    virtual ranges for unified memory far beyond physical memory, and cuInit fails under such a limit."""
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # if kernelbot itself dies, the job dies with it
     if group is not None:
         (group / "cgroup.procs").write_text(str(os.getpid()))
-    resource.setrlimit(resource.RLIMIT_AS, (memory_limit(),) * 2)
+    if address_limited:
+        resource.setrlimit(resource.RLIMIT_AS, (memory_limit(),) * 2)
     resource.setrlimit(resource.RLIMIT_FSIZE, (MAX_FILE_BYTES,) * 2)
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     resource.setrlimit(resource.RLIMIT_CPU, (int(timeout) + 5,) * 2)

@@ -166,10 +166,26 @@ def test_outside_the_device_layer_the_loop_never_names_the_backend() -> None:
         assert "cuda" not in text, f"{name} names the backend; go through kernelbot.engine.device"
 
 
+# As on a GPU node, where kernelbot is not installed: the check must import it from its own copy, whatever the
+# working directory (this checkout's kernelbot/ holds none of the parts and must not shadow the copy).
+NOT_INSTALLED = """
+import sys
+sys.meta_path[:] = [f for f in sys.meta_path if not getattr(f, "__module__", "").startswith("__editable__")]
+sys.path_hooks[:] = [h for h in sys.path_hooks if not getattr(h, "__module__", "").startswith("__editable__")]
+sys.path_importer_cache.clear()
+"""
+
+
 def _dry_run(tmp_path: Path) -> tuple[subprocess.CompletedProcess, dict]:
-    env = {**os.environ, "PYTHON": sys.executable}
+    hide = tmp_path / "not_installed"
+    hide.mkdir()
+    (hide / "sitecustomize.py").write_text(NOT_INSTALLED)
+    env = {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(hide)}
+    check = subprocess.run([sys.executable, "-c", "import kernelbot.agent"], env=env, cwd=tmp_path,
+                           capture_output=True)
+    assert check.returncode != 0, "kernelbot still imports: the test would not show how the node imports it"
     proc = subprocess.run([str(ROOT / "benchmarks" / "gpu_check.sh"), "--dry-run", "--work", str(tmp_path / "work"),
-                           str(tmp_path / "out")], capture_output=True, text=True, env=env, timeout=180)
+                           str(tmp_path / "out")], capture_output=True, text=True, env=env, timeout=180, cwd=ROOT)
     return proc, json.loads((tmp_path / "out" / "summary.json").read_text())
 
 

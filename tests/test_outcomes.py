@@ -174,3 +174,19 @@ def test_a_hotspot_whose_no_task_reason_mentions_max_tasks_is_noted_not_deferred
     assert notes == ["h07 OddBlock [[4, 8, 64]] (30.0%): no task, no generic task: its forward reads sys.argv for "
                      "--max-tasks"]
 
+
+
+def test_where_no_generic_candidate_can_be_made_a_generic_hotspot_is_refused_before_it_takes_a_task_place(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def must_not_extract(*_: Any) -> Any:
+        raise AssertionError("a refused hotspot must not be extracted (it runs the model)")
+
+    monkeypatch.setattr(plan_mod, "module_labels", must_not_extract)
+    monkeypatch.setattr(plan_mod, "make_generic_task", must_not_extract)
+    h, notes, deferred = _generic_hotspot(), [], {}
+    engine = SimpleNamespace(model=None, run_workload=None)
+    why = "no generic task: the built-in generator writes C++ for CPUs"
+    tasks = plan_tasks([h], ModelTasks(engine, why), OptimizeOptions(max_tasks=0), tmp_path, notes, attempted=set(),
+                       deferred=deferred)
+    assert tasks == [] and deferred == {}  # refused, not deferred: a later iteration cannot do better
+    assert notes == [f"h07 OddBlock [[4, 8, 64]] (30.0%): no task, {why}"]

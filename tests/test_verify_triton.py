@@ -169,6 +169,22 @@ ptxas info    : Used 8 registers, used 0 barriers, 372 bytes cmem[0]
 """
 
 
+def test_interpreter_checks_refuse_to_install_where_triton_compiles_and_leave_libdevice_alone():
+    # On a GPU the compiler must find libdevice's builtins; install() would put numpy functions in their place.
+    code = textwrap.dedent("""
+        import triton.language.extra.libdevice as libdevice
+        before = libdevice.rsqrt
+        from kernelbot.agent.verify import triton_check as tc
+        try:
+            tc.install()
+        except RuntimeError as exc:
+            print("refused:", "TRITON_INTERPRET" in str(exc), libdevice.rsqrt is before)
+    """)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.stdout.strip() == "refused: True True", proc.stderr[-2000:]
+
+
 def test_ptxas_report_is_parsed_per_kernel():
     tile, add = parse_ptxas(PTXAS)
     assert tile == {"kernel": "_Z4tilePKfPfi", "arch": "sm_90", "registers": 255, "smem_bytes": 4096,

@@ -18,10 +18,11 @@ from kernelbot.agent.verify.cases import inputs_at
 from kernelbot.agent.verify.messages import BenchJob, BenchOutputs, BenchResult, read_result
 from kernelbot.agent.verify.numerics import compare, float64_twin, reference_outputs
 from kernelbot.agent.verify.run import load_reference
-from kernelbot.kernel_library.cpp_build import prebuild_library
+from kernelbot.kernel_library.cpp_build import library_env
 from kernelbot.profiler import host
 from kernelbot.records import Bench, Task
 from kernelbot.sandbox import run_job
+from kernelbot.sandbox.gpu import assigned_gpu
 
 POOL = 3  # independent input draws the timed calls rotate through
 
@@ -44,7 +45,8 @@ def bench(task: Task, reference_path: Path, candidate_path: Path, workdir: Path,
                    init_args=task.init_args, state_dict=str((workdir / "state_dict.pt").resolve()),
                    inputs=str((workdir / "inputs.pt").resolve()), rounds=rounds, device=device)
     since = host.sample()
-    result = run_job(job.model_dump(mode="json"), workdir, timeout=timeout, env=prebuild_library())
+    gpu = assigned_gpu() if device == "cuda" else None
+    result = run_job(job.model_dump(mode="json"), workdir, timeout=timeout, env=library_env(device), gpu=gpu)
     load = host.host_load(since)
     report = read_result(result.payload)
     if result.status != "ok" or not isinstance(report, BenchResult):

@@ -524,7 +524,8 @@ def _prepare(setup: RunnerSetup, wfd: int) -> Watch:
         triton_check.install(sink)
     known = frozenset(tools.os_threads())
     module = Path(setup.module)
-    protections = confine_mod.confine_runner(work, [module, module.parent / "__pycache__"], _trusted_code())
+    protections = confine_mod.confine_runner(work, [module, module.parent / "__pycache__"], _trusted_code(),
+                                             gpu=setup.device == "cuda")
     modules = (sys.modules[__name__], probes, confine_mod, landlock, cuda_check, messages) + \
         ((triton_check,) if setup.triton else ())
     attributes = _sealed_attributes(setup.triton)
@@ -588,7 +589,7 @@ def _op_call(watch: Watch, model: torch.nn.Module, sent: list[Any], extras: tupl
                 finally:
                     tools.set_order("natural")
                     watch.phase[0] = "natural"
-    if inputs_after and setup.device == "cpu":
+    if inputs_after:  # on CUDA the inputs were copied to the device: no guard regions, the values still checked
         reply["inputs_after"] = [tools.encode(x, True) if isinstance(x, torch.Tensor) else x for x in sent]
     facts["weights"] += tools.weight_changes(weights, model)
     return reply, held
@@ -602,6 +603,8 @@ def _op_timed_call(watch: Watch, model: torch.nn.Module, inputs: tuple, perturb:
     for index, flat, value in perturb:
         inputs[index].view(-1)[flat] = value
     with torch.inference_mode():
+        if cuda and perturb:  # the change is a kernel launch of its own: done before the clock starts
+            tools.cuda_sync()
         if not cuda:
             tools.wake_threads()
         t0 = tools.clock()
@@ -888,7 +891,8 @@ def main() -> None:
     job = JOB.validate_json(Path(sys.argv[1]).read_bytes())
     forks = isinstance(job, (VerifyJob, BenchJob))
     # a harness that forks runners leaves the audit hook to them: it runs no candidate code itself
-    protections = confine(Path.cwd(), audit=not forks)  # before any candidate code is imported
+    gpu = isinstance(job, (VerifyJob, SanitizeJob, BenchJob)) and job.device == "cuda"
+    protections = confine(Path.cwd(), audit=not forks, gpu=gpu)  # before any candidate code is imported
     (Path.cwd() / WORK).mkdir(exist_ok=True)
     cuda_check.install(Path.cwd() / WORK)
     result: VerifyResult | BenchResult | Done | JobFailure

@@ -33,7 +33,7 @@ class VerifyJob(Message):
     state_dicts: list[str]  # one per model of the plan
     alt_state_dict: str | None = None  # new weights for the result_caching check
     init_seed: int
-    triton: bool = False
+    triton: bool = False  # the candidate runs in Triton's interpreter with triton_check installed (CPU only)
     device: str = "cpu"
     settle_s: float = 0.02
 

@@ -55,7 +55,7 @@ from kernelbot.agent.verify.messages import (
 )
 from kernelbot.agent.verify.sanitizer import sanitize
 from kernelbot.kernel_library.base import dtype_name
-from kernelbot.kernel_library.cpp_build import prebuild_library
+from kernelbot.kernel_library.cpp_build import library_env
 from kernelbot.loading import load_module
 from kernelbot.records import Check, Task, Verdict
 from kernelbot.sandbox import SandboxResult, run_job
@@ -132,12 +132,12 @@ def verify(task: Task, reference_path: Path, candidate_path: Path, workdir: Path
                         cases=[SentCase(label=c.label, model=c.model, inputs=inputs)
                                for c, inputs in zip(plan.cases, sent, strict=True)]).model_dump(), workdir / "plan.pt")
     source = candidate_path.read_text(errors="replace")
-    triton = "triton" in source
+    triton = "triton" in source and device == "cpu"  # Triton's interpreter checks; a GPU compiles the kernels
     job = VerifyJob(candidate=str(candidate_path.resolve()), plan=str((workdir / "plan.pt").resolve()),
                     state_dicts=[str((workdir / f"state_dict_{i}.pt").resolve()) for i in range(len(plan.init_args))],
                     alt_state_dict=str((workdir / "alt_state_dict.pt").resolve()), init_seed=init_seed, triton=triton,
                     device=device)
-    job_env = {**prebuild_library(), **({"TRITON_INTERPRET": "1"} if triton and device == "cpu" else {}), **(env or {})}
+    job_env = {**library_env(device), **({"TRITON_INTERPRET": "1"} if triton else {}), **(env or {})}
     gpu = assigned_gpu() if device == "cuda" else None
     result = run_job(job.model_dump(mode="json"), workdir, timeout=timeout, env=job_env, gpu=gpu)
     report = read_result(result.payload)

@@ -259,8 +259,16 @@ def _interpretable_libdevice() -> None:
 
 def install(sink: Sink | None = None) -> None:
     """Instrument the interpreter. Call before any candidate code is imported; TRITON_INTERPRET must be 1.
-    `sink(kind, data)` receives each launch and finding as it happens."""
+    `sink(kind, data)` receives each launch and finding as it happens.
+
+    Refused without the interpreter: on a GPU the compiler must find libdevice's own builtins, which
+    install() replaces with numpy functions (there compute-sanitizer checks bounds and races)."""
     import inspect
+    import os
+
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        raise RuntimeError("triton_check.install: TRITON_INTERPRET is not 1; the interpreter checks are for CPU "
+                           "verification (a GPU's Triton kernels are checked with compute-sanitizer)")
 
     from triton._C.libtriton import ir
     from triton.runtime import interpreter as interp

@@ -1,4 +1,4 @@
-"""The GPU check's steps (benchmarks/gpu_check.sh runs this): one GPU node, under 8 minutes, nothing downloaded.
+"""The GPU check's steps (benchmarks/gpu_check.sh runs this): one GPU node, at most 8.5 minutes, nothing downloaded.
 
   1. preflight: kernelbot from this checkout (copied as installed, on PYTHONPATH: no pip, no build), its imports under
      the node's own Python, torch and Triton, the GPU (fails fast, exit 2, when none is visible), compute-sanitizer
@@ -41,9 +41,11 @@ OPTIONAL = ("pynvml",)  # GPU clocks and throttling beside the timings
 # have), at the versions the CPU set-up tests
 NODE_WHEELS = ("pydantic==2.14.4", "pydantic-core==2.50.5", "annotated-types==0.8.0", "typing-inspection==0.4.5",
                "pysimdjson==7.0.2", "typing-extensions==4.16.0")
-BUDGET_S = 480  # the whole check
-OPTIMIZE_S = 390
-VERIFY_S = 150
+# Each verification runs the job and then compute-sanitizer's four tools one after another, each a fresh process
+# that starts CUDA and compiles the kernel into an empty Triton cache; the two verifications run side by side.
+VERIFY_S = 180
+OPTIMIZE_S = 330
+BUDGET_S = VERIFY_S + OPTIMIZE_S  # the whole check, at worst
 PREFLIGHT_S = 60
 OUTPUTS = ("report.json", "verdict_correct.json", "verdict_racy.json", "optimize_log.txt", "gpu_check.log",
            "summary.json")
@@ -161,9 +163,9 @@ class Log:
             f.write(message + "\n")
 
 
-def probe(python: str, env: dict[str, str]) -> dict:
+def probe(python: str, env: dict[str, str], work: Path) -> dict:
     proc = subprocess.run([python, "-c", PROBE, ",".join(REQUIRED + OPTIONAL)], capture_output=True, text=True,
-                          env=env, timeout=PREFLIGHT_S)
+                          env=env, timeout=PREFLIGHT_S, cwd=work)
     try:
         return json.loads(proc.stdout.strip().splitlines()[-1])
     except (IndexError, ValueError):
@@ -184,22 +186,22 @@ def install_wheels(python: str, wheels: Path, target: Path, log: Log) -> bool:
     return proc.returncode == 0
 
 
-def optimize_has_device(python: str, env: dict[str, str]) -> bool:
+def optimize_has_device(python: str, env: dict[str, str], work: Path) -> bool:
     proc = subprocess.run([python, "-m", "kernelbot.cli", "optimize", "--help"], capture_output=True, text=True,
-                          env=env, timeout=PREFLIGHT_S)
+                          env=env, timeout=PREFLIGHT_S, cwd=work)
     return proc.returncode == 0 and "--device" in proc.stdout
 
 
 def preflight(python: str, env: dict[str, str], site: Path, work: Path, wheels: Path | None, log: Log,
               summary: Summary) -> None:
     """Fills summary.probe and summary.problems; installs the wheels when modules are missing and some are given."""
-    info = probe(python, env)
+    info = probe(python, env, work)
     missing = [m for m in REQUIRED if (info.get("imports") or {}).get(m)]
     if missing and wheels is not None:
         target = work / "wheels_site"
         if install_wheels(python, wheels, target, log):
             env["PYTHONPATH"] = f"{env['PYTHONPATH']}{os.pathsep}{target}"
-            info = probe(python, env)
+            info = probe(python, env, work)
             missing = [m for m in REQUIRED if (info.get("imports") or {}).get(m)]
     summary.probe = info
     if "probe_error" in info and not info.get("imports"):
@@ -226,29 +228,29 @@ def preflight(python: str, env: dict[str, str], site: Path, work: Path, wheels: 
             summary.problems.append(message)
             return  # fail fast: nothing else matters on a node without a GPU
         summary.notes.append(message)
-    if not optimize_has_device(python, env):
+    if not optimize_has_device(python, env, work):
         summary.problems.append("`kernelbot optimize` in this checkout has no --device option (the check runs "
                                 "optimize --device cuda); add it first")
 
 
-def run_steps(steps: list[Step], env: dict[str, str], outdir: Path, log: Log) -> list[Outcome]:
+def run_steps(steps: list[Step], env: dict[str, str], outdir: Path, work: Path, log: Log) -> list[Outcome]:
     """Each step in its own process group, stopped at its timeout; the verifications side by side."""
     parallel = [s for s in steps if s.name.startswith("verify")]
-    outcomes = _run_together(parallel, env, outdir, log)
+    outcomes = _run_together(parallel, env, outdir, work, log)
     for step in steps:
         if step not in parallel:
-            outcomes += _run_together([step], env, outdir, log)
+            outcomes += _run_together([step], env, outdir, work, log)
     return outcomes
 
 
-def _run_together(steps: list[Step], env: dict[str, str], outdir: Path, log: Log) -> list[Outcome]:
+def _run_together(steps: list[Step], env: dict[str, str], outdir: Path, work: Path, log: Log) -> list[Outcome]:
     running = []
     for step in steps:
         log(f"$ {shlex.join(step.argv)}")
         out = open(outdir / step.stdout, "w") if step.stdout else open(outdir / f".{step.name}.out", "w")
         err = open(outdir / f".{step.name}.err", "w")
         proc = subprocess.Popen(step.argv, stdout=out, stderr=err, env=env, start_new_session=True,
-                                cwd=str(ROOT))
+                                cwd=work)
         running.append((step, proc, time.monotonic(), out, err))
     outcomes = []
     for step, proc, t0, out, err in running:
@@ -364,8 +366,10 @@ def main(argv: list[str] | None = None) -> int:
         if not (HERE / name).is_file():
             summary.problems.append(f"{HERE / name} is missing")
     site = make_site(ROOT, work / "site")
+    # Every process starts in `work`, with PYTHONSAFEPATH: `python -m`/`-c` put the working directory first on
+    # sys.path, and from the checkout's root its kernelbot/ (which holds none of the parts) would shadow the copy.
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), *filter(None, [os.environ.get("PYTHONPATH")])]),
-           "PYTHONUNBUFFERED": "1"}
+           "PYTHONUNBUFFERED": "1", "PYTHONSAFEPATH": "1"}
     env.pop("TRITON_INTERPRET", None)  # Triton compiles for the GPU here
     steps = plan(args.python, work, outdir)
     summary.plan = [f"{s.name} (≤ {s.timeout_s} s): {shlex.join(s.argv)}" for s in steps]
@@ -387,13 +391,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpu_check: {summary.problems[0]}", file=sys.stderr)
         return 2
     t0 = time.monotonic()
-    summary.steps = run_steps(steps, env, outdir, log)
+    summary.steps = run_steps(steps, env, outdir, work, log)
     run = work / "run"
     for source, target in ((run / "report.json", "report.json"), (run / "log.txt", "optimize_log.txt")):
         if source.is_file():
             shutil.copyfile(source, outdir / target)
     summary.expectations = expectations(outdir, summary.steps)
-    summary.gpu_after = probe(args.python, env).get("gpu_state")
+    summary.gpu_after = probe(args.python, env, work).get("gpu_state")
     summary.ok = all(e.met for e in summary.expectations) and all(
         not o.timed_out and o.returncode in (0, 1) for o in summary.steps)
     for e in summary.expectations:

@@ -10,7 +10,8 @@ def _covers(m: torch.nn.Module) -> bool:
         return False
     if not isinstance(getattr(m, "variance_epsilon", getattr(m, "eps", None)), float):
         return False
-    return computes_reference(FAMILY, m, [torch.randn(2, 3, weight.shape[0], dtype=weight.dtype)])
+    x = torch.randn(2, 3, weight.shape[0], dtype=weight.dtype, device=weight.device)
+    return computes_reference(FAMILY, m, [x])
 
 
 FAMILY = Family(
