@@ -151,7 +151,8 @@ class Generation:
         where = f"on the Ray cluster {self.opts.cluster}" if self.executor is not None else ""
         self.stages.say(f"[4/7] generate + verify + benchmark ({source}; candidates run in the sandbox"
                         f"{' ' + where})")
-        build_library(self.stages, self.device.kind)
+        if "cpp" in self.backends:  # C++ candidates run on CPUs only
+            build_library(self.stages)
         if self.executor is not None:
             self.executor.target_device = f"{self.device.kind}:{self.device.name}"
             if session is None:
@@ -398,10 +399,10 @@ class _ClusterWatch:
                 g.stages.say(f"      {line}")
 
 
-def build_library(stages: Stages, device_kind: str) -> None:
+def build_library(stages: Stages) -> None:
     """The library's C++ extensions, built before the first candidate needs them, with a spinner: the first run on a
-    machine compiles them for a minute or more and would otherwise sit silent. Candidates on a GPU never run them."""
-    unbuilt = unbuilt_library() if device_kind == "cpu" else []
+    machine compiles them for a minute or more and would otherwise sit silent."""
+    unbuilt = unbuilt_library()
     if not unbuilt:
         return
     t0 = time.perf_counter()

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The prepared GPU check: on one GPU node, in at most 8.5 minutes, with the node's own torch and Triton and nothing
-# downloaded, verify a correct and a racy Triton kernel under compute-sanitizer and run
+# The prepared GPU check: on one GPU node, in at most 8.5 minutes of steps (after a preflight of seconds), with the
+# node's own torch and Triton and nothing downloaded, verify a correct and a racy Triton kernel under
+# compute-sanitizer and run
 # `kernelbot optimize --device cuda --dtype bfloat16` on the built-in model; write report.json, the verdicts,
 # the logs and summary.json into OUTDIR. Exit 0: every expectation met; 1: not; 2: this node cannot run it.
 #

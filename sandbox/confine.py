@@ -182,7 +182,8 @@ def trap_environment(record: Recorder) -> None:
 def confine(box: Path, audit: bool = True, gpu: bool = False) -> list[str]:
     """Apply what this process can; return the protections now in force. With `audit` False (a harness that
     runs candidates only in a forked runner), the audit hook and environment trap are left to
-    `confine_runner`. With `gpu`, the job may write what the CUDA driver writes (landlock.gpu_writable)."""
+    `confine_runner`. With `gpu`, the job may write what the CUDA driver writes (landlock.gpu_writable): this
+    process, or with `audit` False the runner it forks, which narrows that with its own layer."""
     global RECORDER
     protections = []
     audit_fd = os.environ.pop("KERNELBOT_AUDIT_FD", None)
@@ -200,7 +201,7 @@ def confine(box: Path, audit: bool = True, gpu: bool = False) -> list[str]:
             protections.append(f"capabilities NOT dropped ({exc})")
     from kernelbot.sandbox.landlock import restrict
 
-    protections += restrict(box, gpu) or ["no Landlock on this kernel"]
+    protections += restrict(box, gpu, forks=not audit) or ["no Landlock on this kernel"]
     if audit:
         install_audit(record)
         trap_environment(record)
@@ -254,10 +255,9 @@ def confine_runner(work: Path, extra_readable: Iterable[Path], trusted: Iterable
         read = LL_EXECUTE | LL_READ_FILE | LL_READ_DIR
         writes = ll.WRITE_FILE | ll.REMOVE_DIR | ll.REMOVE_FILE | ll.MAKE_ANY | (ll.REFER if abi >= 2 else 0) | \
             (ll.TRUNCATE if abi >= 3 else 0)
-        devices = [Path(p) for p in glob.glob("/dev/nvidia*")] + [Path("/dev/null")]  # opened read-write
-        threads = [Path(f"/proc/{os.getpid()}/task")] if gpu else []
+        opened_for_writing = (ll.gpu_writable() if gpu else []) + [Path("/dev/null")]
         rules = [(p, read) for p in readable] + [(work, read | writes)] + \
-            [(d, read | ll.WRITE_FILE | (ll.TRUNCATE if abi >= 3 else 0)) for d in devices + threads]
+            [(d, read | ll.WRITE_FILE | (ll.TRUNCATE if abi >= 3 else 0)) for d in opened_for_writing]
         problem = _landlock_layer(ll, abi, read | writes, rules)
         protections.append(problem or "runner: Landlock layer of its own (reads only system, Python and kernelbot "
                                       "files and its module; writes only its scratch dir; cannot signal or trace "

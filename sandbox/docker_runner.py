@@ -198,8 +198,11 @@ def run_job(job: dict[str, Any], workdir: Path, timeout: float, env: dict[str, s
     records, stop = bytearray(), threading.Event()
     reader = threading.Thread(target=_drain, args=(audit_fd, stop, records), daemon=True)
     reader.start()
+    # no address-space limit on a GPU job: the CUDA driver reserves virtual ranges far beyond any memory limit
+    # (the cgroup's memory limit still holds)
     ulimits = [docker.types.Ulimit(name=n, soft=v, hard=v) for n, v in
-               (("as", memory), ("fsize", MAX_FILE_BYTES), ("core", 0), ("cpu", int(timeout) + 5))]
+               ((("as", memory),) if device is None else ()) +
+               (("fsize", MAX_FILE_BYTES), ("core", 0), ("cpu", int(timeout) + 5))]
     ecc_before = None
     if gpu is not None:
         from kernelbot.sandbox.gpu import check_health, ecc_errors
@@ -260,7 +263,8 @@ def _protections(tag: str, timeout: float, memory: int, uid: int, device: str | 
     protections = [f"docker runner ({tag})", f"timeout {timeout:.0f} s (container killed)", "secrets scrubbed from env",
                    "no network (--network none)", "read-only root filesystem; host runtime mounted read-only",
                    "writable: the job's box only", f"memory {memory >> 30} GiB, no swap (cgroup)",
-                   f"address space {memory >> 30} GiB", f"≤ {MAX_PROCESSES} processes (--pids-limit)",
+                   f"address space {memory >> 30} GiB" if device is None else "no address-space limit (CUDA)",
+                   f"≤ {MAX_PROCESSES} processes (--pids-limit)",
                    f"files ≤ {MAX_FILE_BYTES >> 30} GiB", "no core dumps", "no capabilities (--cap-drop ALL)",
                    "no new privileges", f"user {uid}", "own pid namespace; container removed afterwards"]
     protections.append(f"GPU {device} only (--gpus device={device})" if device is not None else "no GPU")

@@ -40,17 +40,20 @@ def abi_version() -> int:
     return max(0, version)
 
 
-def gpu_writable() -> list[Path]:
-    """What the CUDA driver opens for writing: the NVIDIA device nodes (read-write), and /proc, where driver 570+
-    names its threads (/proc/<pid>/task/<tid>/comm; refused, cuInit fails with error 304). Landlock rules bind
-    to inodes, so a process whose pid is not yet known (a runner forked later) can only be given all of /proc:
-    the kernel's own ownership checks still limit those writes to the job's processes."""
-    return [Path(p) for p in sorted(glob.glob("/dev/nvidia*"))] + [Path("/proc")]
+def gpu_writable(later_process: bool = False) -> list[Path]:
+    """What the CUDA driver opens for writing (as NVIDIA's and sandboxers' reports describe; not yet seen here): the
+    NVIDIA device nodes, read-write, and its threads' names (/proc/<pid>/task/<tid>/comm, driver 570+; refused,
+    cuInit fails with error 304). Landlock rules bind to inodes: this process's own threads are /proc/self/task,
+    but for a process forked later (`later_process`: a runner) only all of /proc can be named, so that layer must
+    be narrowed by one the later process applies itself (confine_runner)."""
+    threads = Path("/proc") if later_process else Path("/proc/self/task")
+    return [Path(p) for p in sorted(glob.glob("/dev/nvidia*"))] + [threads]
 
 
-def restrict(box: Path, gpu: bool = False) -> list[str]:
+def restrict(box: Path, gpu: bool = False, forks: bool = False) -> list[str]:
     """Apply Landlock to this process; returns the protections now in force (empty if Landlock is absent).
-    With `gpu`, the CUDA driver's writes (gpu_writable) are allowed too."""
+    With `gpu`, the CUDA driver's writes (gpu_writable) are allowed too: for this process, or, where it `forks`
+    the process that runs the candidate, for that one (which must then narrow them with a layer of its own)."""
     abi = abi_version()
     if abi < 1:
         return []
@@ -58,7 +61,7 @@ def restrict(box: Path, gpu: bool = False) -> list[str]:
         (TRUNCATE if abi >= 3 else 0)
     file_writes = WRITE_FILE | (TRUNCATE if abi >= 3 else 0)
     rules = [(box, writes), (Path("/dev/null"), file_writes)] + \
-        [(path, file_writes) for path in (gpu_writable() if gpu else [])]
+        [(path, file_writes) for path in (gpu_writable(forks) if gpu else [])]
     attr = _Ruleset(writes, NET_BIND_TCP | NET_CONNECT_TCP if abi >= 4 else 0,
                     SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL if abi >= 6 else 0)
     size = ctypes.sizeof(_Ruleset) if abi >= 6 else 16 if abi >= 4 else 8
@@ -80,7 +83,7 @@ def restrict(box: Path, gpu: bool = False) -> list[str]:
     finally:
         os.close(fd)
     done = [f"Landlock ABI {abi}: writes only inside the work dir" +
-            (" and, for the CUDA driver, to the GPU's device nodes and /proc" if gpu else "")]
+            (" and, for the CUDA driver, to the GPU's device nodes and thread names" if gpu else "")]
     if abi >= 4:
         done.append("Landlock: no TCP bind or connect")
     if abi >= 6:

@@ -27,22 +27,17 @@ def test_a_first_build_is_announced_and_a_cached_one_is_silent(tmp_path, monkeyp
     built: list[bool] = []
     monkeypatch.setattr(generate, "prebuild_library", lambda: built.append(True) or {})
     monkeypatch.setattr(generate, "unbuilt_library", lambda: [Path("a.cpp"), Path("b.cpp")])
-    generate.build_library(stages, "cpu")
+    generate.build_library(stages)
     assert built == [True] and "built 2 C++ kernel extensions" in out.getvalue()
     monkeypatch.setattr(generate, "unbuilt_library", lambda: [])
-    generate.build_library(stages, "cpu")
+    generate.build_library(stages)
     assert built == [True] and out.getvalue().count("built") == 1
     assert "built 2 C++ kernel extensions" in (tmp_path / "log.txt").read_text()
 
 
-def test_a_gpu_run_builds_none_of_the_cpu_library_and_passes_no_cache_to_its_jobs(tmp_path, monkeypatch):
-    out = io.StringIO()
+def test_a_gpu_jobs_sandbox_gets_no_cpu_library_build_and_a_cpu_jobs_gets_the_built_cache(monkeypatch):
     built: list[bool] = []
-    monkeypatch.setattr(generate, "prebuild_library", lambda: built.append(True) or {})
     monkeypatch.setattr(cpp_build, "prebuild_library", lambda: built.append(True) or {"KERNELBOT_CACHE": "x"})
-    monkeypatch.setattr(generate, "unbuilt_library", lambda: [Path("a.cpp")])
-    generate.build_library(Stages(Console(file=out, width=200), tmp_path), "cuda")
-    assert built == [] and "C++" not in out.getvalue()
     assert cpp_build.library_env("cuda") == {} and built == []
     assert cpp_build.library_env("cpu") == {"KERNELBOT_CACHE": "x"} and built == [True]
 

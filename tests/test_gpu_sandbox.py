@@ -1,10 +1,13 @@
 """What a GPU job's sandbox must let the CUDA driver do, tried here without a GPU: name its threads under /proc
-from a runner forked after the first Landlock layer, run with no address-space limit, run Triton's compile tools;
-and a CPU job still gets none of that."""
+(from a runner forked after the first Landlock layer, or from a job that runs the candidate itself), run with no
+address-space limit, run Triton's compile tools unrecorded; and what it still refuses, and that a CPU job gets none
+of it."""
 
 from __future__ import annotations
 
+import functools
 import json
+import resource
 import subprocess
 import sys
 import textwrap
@@ -14,70 +17,106 @@ import pytest
 
 from kernelbot.agent.verify.messages import NoopJob
 from kernelbot.sandbox import run_job
-from kernelbot.sandbox.confine import BUILD_TOOLS
 from kernelbot.sandbox.landlock import abi_version
+from kernelbot.sandbox.runner import _limit_child, memory_limit
 
-# The job's first layer, a fork (the runner, whose pid the first layer could not know), the runner's own layer,
-# then what the CUDA driver does at cuInit (name a thread) and what a candidate must still not do (write elsewhere).
+# The job's first layer; then, for a job that forks its runner (whose pid that layer could not know), the fork and
+# the runner's own layer. Then what the CUDA driver does at cuInit (name a thread) and what a candidate must still
+# not do: write its process's other /proc files (its oom_score_adj, written back unchanged) or outside the box.
 LAYERS = textwrap.dedent("""
     import json, os, sys, threading
     from pathlib import Path
     from kernelbot.sandbox.confine import confine_runner
     from kernelbot.sandbox.landlock import restrict
-    box, outside, gpu = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3] == "gpu"
-    restrict(box, gpu)
+    box, outside, mode = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
+    gpu, forks = mode != "cpu", mode != "gpu-no-runner"
+    restrict(box, gpu, forks=forks)
+
+    def attempts():
+        seen = {}
+        with open("/proc/self/oom_score_adj") as f:
+            oom = f.read()
+        for name, path, text in (("thread_name", f"/proc/self/task/{threading.get_native_id()}/comm", "kb-runner"),
+                                 ("other_proc_file", "/proc/self/oom_score_adj", oom),
+                                 ("outside", str(outside), "x")):
+            try:
+                with open(path, "w") as f:
+                    f.write(text)
+                seen[name] = "written"
+            except OSError as exc:
+                seen[name] = type(exc).__name__
+        return json.dumps(seen)
+
+    if not forks:
+        print(attempts())
+        sys.exit(0)
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:
         work = box / "work"
         work.mkdir()
         confine_runner(work, [], [], gpu=gpu)
-        seen = {}
-        for name, path in (("thread_name", f"/proc/self/task/{threading.get_native_id()}/comm"),
-                           ("outside", str(outside))):
-            try:
-                with open(path, "w") as f:
-                    f.write("kb-runner")
-                seen[name] = "written"
-            except OSError as exc:
-                seen[name] = type(exc).__name__
-        os.write(write, json.dumps(seen).encode())
+        os.write(write, attempts().encode())
         os._exit(0)
     os.waitpid(pid, 0)
     print(os.read(read, 4096).decode())
 """)
+REFUSED_ELSEWHERE = {"other_proc_file": "PermissionError", "outside": "PermissionError"}
 
 
-def _layers(tmp_path: Path, kind: str) -> dict[str, str]:
-    box = tmp_path / kind
+def _layers(tmp_path: Path, mode: str) -> dict[str, str]:
+    box = tmp_path / mode
     box.mkdir()
-    proc = subprocess.run([sys.executable, "-c", LAYERS, str(box), str(tmp_path / f"outside_{kind}.txt"), kind],
+    proc = subprocess.run([sys.executable, "-c", LAYERS, str(box), str(tmp_path / f"outside_{mode}.txt"), mode],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.skipif(abi_version() < 1, reason="this kernel has no Landlock")
-def test_a_gpu_jobs_runner_can_name_its_threads_as_the_cuda_driver_does_and_still_writes_nowhere_else(tmp_path):
-    assert _layers(tmp_path, "gpu") == {"thread_name": "written", "outside": "PermissionError"}
+@pytest.mark.parametrize("mode", ["gpu", "gpu-no-runner"])
+def test_a_gpu_job_can_name_its_threads_as_the_cuda_driver_does_and_writes_nothing_else(tmp_path, mode):
+    assert _layers(tmp_path, mode) == {"thread_name": "written", **REFUSED_ELSEWHERE}
 
 
 @pytest.mark.skipif(abi_version() < 1, reason="this kernel has no Landlock")
 def test_a_cpu_jobs_runner_cannot_write_under_proc(tmp_path):
-    assert _layers(tmp_path, "cpu") == {"thread_name": "PermissionError", "outside": "PermissionError"}
+    assert _layers(tmp_path, "cpu") == {"thread_name": "PermissionError", **REFUSED_ELSEWHERE}
 
 
-def test_a_gpu_job_runs_without_an_address_space_limit_and_a_cpu_job_with_one(tmp_path, monkeypatch):
+@pytest.mark.parametrize("address_limited", [True, False])
+def test_only_a_cpu_job_gets_an_address_space_limit(address_limited):
+    probe = "import resource; print(resource.getrlimit(resource.RLIMIT_AS)[0])"
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60,
+                          preexec_fn=functools.partial(_limit_child, None, 30, address_limited))
+    assert int(proc.stdout) == (memory_limit() if address_limited else resource.RLIM_INFINITY)
+
+
+def test_the_process_runner_says_which_limit_a_job_ran_under(tmp_path, monkeypatch):
     monkeypatch.setenv("KERNELBOT_SANDBOX", "process")
     job = NoopJob().model_dump(mode="json")
-    cpu = run_job(job, tmp_path / "cpu", timeout=60)
-    gpu = run_job(job, tmp_path / "gpu", timeout=60, gpu=0)
+    cpu, gpu = run_job(job, tmp_path / "cpu", timeout=60), run_job(job, tmp_path / "gpu", timeout=60, gpu=0)
     assert cpu.status == gpu.status == "ok"
     assert any(p.startswith("address space ") for p in cpu.protections)
-    assert not any(p.startswith("address space ") for p in gpu.protections)
     assert any("no address-space limit" in p for p in gpu.protections)
 
 
-def test_tritons_own_compile_tools_are_build_tools_not_violations():
+AUDITED = textwrap.dedent("""
+    import json, os, subprocess, sys
+    from pathlib import Path
+    from kernelbot.sandbox.confine import Recorder, install_audit
+    read, write = os.pipe()
+    install_audit(Recorder(write, Path(sys.argv[1])))
+    for argv in (["file", "-b", sys.executable], ["ldconfig", "-p"], ["true"]):
+        subprocess.run(argv, capture_output=True)
+    os.close(write)
+    print(os.read(read, 65536).decode())
+""")
+
+
+def test_tritons_compile_tools_run_unrecorded_and_any_other_program_is_recorded(tmp_path):
     # Triton's first compile on a GPU runs ptxas, `/sbin/ldconfig -p` and `file` (platform.architecture)
-    assert {"ptxas", "ldconfig", "file"} <= BUILD_TOOLS
+    proc = subprocess.run([sys.executable, "-c", AUDITED, str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    records = [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
+    assert [(r["kind"], r["detail"]) for r in records] == [("process", "subprocess ['true']")]

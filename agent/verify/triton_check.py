@@ -266,9 +266,11 @@ def install(sink: Sink | None = None) -> None:
     import inspect
     import os
 
+    from kernelbot import KernelbotError
+
     if os.environ.get("TRITON_INTERPRET") != "1":
-        raise RuntimeError("triton_check.install: TRITON_INTERPRET is not 1; the interpreter checks are for CPU "
-                           "verification (a GPU's Triton kernels are checked with compute-sanitizer)")
+        raise KernelbotError("triton_check.install: TRITON_INTERPRET is not 1; the interpreter checks are for CPU "
+                             "verification (a GPU's Triton kernels are checked with compute-sanitizer)")
 
     from triton._C.libtriton import ir
     from triton.runtime import interpreter as interp

@@ -1,4 +1,5 @@
-"""The GPU check's steps (benchmarks/gpu_check.sh runs this): one GPU node, at most 8.5 minutes, nothing downloaded.
+"""The GPU check's steps (benchmarks/gpu_check.sh runs this): one GPU node, at most 8.5 minutes of steps, nothing
+downloaded.
 
   1. preflight: kernelbot from this checkout (copied as installed, on PYTHONPATH: no pip, no build), its imports under
      the node's own Python, torch and Triton, the GPU (fails fast, exit 2, when none is visible), compute-sanitizer
