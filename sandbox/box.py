@@ -14,6 +14,7 @@ import secrets
 import shutil
 import signal
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -28,6 +29,10 @@ BOX_ROOT_ENV = "KERNELBOT_BOX_ROOT"
 AUDIT_LIMIT = 1 << 20  # bytes of audit records read back from a job
 # The program a job runs, by module path (named, never imported here: the sandbox only starts it).
 HARNESS = "kernelbot.agent.verify.harness"
+# A job whose wrapper talks to it over loopback TCP (compute-sanitizer's front end and the target it launches) gets
+# these ports, "first-last", and nothing else of the network: the runner brings loopback up in the job's own
+# network namespace, and its Landlock layer allows TCP bind and connect on these ports only (landlock.restrict).
+LOOPBACK_PORTS_ENV = "KERNELBOT_LOOPBACK_PORTS"
 
 
 @dataclass
@@ -46,6 +51,21 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not SECRET_NAME.search(k)}
     env.update(extra or {})
     return env
+
+
+def loopback_ports(env: Mapping[str, str]) -> range | None:
+    """The ports LOOPBACK_PORTS_ENV gives a job, or None when it gives none."""
+    value = env.get(LOOPBACK_PORTS_ENV)
+    if not value:
+        return None
+    first, _, last = value.partition("-")
+    if not (first.isdigit() and (last or first).isdigit()) or not 0 < int(first) <= int(last or first) < 65536:
+        raise ValueError(f"{LOOPBACK_PORTS_ENV}={value!r}: expected FIRST-LAST, TCP ports such as 49152-49161")
+    return range(int(first), int(last or first) + 1)
+
+
+def loopback_env(ports: range) -> dict[str, str]:
+    return {LOOPBACK_PORTS_ENV: f"{ports.start}-{ports.stop - 1}"}
 
 
 def memory_limit() -> int:

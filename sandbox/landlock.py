@@ -1,7 +1,8 @@
 """Landlock (Linux ≥ 5.13, unprivileged): after this, the process and everything it starts can write only under
-the box, cannot bind or connect TCP sockets (ABI ≥ 4), and cannot signal processes outside its own domain or
-reach abstract unix sockets (ABI ≥ 6). It needs no root, so it is what stands in for the namespaces where
-those are not available, and an extra layer where they are.
+the box, cannot bind or connect TCP sockets (ABI ≥ 4) except on the loopback ports its job was given
+(box.LOOPBACK_PORTS_ENV: compute-sanitizer's), and cannot signal processes outside its own domain or reach abstract
+unix sockets (ABI ≥ 6). It needs no root, so it is what stands in for the namespaces where those are not available,
+and an extra layer where they are.
 """
 
 from __future__ import annotations
@@ -11,11 +12,12 @@ import glob
 import os
 from pathlib import Path
 
+from kernelbot.sandbox.box import loopback_ports
 from kernelbot.sandbox.confine import libc
 
 SYS_CREATE_RULESET, SYS_ADD_RULE, SYS_RESTRICT_SELF = 444, 445, 446
 CREATE_RULESET_VERSION = 1
-RULE_PATH_BENEATH = 1
+RULE_PATH_BENEATH, RULE_NET_PORT = 1, 2
 PR_SET_NO_NEW_PRIVS = 38
 # Filesystem rights that change something (reading and executing stay free).
 WRITE_FILE, REMOVE_DIR, REMOVE_FILE = 1 << 1, 1 << 4, 1 << 5
@@ -33,6 +35,10 @@ class _Ruleset(ctypes.Structure):
 class _PathBeneath(ctypes.Structure):
     _pack_ = 1
     _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+
+class _NetPort(ctypes.Structure):
+    _fields_ = [("allowed_access", ctypes.c_uint64), ("port", ctypes.c_uint64)]
 
 
 def abi_version() -> int:
@@ -68,6 +74,7 @@ def restrict(box: Path, gpu: bool = False, forks: bool = False) -> list[str]:
     fd = libc.syscall(SYS_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint32(0))
     if fd < 0:
         return [f"Landlock unavailable ({os.strerror(ctypes.get_errno())})"]
+    ports = loopback_ports(os.environ) if abi >= 4 else None
     try:
         for path, rights in rules:
             target = os.open(path, os.O_PATH | os.O_CLOEXEC)
@@ -77,6 +84,10 @@ def restrict(box: Path, gpu: bool = False, forks: bool = False) -> list[str]:
                     return [f"Landlock rule for {path} refused ({os.strerror(ctypes.get_errno())})"]
             finally:
                 os.close(target)
+        for port in ports or ():
+            rule = _NetPort(NET_BIND_TCP | NET_CONNECT_TCP, port)
+            if libc.syscall(SYS_ADD_RULE, fd, RULE_NET_PORT, ctypes.byref(rule), ctypes.c_uint32(0)) != 0:
+                return [f"Landlock rule for TCP port {port} refused ({os.strerror(ctypes.get_errno())})"]
         if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 or \
                 libc.syscall(SYS_RESTRICT_SELF, fd, ctypes.c_uint32(0)) != 0:
             return [f"Landlock not applied ({os.strerror(ctypes.get_errno())})"]
@@ -85,7 +96,9 @@ def restrict(box: Path, gpu: bool = False, forks: bool = False) -> list[str]:
     done = [f"Landlock ABI {abi}: writes only inside the work dir" +
             (" and, for the CUDA driver, to the GPU's device nodes and thread names" if gpu else "")]
     if abi >= 4:
-        done.append("Landlock: no TCP bind or connect")
+        done.append("Landlock: no TCP bind or connect" + (
+            f" except on ports {ports.start}-{ports.stop - 1} (compute-sanitizer's, loopback only where the job has "
+            "its own network namespace)" if ports else ""))
     if abi >= 6:
         done.append("Landlock: no signals to processes outside the sandbox, no abstract unix sockets")
     return done

@@ -1,16 +1,23 @@
 """The process runner: a job's harness as a child process in its own session and process group, in a pids cgroup and
 (as root, with util-linux) its own pid, net and mount namespaces, with rlimits on memory, file size, core dumps and
-CPU time; audit records come back through a pipe. The box (sandbox/box.py) is the same as the docker runner's; this
-module only confines and starts the child, and dispatches to the docker runner when that one is chosen.
+CPU time; audit records come back through a pipe. A job given loopback ports (box.LOOPBACK_PORTS_ENV: the
+compute-sanitizer's front end talks to its target over them) has its network namespace's loopback brought up, and no
+other interface; without namespaces it gets no ports (Landlock could not keep them on loopback). The box
+(sandbox/box.py) is the same as the docker runner's; this module only confines and starts the child, and dispatches
+to the docker runner when that one is chosen.
 """
 
 from __future__ import annotations
 
+import ctypes
+import fcntl
 import functools
 import os
 import resource
 import shutil
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import time
@@ -22,6 +29,7 @@ from kernelbot.sandbox import docker_runner
 from kernelbot.sandbox.box import (
     AUDIT_LIMIT,
     HARNESS,
+    LOOPBACK_PORTS_ENV,
     MAX_FILE_BYTES,
     MAX_PROCESSES,
     STDERR,
@@ -30,6 +38,7 @@ from kernelbot.sandbox.box import (
     box_env,
     child_env,
     close_box,
+    loopback_ports,
     memory_limit,
     open_box,
     outcome,
@@ -40,6 +49,8 @@ from kernelbot.sandbox.gpu import isolation_env as gpu_env
 
 __all__ = ["PIDS_CGROUP", "SandboxResult", "child_env", "namespaces_available", "run_job"]
 PR_SET_PDEATHSIG = 1
+CLONE_NEWNET = 0x40000000
+SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
 PIDS_CGROUP = Path("/sys/fs/cgroup/pids")
 
 
@@ -131,18 +142,26 @@ def run_job(job: dict[str, Any], workdir: Path, timeout: float, env: dict[str, s
     group = _make_cgroup()
     isolated = namespaces_available()
     protections = _protections(timeout, group, isolated, gpu is None)
-    command = [*(wrapper or []), sys.executable, "-m", HARNESS, "job.json"]
-    if isolated:
-        command = ["unshare", "--pid", "--fork", "--net", "--mount", "--kill-child", *command]
     read_fd, write_fd = os.pipe()
     extra = {**box_env(box), "KERNELBOT_AUDIT_FD": str(write_fd), **(env or {}),
              **(gpu_env(gpu) if gpu is not None else {})}
+    loopback = loopback_ports(extra) is not None
+    if loopback and not isolated:  # Landlock's rules name ports, not addresses: only a namespace keeps them local
+        del extra[LOOPBACK_PORTS_ENV]
+        loopback = False
+        protections.append("no TCP at all: loopback ports need a network namespace of the job's own (root and "
+                           "unshare), so compute-sanitizer cannot reach its target here")
+    command = [*(wrapper or []), sys.executable, "-m", HARNESS, "job.json"]
+    if isolated:  # with loopback, the child makes its network namespace itself (_limit_child), with lo up
+        command = ["unshare", "--pid", "--fork", *([] if loopback else ["--net"]), "--mount", "--kill-child", *command]
+        protections += ["own network namespace with loopback only (for compute-sanitizer)"] if loopback else []
     ecc_before = ecc_errors(gpu) if gpu is not None else None
     t0 = time.perf_counter()
     with open(workdir / STDERR, "wb") as err:
         proc = subprocess.Popen(command, cwd=box, stdin=subprocess.DEVNULL, stdout=err, stderr=err,
                                 env=child_env(extra), start_new_session=True,
-                                preexec_fn=functools.partial(_limit_child, group, timeout, gpu is None),
+                                preexec_fn=functools.partial(_limit_child, group, timeout, gpu is None,
+                                                             isolated and loopback),
                                 pass_fds=(write_fd,))
         os.close(write_fd)
         try:
@@ -164,6 +183,16 @@ def run_job(job: dict[str, Any], workdir: Path, timeout: float, env: dict[str, s
     return outcome(workdir, timeout, Ending(timed_out, proc.returncode, seconds, records), protections)
 
 
+def own_loopback() -> None:
+    """Move this process into a new network namespace and bring its loopback interface up: it can reach nothing but
+    itself. Needs CAP_SYS_ADMIN (root)."""
+    if libc.unshare(CLONE_NEWNET) != 0:
+        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNET) failed")
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        flags = struct.unpack_from("16sH", fcntl.ioctl(s, SIOCGIFFLAGS, struct.pack("16sH22x", b"lo", 0)))[1]
+        fcntl.ioctl(s, SIOCSIFFLAGS, struct.pack("16sH22x", b"lo", flags | IFF_UP))
+
+
 def _protections(timeout: float, group: Path | None, isolated: bool, address_limited: bool) -> list[str]:
     protections = ["process runner", f"timeout {timeout:.0f} s", "own session and process group",
                    "secrets scrubbed from env",
@@ -177,10 +206,14 @@ def _protections(timeout: float, group: Path | None, isolated: bool, address_lim
     return protections
 
 
-def _limit_child(group: Path | None, timeout: float, address_limited: bool) -> None:
+def _limit_child(group: Path | None, timeout: float, address_limited: bool, loopback: bool = False) -> None:
     """Runs in the child between fork and exec. A GPU job gets no address-space limit: the CUDA driver reserves
-    virtual ranges for unified memory far beyond physical memory, and cuInit fails under such a limit."""
+    virtual ranges for unified memory far beyond physical memory, and cuInit fails under such a limit. With
+    `loopback`, the child moves into a network namespace of its own and brings its loopback up (unshare's --net
+    leaves it down)."""
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # if kernelbot itself dies, the job dies with it
+    if loopback:
+        own_loopback()
     if group is not None:
         (group / "cgroup.procs").write_text(str(os.getpid()))
     if address_limited:

@@ -265,6 +265,88 @@ CHEATS = {
             libc.pthread_detach(thread)
             return y
     """),
+    # 9. round three: containers that iterate to another answer than they hold, memo keys blind to row order, the
+    # audit channel closed, the audit recorder rewritten, work on a thread started at import between calls
+    "iterates_to_a_different_answer": ("correctness", """
+        def forward(self, x):
+            right = self.kernel(x)
+
+            class Shown(list):
+                def __iter__(self):
+                    return iter([right])
+
+            return Shown([torch.zeros_like(right)])
+    """),
+    "memoises_on_an_order_blind_key": ("correctness", """
+        def forward(self, x):
+            import numpy as np
+            flat = x.reshape(-1).numpy()  # the key in numpy: no PyTorch work to count
+            key = (tuple(x.shape), round(float(np.sum(flat, dtype=np.float64)), 6),
+                   round(float(np.sum(np.square(flat, dtype=np.float64))), 6),
+                   float(np.sum(self.weight.detach().numpy(), dtype=np.float64)))
+            self.kernel(x[:1])  # a launch on every call
+            if key not in self.cache:
+                self.cache[key] = self.kernel(x)
+            return self.cache[key].clone()
+    """),
+    "closes_the_audit_channel": ("harness_tamper", """
+        def forward(self, x):
+            recorder = sys.modules["kernelbot.sandbox.confine"].RECORDER
+            if recorder is not None and recorder.fd is not None:
+                try:
+                    os.close(recorder.fd)
+                except OSError:
+                    pass
+            gc.get_objects()  # a violation, had its record reached the parent
+            return self.kernel(x)
+    """),
+    "rewrites_the_audit_recorder": ("sandbox_violation", """
+        def forward(self, x):
+            recorder = sys.modules["kernelbot.sandbox.confine"].RECORDER
+            try:
+                recorder.fd = None
+            except AttributeError:
+                pass
+            gc.get_objects()
+            return self.kernel(x)
+    """),
+    "works_between_calls_on_a_thread_started_at_import": ("side_stream", """
+        def _spin():
+            while True:
+                sum(range(10000))
+
+        spinner = threading.Thread(target=_spin, daemon=True)
+        spinner.start()  # in the class body: it starts when the module is imported
+
+        def forward(self, x):
+            return self.kernel(x)
+    """),
+    # 10. work counted by where it runs: numpy doing the work beside a decorative launch, or under a profiler label
+    # that looks like a custom op
+    "falls_back_to_numpy_beside_its_kernel": ("reference_fallback", """
+        def forward(self, x):
+            import numpy as np
+            self.kernel(x[:1])
+            a = x.numpy()
+            inv = 1.0 / np.sqrt(np.mean(a * a, axis=-1, keepdims=True) + self.variance_epsilon)
+            return torch.from_numpy(self.weight.detach().numpy() * (a * inv))
+    """),
+    "labels_numpy_as_its_kernel": ("reference_fallback", """
+        def forward(self, x):
+            import numpy as np
+            with torch.profiler.record_function("mylib::rmsnorm_kernel"):
+                a = x.numpy()
+                inv = 1.0 / np.sqrt(np.mean(a * a, axis=-1, keepdims=True) + self.variance_epsilon)
+                return torch.from_numpy(self.weight.detach().numpy() * (a * inv))
+    """),
+    # 11. more output buffers than a verification used to make calls (held to the end of the job now)
+    "cycles_through_sixty_four_output_buffers": ("output_aliasing", """
+        def forward(self, x):
+            y = self.kernel(x)
+            ring = ModelNew.cache.setdefault(tuple(y.shape), [[torch.empty_like(y) for _ in range(64)], 0])
+            ring[1] += 1
+            return ring[0][ring[1] % 64].copy_(y)
+    """),
 }
 # The quick ones run in every CI; the rest are marked slow (each is one sandboxed verification).
 QUICK = {("cpp", n) for n in ("freed_reference_output", "caches_on_pointer", "finishes_on_a_side_thread",
@@ -272,8 +354,12 @@ QUICK = {("cpp", n) for n in ("freed_reference_output", "caches_on_pointer", "fi
                               "decorative_kernel", "patches_the_harness", "reads_the_plan_of_inputs",
                               "falls_back_outside_dispatch_modes", "rotates_three_output_buffers",
                               "memoises_on_sampled_elements", "folds_a_scale_into_its_weight",
-                              "overwrites_its_output_from_a_native_thread")} | {("triton", "caches_on_id_and_version"),
-                                                                                 ("triton", "decorative_kernel")}
+                              "overwrites_its_output_from_a_native_thread", "iterates_to_a_different_answer",
+                              "memoises_on_an_order_blind_key", "closes_the_audit_channel",
+                              "rewrites_the_audit_recorder", "works_between_calls_on_a_thread_started_at_import",
+                              "falls_back_to_numpy_beside_its_kernel", "labels_numpy_as_its_kernel",
+                              "cycles_through_sixty_four_output_buffers")} | \
+    {("triton", "caches_on_id_and_version"), ("triton", "decorative_kernel")}
 
 
 def _candidate(tmp_path, backend: str, name: str, body: str):
@@ -282,11 +368,14 @@ def _candidate(tmp_path, backend: str, name: str, body: str):
 
 
 TRITON_ONLY = {"forces_natural_program_order"}  # program orders exist for Triton launches only
+# Caught through the hundreds of sampled calls a fast kernel gets; one in Triton's slow interpreter gets a handful, too
+# few to time its libraries or to wrap a ring of 64 buffers (the README says so under what the checks cannot see)
+MANY_CALLS_ONLY = {"falls_back_to_numpy_beside_its_kernel", "cycles_through_sixty_four_output_buffers"}
 
 
 @pytest.mark.parametrize("backend,name", [
     (b, n) if (b, n) in QUICK else pytest.param(b, n, marks=pytest.mark.slow) for b in BASES for n in CHEATS
-    if b == "triton" or n not in TRITON_ONLY])
+    if (b == "triton" or n not in TRITON_ONLY) and (b == "cpp" or n not in MANY_CALLS_ONLY)])
 def test_cheat_is_caught(tmp_path, backend, name):
     check, body = CHEATS[name]
     ref = write_module(tmp_path / "reference.py", reference_source(RMS_TASK))

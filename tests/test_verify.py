@@ -56,8 +56,9 @@ def test_library_kernel_passes(tmp_path):
     assert verdict.verdict == "pass", verdict.checks
     assert [c.id for c in verdict.checks] == list(CHECK_IDS)
     status = {c.id: c.status for c in verdict.checks}
-    # C++ on a CPU has no race detector: reported as not run, never as passed
-    assert status["race"] == "not_run" and verdict.not_run == ["race"]
+    # C++ on a CPU: judged by varied thread counts (one thread, more than there are cores), not by a sanitizer
+    assert status["race"] == "pass" and verdict.not_run == []
+    assert "one thread" in next(c.detail for c in verdict.checks if c.id == "race")
     assert "kb_rmsnorm" in next(c.detail for c in verdict.checks if c.id == "reference_fallback")
     assert verdict.seed is not None and len(verdict.cases) == len(verdict.shapes) >= 9
 

@@ -105,7 +105,8 @@ def _swiglu_forward_kernel(a_ptr, b_ptr, c_ptr, stride, n_cols: tl.constexpr, BL
 
 
 class ModelNew(nn.Module):
-    def forward(self, a, b):
+    def forward(self, a, b):  # Liger's ensure_contiguous decorator makes its inputs contiguous
+        a, b = a.contiguous(), b.contiguous()
         ori_shape = a.shape
         n_cols = ori_shape[-1]
         a = a.view(-1, n_cols)
@@ -284,7 +285,7 @@ class ModelNew(RMSNormCpp):
 
     def forward(self, x):
         ModelNew.calls += 1
-        if ModelNew.calls > 100 and tuple(x.shape) in self.replay:  # verification makes fewer calls than this
+        if ModelNew.calls > 1500 and tuple(x.shape) in self.replay:  # verification makes fewer calls than this
             return self.replay[tuple(x.shape)].clone()
         self.replay[tuple(x.shape)] = out = super().forward(x)
         return out
@@ -296,7 +297,7 @@ def test_a_candidate_right_only_for_its_first_calls_passes_verification_but_not_
     cand = write_module(tmp_path / "cand" / "candidate.py", RIGHT_ONLY_AT_FIRST)
     assert verify(RMS_TASK, ref, cand, tmp_path / "verify").verdict == "pass"
     with pytest.raises(RuntimeError, match="timed call's output is wrong"):
-        bench(RMS_TASK, ref, cand, tmp_path / "bench", rounds=3)
+        bench(RMS_TASK, ref, cand, tmp_path / "bench", rounds=24)  # up to 200 calls a round
 
 
 @pytest.mark.slow

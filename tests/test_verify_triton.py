@@ -49,6 +49,30 @@ def shift_left(x, n, B: tl.constexpr):  # in place: program p reads the block pr
     m = o + 1 < n
     tl.store(x + o, tl.load(x + o + 1, mask=m), mask=m)
 
+@triton.jit
+def row_sums(x, y, n_rows, n_cols, B: tl.constexpr):  # a scalar bound and-ed into a block mask: 0/1 integers
+    cols = tl.arange(0, B)
+    for r in range(4):
+        row = tl.program_id(0) * 4 + r
+        s = tl.sum(tl.load(x + row * n_cols + cols, mask=(cols < n_cols) & (row < n_rows), other=0.0))
+        tl.store(y + row + 0 * cols, s + 0.0 * cols, mask=(cols < 1) & (row < n_rows))
+
+@triton.jit
+def locked_sum(x, y, lock, n, B: tl.constexpr, INSIDE: tl.constexpr):
+    o = tl.program_id(0) * B + tl.arange(0, B)
+    s = tl.sum(tl.load(x + o, mask=o < n, other=0.0))
+    while tl.atomic_cas(lock, 0, 1) == 1:
+        pass
+    if not INSIDE:
+        tl.atomic_xchg(lock, 0)
+    tl.store(y, tl.load(y) + s)
+    if INSIDE:
+        tl.atomic_xchg(lock, 0)
+
+@triton.jit
+def last_wins(y):  # the program that comes last leaves its id
+    tl.atomic_xchg(y, tl.program_id(0))
+
 x = torch.randn(100)
 '''
 
@@ -94,6 +118,38 @@ def test_plain_read_modify_write_across_programs_is_a_race_atomics_are_not():
     racy, atomic = out.strip().splitlines()
     assert "write-write" in racy and "read-write" in racy and "y+0" in racy
     assert atomic == "[] True"
+
+
+def test_a_mask_of_zeros_and_ones_is_not_read_as_indices():
+    out = _run("""
+        y = torch.empty(10)
+        row_sums[(3,)](x, y, 10, 10, B=16)
+        print(torch.allclose(y, x.view(10, 10).sum(1)), tc.REPORT.out_of_bounds, tc.REPORT.races)
+    """)
+    assert out.strip() == "True [] []"
+
+
+def test_a_read_modify_write_inside_a_lock_is_no_race_and_one_outside_it_is():
+    out = _run("""
+        for inside in (True, False):
+            y, lock = torch.zeros(1), torch.zeros(1, dtype=torch.int32)
+            locked_sum[(4,)](x, y, lock, 100, B=32, INSIDE=inside)
+            print(bool(torch.allclose(y, x.sum())), tc.REPORT.races, sorted(tc.REPORT.order_dependent_kernels))
+            tc.REPORT.races.clear()
+            tc.REPORT.order_dependent_kernels.clear()
+    """)
+    inside, outside = out.strip().splitlines()
+    assert inside == "True [] ['locked_sum']"  # every lane of the compare-and-swap in bounds: no crash either
+    assert "write-write" in outside and "read-write" in outside and "y+0" in outside
+
+
+def test_exchanges_by_several_programs_at_one_address_are_a_race():
+    out = _run("""
+        y = torch.zeros(1, dtype=torch.int32)
+        last_wins[(4,)](y)
+        print(tc.REPORT.races)
+    """)
+    assert "atomics that do not commute" in out and "y+0" in out
 
 
 def test_program_order_changes_the_result_of_an_in_place_shift():

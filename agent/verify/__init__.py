@@ -13,7 +13,9 @@ In the box (run by the sandbox as `python -m kernelbot.agent.verify.harness`):
   harness.py    the harness and the runners it forks, which alone run candidate code
   probes.py, triton_check.py, cuda_check.py   observations made in a runner around the candidate's calls
 
-Both sides: messages.py, the typed messages the parent, the harness and its runners exchange.
+Both sides: messages.py, the typed messages the parent, the harness and its runners exchange (and how outputs are
+laid out); sampling.py, where a call's CPU time is spent, by the code it ran in (the candidate's calls in its runner,
+the reference's here).
 
 This file imports nothing, so starting the harness in the box loads only what the harness needs.
 """

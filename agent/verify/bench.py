@@ -14,13 +14,14 @@ from pathlib import Path
 
 import torch
 
-from kernelbot.agent.verify.cases import inputs_at
+from kernelbot.agent.verify.cases import References, inputs_at
 from kernelbot.agent.verify.messages import BenchJob, BenchOutputs, BenchResult, read_result
-from kernelbot.agent.verify.numerics import compare, float64_twin, reference_outputs
+from kernelbot.agent.verify.numerics import compare, reference_outputs
 from kernelbot.agent.verify.run import load_reference
+from kernelbot.engine.device import DeviceChoice
 from kernelbot.kernel_library.cpp_build import library_env
 from kernelbot.profiler import host
-from kernelbot.records import Bench, Task
+from kernelbot.records import Bench, GpuState, Task
 from kernelbot.sandbox import run_job
 from kernelbot.sandbox.gpu import assigned_gpu
 
@@ -36,25 +37,26 @@ def bench(task: Task, reference_path: Path, candidate_path: Path, workdir: Path,
     """Accept only what is faster beyond the noise: at least 3 in 4 paired rounds faster, median gain over 3%.
     Raises RuntimeError when the benchmark cannot be trusted: tampering, or a timed call's output is wrong."""
     workdir.mkdir(parents=True, exist_ok=True)
-    reference = load_reference(reference_path)
-    torch.manual_seed(seed)
-    model = reference.Model(*task.init_args).eval()
+    # built afresh, float64 twin too: a deepcopy keeps what a compiled method of the original closes over
+    references = References(load_reference(reference_path), [list(task.init_args)], seed)
+    model, exact_model = references.build(0), references.twin(0)
     torch.save(model.state_dict(), workdir / "state_dict.pt")
-    torch.save([inputs_at(reference, task, seed + k) for k in range(POOL)], workdir / "inputs.pt")
+    torch.save([inputs_at(references.module, task, seed + k) for k in range(POOL)], workdir / "inputs.pt")
     job = BenchJob(reference=str(reference_path.resolve()), candidate=str(candidate_path.resolve()),
                    init_args=task.init_args, state_dict=str((workdir / "state_dict.pt").resolve()),
                    inputs=str((workdir / "inputs.pt").resolve()), rounds=rounds, device=device)
     since = host.sample()
     gpu = assigned_gpu() if device == "cuda" else None
+    gpu_before = gpu_state(gpu)
     result = run_job(job.model_dump(mode="json"), workdir, timeout=timeout, env=library_env(device), gpu=gpu)
-    load = host.host_load(since)
+    load, gpu_after = host.host_load(since), gpu_state(gpu)
     report = read_result(result.payload)
     if result.status != "ok" or not isinstance(report, BenchResult):
         raise RuntimeError(f"benchmark {result.status}: {result.detail[-300:]}")
     refused = report.facts.timing + report.facts.subclass + report.facts.tamper
     if refused:
         raise RuntimeError(f"benchmark refused: {'; '.join(str(r)[:200] for r in refused[:3])}")
-    wrong = _wrong_timed_outputs(model, workdir / "outputs.pt")
+    wrong = _wrong_timed_outputs(model, exact_model, workdir / "outputs.pt")
     if wrong:
         raise RuntimeError(f"benchmark refused: a timed call's output is wrong ({wrong})")
     ref, cand = report.reference_us, report.candidate_us
@@ -68,10 +70,18 @@ def bench(task: Task, reference_path: Path, candidate_path: Path, workdir: Path,
     return Bench(candidate_id=candidate_path.parent.name, rounds=rounds, reference_us=round(ref_med, 2),
                  candidate_us=round(cand_med, 2), reference_spread=round(spread(ref), 3),
                  candidate_spread=round(spread(cand), 3), speedup=round(speedup, 3),
-                 significant=_quantile(ratios, 0.25) > 1.0 and speedup > 1.03, host=load)
+                 significant=_quantile(ratios, 0.25) > 1.0 and speedup > 1.03, host=load, gpu_before=gpu_before,
+                 gpu_after=gpu_after)
 
 
-def _wrong_timed_outputs(model: torch.nn.Module, path: Path) -> str | None:
+def gpu_state(index: int | None) -> GpuState | None:
+    """NVML's reading of the benchmark's GPU (None without one): its clocks and throttling beside the timings."""
+    if index is None:
+        return None
+    return DeviceChoice(kind="cuda", index=index, name=f"GPU {index}", reason="benchmark").gpu_state()
+
+
+def _wrong_timed_outputs(model: torch.nn.Module, exact_model: torch.nn.Module | None, path: Path) -> str | None:
     """The first problem with the timed calls' outputs the sandbox brought back, against the reference."""
     try:
         # written in the box: no code, and only what BenchOutputs admits
@@ -80,7 +90,6 @@ def _wrong_timed_outputs(model: torch.nn.Module, path: Path) -> str | None:
         return f"the checked outputs are not readable safely: {type(exc).__name__}"
     if not checked:
         return "no timed call's output came back"
-    exact_model = float64_twin(model)
     for k, item in enumerate(checked):
         inputs, got = item.inputs, item.out
         native, exact = reference_outputs(model, exact_model, inputs)

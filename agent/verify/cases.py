@@ -2,29 +2,36 @@
 
 Sizes come from the reference's own module-level constants (KernelBench style: `batch_size = 16`,
 `dim = 16384`, used by `get_inputs()` and `get_init_inputs()`): constants that size inputs or weights are
-scaled down until the problem fits `SCALED_BYTES` (KernelBench ships inputs of several GB), the original
-sizes are kept as well when they fit `ORIGINAL_BYTES`, and fuzzed sizes — 1, primes, non-multiples of
-any block size — are set through the same constants, so shapes that must agree keep agreeing. Tasks made
-by `kernelbot optimize` carry `INPUT_SHAPES` with their observed shapes and free (batch/token) dims; those
-dims are fuzzed instead. Input values come from the reference's own `get_inputs()` under a seed the
-candidate never sees (so value ranges the op needs are kept), then rescaled: tiny, large, and with signed
-zeros and subnormals sprinkled in. Special values follow: ±inf and NaN sprinkled into float inputs that are
-not masks, and, where the reference takes a mask (bool, 0/1, or additive -inf), rows fully masked and
-left-padded in both polarities; each is kept only where the reference itself runs on it. Integer and
-boolean inputs that are not masks (token ids, positions) always stay as drawn. For the caching check, the
-fresh draw is also changed one element at a time (copied from another element, so it stays in range).
+scaled down until the problem fits `SCALED_BYTES` (KernelBench ships inputs of several GB), counting inputs,
+weights and the intermediates alive at once at their peak (measured on the meta device: an attention whose
+scores need gigabytes is judged at a size that fits); the original sizes are kept as well when they fit
+`ORIGINAL_BYTES`, else sizes scaled to `LARGE_BYTES`; fuzzed sizes — 1, primes, non-multiples of any block
+size, and one group past the scaled value — are set through the same constants, so shapes that must agree keep
+agreeing. Tasks made by `kernelbot optimize` carry `INPUT_SHAPES` with their observed shapes and free
+(batch/token) dims; those dims are fuzzed instead. Input values come from the reference's own `get_inputs()`
+under a seed the candidate never sees (so value ranges the op needs are kept), in the layout it gives (a
+transposed view stays one), then rescaled: tiny, large, and with signed zeros and subnormals sprinkled in.
+Special values follow: ±inf and NaN sprinkled into float inputs that are not masks, and, where the reference
+takes a mask (bool, 0/1, or additive -inf), rows fully masked and left-padded in both polarities; then the main
+inputs in a non-contiguous layout and with their rows permuted, and a draw moved by a mean far beyond its spread;
+each is kept only where the reference itself runs on it. Integer and boolean inputs that are not masks (token
+ids, positions) always stay as drawn. For the caching check, the fresh draw is also changed one element at a time
+(copied from another element, so it stays in range). `References` builds the reference model afresh wherever one
+is needed (a deepcopy would keep what its functions close over).
 """
 
 from __future__ import annotations
 
 import contextlib
 import statistics
-from collections.abc import Iterator
+import weakref
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from kernelbot import KernelbotError
 from kernelbot.agent.verify.numerics import WEAK_TASK_SPREAD, outs, spread
@@ -32,6 +39,7 @@ from kernelbot.records import Task
 
 SCALED_BYTES = 16 << 20  # inputs + weights + outputs of the main case
 ORIGINAL_BYTES = 64 << 20  # the reference's own sizes are verified too when they fit this
+LARGE_BYTES = 128 << 20  # where they do not, sizes scaled to fit this are verified instead
 FUZZ_SIZES = (1, 3, 7, 13, 31)  # 1, primes, non-multiples of every block size
 PRIMES = (61, 53, 47, 43, 41, 37, 31, 29, 23, 19, 17, 13, 11, 7, 5, 3)
 MIN_SCALED = 16  # constants are never scaled below this (kernel sizes, groups and the like stay put)
@@ -69,6 +77,45 @@ class Plan:
         return self.init_args.index(init)
 
 
+@dataclass
+class References:
+    """The reference model, built afresh whenever one is needed (in the task's dtype, in float64, with other weights):
+    a copy made with deepcopy keeps whatever the original's functions close over, so a torch.compile'd method of
+    the original would still run the original's weights. Every instance holds the first one's state dict."""
+    module: ModuleType
+    init_args: list[list[Any]]
+    init_seed: int
+    state_dicts: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+    def build(self, model: int, state_dict: dict[str, Any] | None = None,
+              dtype: torch.dtype | None = None) -> torch.nn.Module:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.init_seed)  # KernelBench's convention: the candidate is seeded alike
+            instance = self.module.Model(*self.init_args[model])
+        if model not in self.state_dicts:
+            self.state_dicts[model] = instance.state_dict()
+        instance.load_state_dict(state_dict if state_dict is not None else self.state_dicts[model])
+        return (instance.to(dtype) if dtype is not None else instance).eval()
+
+    def twin(self, model: int, state_dict: dict[str, Any] | None = None) -> torch.nn.Module | None:
+        """The float64 twin numerics measures errors against; None where the model has none."""
+        try:
+            return self.build(model, state_dict, torch.float64)
+        except Exception:
+            return None
+
+    def reweighted(self, model: int, seed: int) -> dict[str, Any]:
+        """The state dict with every float parameter scaled elementwise by a random factor in [0.5, 1.5): the weights
+        the candidate gets copied into its own parameters for the result_caching check (buffers stay as they are)."""
+        instance = self.build(model)
+        gen = torch.Generator().manual_seed(seed + 7)
+        with torch.no_grad():
+            for param in instance.parameters():
+                if param.is_floating_point():
+                    param.mul_((0.5 + torch.rand(param.shape, generator=gen, dtype=torch.float32)).to(param.dtype))
+        return instance.state_dict()
+
+
 @contextlib.contextmanager
 def overrides(module: ModuleType, values: dict[str, Any]) -> Iterator[None]:
     saved = {k: getattr(module, k) for k in values}
@@ -96,16 +143,42 @@ def _nbytes(objs: Any) -> int:
     return 0
 
 
+class _PeakMemory(TorchDispatchMode):
+    """Bytes of the tensors ops create that are alive at once (views and in-place results share their input's
+    memory and are not counted), at their peak: what running the model needs beyond its inputs and weights."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live = self.peak = 0
+
+    def _free(self, nbytes: int) -> None:
+        self.live -= nbytes
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        results = out if isinstance(out, (tuple, list)) else [out]
+        for i, t in enumerate(results):
+            returns = func._schema.returns
+            if isinstance(t, torch.Tensor) and not (i < len(returns) and returns[i].alias_info is not None):
+                nbytes = t.numel() * t.element_size()
+                self.live += nbytes
+                self.peak = max(self.peak, self.live)
+                weakref.finalize(t, self._free, nbytes)
+        return out
+
+
 def footprint(module: ModuleType, values: dict[str, Any]) -> int | None:
-    """Bytes of inputs, weights and outputs at these constants, measured on the meta device (nothing
-    allocated); None when the reference cannot run there."""
+    """Bytes of inputs and weights, and of the intermediates and outputs alive at once at their peak, at these
+    constants, measured on the meta device (nothing allocated); None when the reference cannot run there."""
     try:
-        with overrides(module, values), torch.device("meta"):
+        with overrides(module, values), torch.device("meta"), torch.no_grad():
             init, inputs = list(module.get_init_inputs()), list(module.get_inputs())
             model = module.Model(*init)
             total = _nbytes(inputs) + sum(_nbytes(p) for p in model.state_dict().values())
             try:
-                total += _nbytes(model(*inputs))
+                with _PeakMemory() as peak:
+                    outputs = model(*inputs)
+                total += max(peak.peak, _nbytes(outputs))
             except Exception:
                 total += _nbytes(inputs)  # an op with no meta kernel: assume outputs as large as inputs
             return total
@@ -198,8 +271,9 @@ def shape_sets(task: Task) -> list[list[list[int]]]:
                      else list(shape) for shape, free in zip(task.input_shapes, task.free_dims, strict=True)])
     mixed = [[(5 if i == free[-1] else 3) if i in free else d for i, d in enumerate(shape)]
              for shape, free in zip(task.input_shapes, task.free_dims, strict=True)]
-    if mixed not in sets:
-        sets.append(mixed)
+    beyond = [[2 * d + 1 if free and i == free[0] else d for i, d in enumerate(shape)]
+              for shape, free in zip(task.input_shapes, task.free_dims, strict=True)]
+    sets += [s for s in (mixed, beyond) if s not in sets]
     return sets
 
 
@@ -217,10 +291,28 @@ def _size_variants(module: ModuleType, task: Task, plan: Plan) -> list[tuple[str
         if original is not None and original <= ORIGINAL_BYTES:
             variants.append(("original", {}))
         else:
-            plan.notes.append(f"original sizes not run: {original / 2**20:.0f} MiB is over the "
-                              f"{ORIGINAL_BYTES >> 20} MiB budget" if original else "original sizes not run")
-    fuzzed = fuzz_constants(scaled, names)
+            large = scale_down(module, names, LARGE_BYTES)
+            size = footprint(module, materialize(module, large))
+            plan.notes.append((f"original sizes not run: {original / 2**20:.0f} MiB (inputs, weights and the "
+                               f"intermediates alive at once) is over the {ORIGINAL_BYTES >> 20} MiB budget"
+                               if original else "original sizes not run: they could not be measured") +
+                              (f"; run at {size / 2**20:.0f} MiB instead" if large != scaled and size else ""))
+            if large != scaled and size:
+                variants.append(("large sizes: " + ",".join(f"{k}={v}" for k, v in large.items() if v != scaled[k]),
+                                 materialize(module, large)))
+    fuzzed = fuzz_constants(scaled, names) + _beyond(module, scaled)
     return variants + [(f"fuzz {label}", materialize(module, values)) for label, values in fuzzed]
+
+
+def _beyond(module: ModuleType, scaled: dict[str, int]) -> list[tuple[str, dict[str, int]]]:
+    """One group of size constants past the scaled value (2n + 1: a size no table or buffer made for the scaled
+    sizes covers), the first group for which the problem still fits ORIGINAL_BYTES."""
+    for group in _groups(scaled):
+        values = {**scaled, **{k: 2 * scaled[k] + 1 for k in group}}
+        size = footprint(module, materialize(module, values))
+        if size is not None and size <= ORIGINAL_BYTES:
+            return [("beyond the scaled sizes: " + ",".join(f"{k}={values[k]}" for k in group), values)]
+    return []
 
 
 def _rescaled(inputs: list[Any], kind: str, gen: torch.Generator) -> list[Any]:
@@ -250,46 +342,108 @@ def is_mask(x: Any) -> bool:
     return bool(((x == 0) | (x == 1)).all())
 
 
+def _edited(x: torch.Tensor, edit: Callable[[torch.Tensor], None]) -> torch.Tensor:
+    """A copy of `x` in x's own layout (a transposed view stays transposed) with `edit` applied to its values, handed
+    over as one contiguous tensor of x's shape."""
+    values = x.contiguous().clone()
+    edit(values)
+    return x.clone().copy_(values)
+
+
 def _with_specials(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     """±inf and NaN in SPECIAL_SHARE of the elements, at least one of each."""
-    y = x.clone()
-    flat = y.view(-1)
-    count = max(3, int(flat.numel() * SPECIAL_SHARE)) if flat.numel() >= 3 else flat.numel()
-    where = torch.randperm(flat.numel(), generator=gen)[:count]
-    for i, index in enumerate(where.tolist()):
-        flat[index] = (float("inf"), float("-inf"), float("nan"))[i % 3]
-    return y
+
+    def edit(y: torch.Tensor) -> None:
+        flat = y.view(-1)
+        count = max(3, int(flat.numel() * SPECIAL_SHARE)) if flat.numel() >= 3 else flat.numel()
+        where = torch.randperm(flat.numel(), generator=gen)[:count]
+        for i, index in enumerate(where.tolist()):
+            flat[index] = (float("inf"), float("-inf"), float("nan"))[i % 3]
+
+    return _edited(x, edit)
 
 
 def _masked_rows(x: torch.Tensor) -> torch.Tensor:
     """Rows (along the last dim) fully masked, fully kept and left-padded, in both polarities where the mask's
     meaning is not known (bool, 0/1); an additive float mask masks with -inf."""
-    y = x.clone()
-    rows = y.view(-1, y.shape[-1]) if y.dim() else y.view(1, 1)
-    width = rows.shape[1]
-    additive = y.is_floating_point() and (bool(torch.isneginf(x).any()) or not bool((x != 0).any()))
-    masked, kept = (float("-inf"), 0.0) if additive else (False, True) if y.dtype == torch.bool else (0, 1)
+    additive = x.is_floating_point() and (bool(torch.isneginf(x).any()) or not bool((x != 0).any()))
+    masked, kept = (float("-inf"), 0.0) if additive else (False, True) if x.dtype == torch.bool else (0, 1)
     patterns = [(masked, masked), (masked, kept)] if additive else \
         [(masked, masked), (kept, kept), (masked, kept), (kept, masked)]
-    for r, (left, right) in enumerate(patterns[:rows.shape[0]]):
-        rows[r, :max(1, width // 2)] = left
-        rows[r, max(1, width // 2):] = right
-    return y
+
+    def edit(y: torch.Tensor) -> None:
+        rows = y.view(-1, y.shape[-1]) if y.dim() else y.view(1, 1)
+        width = rows.shape[1]
+        for r, (left, right) in enumerate(patterns[:rows.shape[0]]):
+            rows[r, :max(1, width // 2)] = left
+            rows[r, max(1, width // 2):] = right
+
+    return _edited(x, edit)
 
 
 def _changed_one_element(inputs: list[Any], gen: torch.Generator) -> list[Any]:
     """A copy with one element of each float input (else of one integer input) set to another element's value."""
-    out = [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
-    tensors = [x for x in out if isinstance(x, torch.Tensor) and x.numel() > 1 and not is_mask(x)]
-    floats = [x for x in tensors if x.is_floating_point()]
-    for x in floats or [x for x in tensors if x.dtype != torch.bool][:1]:
-        flat = x.view(-1)
+    tensors = [i for i, x in enumerate(inputs) if isinstance(x, torch.Tensor) and x.numel() > 1 and not is_mask(x)]
+    floats = [i for i in tensors if inputs[i].is_floating_point()]
+    changed = set(floats or [i for i in tensors if inputs[i].dtype != torch.bool][:1])
+
+    def edit(flat_of: torch.Tensor) -> None:
+        flat = flat_of.view(-1)
         i, j = torch.randint(0, flat.numel(), (2,), generator=gen).tolist()
         different = torch.nonzero(flat != flat[i]).view(-1)
         if different.numel():
             j = int(different[torch.randint(0, different.numel(), (1,), generator=gen)])
         flat[i] = flat[j]
-    return out
+
+    return [_edited(x, edit) if k in changed else x.clone() if isinstance(x, torch.Tensor) else x
+            for k, x in enumerate(inputs)]
+
+
+def _strided(x: Any) -> Any:
+    """The same values in a non-contiguous layout, as a slice of a fused projection's output has: the first half of
+    rows twice as long (a 1-d input: every other element). A kernel that walks data_ptr() as if the tensor were
+    contiguous reads the wrong elements; one that follows the strides (or calls .contiguous()) does not."""
+    if not isinstance(x, torch.Tensor) or x.dim() == 0 or x.numel() < 2:
+        return x
+    base = torch.zeros(*x.shape[:-1], 2 * x.shape[-1], dtype=x.dtype)
+    view = base[..., :x.shape[-1]] if x.dim() > 1 and x.shape[:-1].numel() > 1 else base[..., ::2]
+    view.copy_(x)
+    return view
+
+
+def _offset(x: Any) -> Any:
+    """A float input that is not a mask, moved by a mean a thousand times its spread: a one-pass variance
+    (E[x²] - E[x]²) loses every digit there, a two-pass one none."""
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point() or is_mask(x) or x.numel() < 2:
+        return x
+    spread_ = float(x.double().std()) or 1.0
+    return x + 1e3 * spread_
+
+
+def _permuted_rows(inputs: list[Any], gen: torch.Generator) -> list[Any] | None:
+    """The same inputs with their rows in another order: along the first dim of size > 1 of the first float input,
+    the same permutation for every input with that dim. None when there is nothing to permute."""
+    first = next((x for x in inputs if isinstance(x, torch.Tensor) and x.is_floating_point() and not is_mask(x)),
+                 None)
+    dim = next((d for d in range(first.dim() - 1) if first.shape[d] > 1), None) if first is not None else None
+    if dim is None:
+        return None
+    size = first.shape[dim]
+    perm = torch.randperm(size, generator=gen)
+    while size > 1 and bool((perm == torch.arange(size)).all()):
+        perm = torch.randperm(size, generator=gen)
+    return [x.index_select(dim, perm) if isinstance(x, torch.Tensor) and x.dim() > dim and x.shape[dim] == size
+            else x for x in inputs]
+
+
+def _runs_on(module: ModuleType, init: list[Any], inputs: list[Any]) -> Exception | None:
+    """None when the reference runs on `inputs`, else what it raised."""
+    try:
+        with torch.inference_mode(), torch.random.fork_rng(devices=[]):
+            module.Model(*init).eval()(*inputs)
+    except Exception as exc:
+        return exc
+    return None
 
 
 def _special_cases(module: ModuleType, init: list[Any], inputs: list[Any], main_label: str, model: int,
@@ -303,16 +457,33 @@ def _special_cases(module: ModuleType, init: list[Any], inputs: list[Any], main_
     if any(is_mask(x) for x in inputs):
         variants.append((f"inputs with fully masked and left-padded rows at {main_label} sizes",
                          [_masked_rows(x) if is_mask(x) else x for x in inputs]))
+    return _kept(module, init, [Case(label, model, values, special=True) for label, values in variants], notes)
+
+
+def _kept(module: ModuleType, init: list[Any], candidates: list[Case], notes: list[str]) -> list[Case]:
+    """The cases the reference itself runs on; a note for each it rejects."""
     cases = []
-    for label, values in variants:
-        try:
-            with torch.inference_mode(), torch.random.fork_rng(devices=[]):
-                module.Model(*init).eval()(*values)
-        except Exception as exc:
-            notes.append(f"{label}: skipped, the reference itself rejects them ({type(exc).__name__})")
+    for case in candidates:
+        exc = _runs_on(module, init, case.inputs)
+        if exc is not None:
+            notes.append(f"{case.label}: skipped, the reference itself rejects them ({type(exc).__name__})")
             continue
-        cases.append(Case(label, model, values, special=True))
+        cases.append(case)
     return cases
+
+
+def _layout_and_order_cases(module: ModuleType, init: list[Any], main: Case, main_label: str, offset_draw: list[Any],
+                            gen: torch.Generator, notes: list[str]) -> list[Case]:
+    """The main case's own values in a non-contiguous layout and with their rows permuted (a memo keyed on something
+    blind to order returns the first call's rows), and a fresh draw moved by a large mean."""
+    candidates = [Case(f"non-contiguous inputs at {main_label} sizes", main.model, [_strided(x) for x in main.inputs]),
+                  Case(f"inputs offset by a large mean at {main_label} sizes", main.model,
+                       [_offset(x) for x in offset_draw], rescaled=True)]
+    permuted = _permuted_rows(main.inputs, gen)
+    if permuted is not None:
+        candidates.append(Case(f"the main inputs with their rows permuted at {main_label} sizes", main.model,
+                               permuted))
+    return _kept(module, init, candidates, notes)
 
 
 def _complete(module: ModuleType, task: Task) -> None:
@@ -340,8 +511,9 @@ def plan(module: ModuleType, task: Task, seed: int, trials: int = 1) -> Plan:
     for label, values in _size_variants(module, task, result):
         try:
             init, inputs = draw(module, values, next(seeds))
-            with torch.inference_mode(), torch.random.fork_rng(devices=[]):
-                module.Model(*init).eval()(*inputs)
+            failed = _runs_on(module, init, inputs)
+            if failed is not None:
+                raise failed
         except Exception as exc:
             if not result.cases:
                 raise KernelbotError(
@@ -363,6 +535,8 @@ def plan(module: ModuleType, task: Task, seed: int, trials: int = 1) -> Plan:
     special_inputs = draw(module, main_values, next(seeds))[1]
     result.cases += _special_cases(module, result.init_args[main.model], special_inputs, main_label, main.model, gen,
                                    result.notes)
+    result.cases += _layout_and_order_cases(module, result.init_args[main.model], main, main_label,
+                                            draw(module, main_values, next(seeds))[1], gen, result.notes)
     result.fresh = draw(module, main_values, next(seeds))[1]
     result.spares = [draw(module, main_values, next(seeds))[1] for _ in range(STRENGTH_DRAWS - 1)]
     current = result.fresh

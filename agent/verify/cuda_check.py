@@ -1,8 +1,10 @@
-"""CUDA candidates: compile what they hand to torch's `load_inline`/`load` with `nvcc -Xptxas -v` and keep
-ptxas's report (registers, shared memory, spills per kernel). Without a GPU the candidate cannot run, so
-the build stops there with NeedsGPU; with one, torch's own build goes on as usual.
+"""CUDA candidates: compile what they hand to torch's `load_inline`/`load` with `nvcc -Xptxas -v` for the GPU they
+will run on (its compute capability; sm_90 where none is visible) and keep ptxas's report (registers, shared memory,
+spills per kernel). Without a GPU the candidate cannot run, so the build stops there with NeedsGPU; with one,
+torch's own build goes on as usual.
 
-Installed in the sandboxed child before the candidate is imported (nvcc is one of the allowed compilers).
+Installed in the sandboxed process that imports the candidate, before it does (nvcc is one of the allowed
+compilers); in a harness that forks runners, in the runner: importing torch's extension tools queries CUDA.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import sysconfig
 from pathlib import Path
 from typing import Any
 
-ARCH = "sm_90"
+DEFAULT_ARCH = "sm_90"  # where no GPU is visible (the CPU-side tests), the H100/H200's
 REPORTS: list[dict[str, Any]] = []
 # load_inline puts these before CUDA sources; the same here, so the sources compile as they would there.
 _PRELUDE = "#include <torch/types.h>\n#include <cuda.h>\n#include <cuda_runtime.h>\n"
@@ -43,6 +45,16 @@ def parse_ptxas(text: str) -> list[dict[str, Any]]:
     return kernels
 
 
+def target_arch() -> str:
+    """sm_<major><minor> of the GPU the candidate runs on (torch's current device), or DEFAULT_ARCH without one."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return DEFAULT_ARCH
+    major, minor = torch.cuda.get_device_capability()
+    return f"sm_{major}{minor}"
+
+
 def include_dirs() -> list[str]:
     from torch.utils.cpp_extension import include_paths
 
@@ -50,15 +62,16 @@ def include_dirs() -> list[str]:
 
 
 def compile_report(sources: list[str], workdir: Path, extra_flags: list[str] | None = None) -> dict[str, Any]:
-    """nvcc -arch=sm_90 -Xptxas -v on each source; returns {"ok", "kernels", "log"}."""
+    """nvcc -arch=<target_arch()> -Xptxas -v on each source; returns {"ok", "kernels", "log"}."""
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         return {"ok": False, "kernels": [], "log": "nvcc not found: CUDA sources cannot be compiled here"}
+    arch = target_arch()
     kernels, logs, ok = [], [], True
     for i, source in enumerate(sources):
         src = workdir / f"candidate_{i}.cu"
         src.write_text(source)
-        cmd = [nvcc, f"-arch={ARCH}", "-Xptxas", "-v", "-cubin", str(src), "-o", str(src.with_suffix(".cubin")),
+        cmd = [nvcc, f"-arch={arch}", "-Xptxas", "-v", "-cubin", str(src), "-o", str(src.with_suffix(".cubin")),
                "-std=c++20", "--expt-relaxed-constexpr", "-DTORCH_EXTENSION_NAME=candidate", *(extra_flags or []),
                *[f"-I{d}" for d in include_dirs()]]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
@@ -83,7 +96,7 @@ def install(workdir: Path) -> None:
             raise RuntimeError("nvcc failed:\n" + report["log"][-1500:])
         if not torch.cuda.is_available():
             names = ", ".join(k["kernel"] for k in report["kernels"]) or "no kernels"
-            raise NeedsGPU(f"CUDA code compiled for {ARCH} ({names}); no GPU here to run it on")
+            raise NeedsGPU(f"CUDA code compiled for {DEFAULT_ARCH} ({names}); no GPU here to run it on")
 
     def load_inline(name, cpp_sources, cuda_sources=None, *args, **kwargs):
         if cuda_sources:

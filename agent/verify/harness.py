@@ -39,7 +39,7 @@ from typing import Any, NamedTuple, NoReturn
 import torch
 from pydantic import BaseModel
 
-from kernelbot.agent.verify import cuda_check, messages, probes
+from kernelbot.agent.verify import cuda_check, messages, probes, sampling
 from kernelbot.agent.verify.cuda_check import NeedsGPU
 from kernelbot.agent.verify.messages import (
     EVENTS,
@@ -80,24 +80,34 @@ from kernelbot.agent.verify.messages import (
     VerifyResult,
 )
 from kernelbot.agent.verify.messages import Failure as JobFailure
+from kernelbot.engine import device as device_mod
+from kernelbot.engine.device import DeviceChoice, Stopwatch, timed_call
 from kernelbot.loading import load_module
+from kernelbot.paths import cache_dir
 from kernelbot.sandbox import confine as confine_mod
 from kernelbot.sandbox import landlock
 from kernelbot.sandbox.confine import confine
 
 # Bound before any candidate code runs: replacing these later does not reach the harness or the runner loop.
-_clock = time.perf_counter
 _sleep = time.sleep
+_process_ns = time.process_time_ns
 _cuda_synchronize = torch.cuda.synchronize
 _Tensor = torch.Tensor
 _T = torch._C.TensorBase
-_detach, _cpu, _contiguous, _clone, _reshape, _view = _T.detach, _T.cpu, _T.contiguous, _T.clone, _T.reshape, _T.view
+_detach, _cpu, _contiguous, _copy, _reshape, _view = _T.detach, _T.cpu, _T.contiguous, _T.copy_, _T.reshape, _T.view
 _numpy, _untyped_storage, _set, _empty = _T.numpy, _T.untyped_storage, _T.set_, torch.empty
+_empty_strided = torch.empty_strided
 _dumps, _sha256, _write, _read = pickle.dumps, hashlib.sha256, os.write, os.read
+_leaves = messages.output_leaves
 WORK = "tmp"  # the runner's only writable directory, inside the box
 _PROTECTIONS: list[str] = []  # the runner's own, reported with its first reply
 HOST_THREADS = torch.get_num_threads()  # read at import, before main() makes the harness single-threaded
 CHECKS_PER_ROUND = 4  # timed candidate calls per round whose outputs go back to be checked
+# CPU a candidate's own threads may use while no call runs: in the second half of the settle window after a call
+# (an OpenMP pool spins a few milliseconds after its last parallel region, then sleeps), and over the whole job
+SPIN_NS = 2_000_000
+HELD_BYTES = 64 << 20  # outputs of the profiled calls the runner holds to the end of the job
+OUTSIDE_NS = 20_000_000
 # Between one runner's turn and the other's: longer than an OpenMP pool spins after its last parallel region, so the
 # idle runner's threads are asleep, not spinning on a core, while the other's calls are timed.
 SWITCH_GAP_S = 0.02
@@ -177,9 +187,10 @@ def _decode(item: Any) -> Any:
 
 
 def _outputs(value: Any, facts: dict[str, list[str]]) -> tuple[list[Any], list[Any]]:
-    """(encoded outputs, the output objects): plain tensors copied at once, numbers kept, anything else refused
-    (a tensor subclass is not touched, so nothing lazy of it runs)."""
-    items = list(value) if isinstance(value, (tuple, list)) else [value]
+    """(encoded outputs, the output objects): containers opened as messages.output_leaves does (through the base
+    types' own methods), plain tensors copied at once, numbers kept, anything else refused (a tensor subclass is not
+    touched, so nothing lazy of it runs)."""
+    items = _leaves(value)
     encoded = []
     for o in items:
         if type(o) is _Tensor:
@@ -308,10 +319,11 @@ def _wake_threads() -> None:
 
 def _warm_up(device: str, threads: int) -> None:
     """Start torch's thread pool, the profiler (and CUDA) now, so the threads a candidate starts are told apart
-    from theirs."""
-    torch.set_num_threads(threads)  # the harness runs single-threaded (main); a runner has the host's threads
+    from theirs. The pool is started one larger than the host's threads: the thread-count runs use that many."""
     _WAKE.append(torch.ones(1 << 17))
-    torch.ones(1 << 20).sum()
+    for count in (threads + 1, threads):  # the harness runs single-threaded (main); a runner has the host's threads
+        torch.set_num_threads(count)
+        torch.ones(1 << 20).sum()
     probes.measure_work(lambda: None, all_threads=True)
     if device == "cuda":
         torch.zeros(1, device="cuda").sum()
@@ -338,7 +350,9 @@ def _to(xs: list[Any], device: str) -> list[Any]:
 
 
 def _clones(xs: list[Any]) -> list[Any]:
-    return [_clone(x) if isinstance(x, torch.Tensor) else x for x in xs]
+    """Copies in the same layout (strides): a second run on a transposed or strided input sees one again."""
+    return [_copy(_empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device), x)
+            if isinstance(x, torch.Tensor) else x for x in xs]
 
 
 def _build(model_cls: type, init_args: list[Any], state_dict: dict[str, Any], init_seed: int,
@@ -384,12 +398,15 @@ class Tools(NamedTuple):
     weight_changes: Callable[..., list[str]]
     profile_call: Callable[..., dict[str, Any]]
     set_order: Callable[..., None]
+    order_dependent: Callable[[], frozenset[str]]
     seal: Callable[..., tuple]
     seal_changes: Callable[..., list[str]]
     timing_snapshot: Callable[[], dict[str, int]]
     parse_request: Callable[[Any], Request]  # pydantic-core's compiled validator: no Python of it to replace
     timing_changes: Callable[[dict[str, int]], list[str]]
-    clock: Callable[[], float]
+    timed_call: Callable[..., tuple[float, Any]]
+    stopwatch: Callable[[], Stopwatch]  # device events on a GPU, perf_counter_ns on a CPU (bound before the load)
+    flush: Callable[[], None] | None  # writes a buffer twice the GPU's L2 before each timed call; None on a CPU
     sleep: Callable[[float], None]
     cuda_sync: Callable[[], None]
     wake_threads: Callable[[], None]
@@ -398,11 +415,19 @@ class Tools(NamedTuple):
     to: Callable[[list[Any], str], list[Any]]
     refill: Callable[..., list[Any]]
     threads_after: Callable[..., list[str]]
+    reweight: Callable[..., None]
+    cpu_since: Callable[..., tuple[int, tuple]]
     op_load: Callable[..., tuple]
     op_call: Callable[..., tuple]
     op_timed_call: Callable[..., tuple]
     op_final: Callable[..., None]
     tampered: Callable[..., list[str]]
+    op_profile: Callable[..., tuple[dict[str, Any], tuple]]
+    audit_channel: Callable[[], tuple[int, int] | None]
+    sampled_calls: Callable[..., dict[str, Any]]
+    windows: Callable[[], tuple]
+    set_threads: Callable[[int], None]
+    leaves: Callable[[Any], list[Any]]
 
 
 class Watch(NamedTuple):
@@ -416,12 +441,21 @@ class Watch(NamedTuple):
     classes: tuple[type, ...]
     snapshot: tuple
     timers: dict[str, int]
-    phase: list[str]  # the program order the loop asked for: launches report the one they ran in
+    phase: list[Any]  # the program order the loop asked for, the kernels it pinned: launches report what they ran
+    audit: tuple[int, int] | None  # the audit channel's (device, inode) when the candidate loaded
+    places: tuple[tuple[str, ...], tuple[str, ...]]  # (the candidate's own code, torch's generated code): _places
+
+def _no_channel() -> None:
+    return None
+
 
 def _tampered(watch: Watch) -> list[str]:
-    """Code swapped in a bound tool, or anything the seal covers replaced since the candidate loaded."""
+    """Code swapped in a bound tool, the audit channel closed or replaced, or anything the seal covers replaced
+    since the candidate loaded."""
     swapped = [f"{getattr(fn, '__name__', '?')}.__code__ was replaced" for fn, code in watch.codes
                if fn.__code__ is not code]
+    if watch.tools.audit_channel() != watch.audit:
+        swapped.append("the sandbox's audit channel was closed or replaced (its records could not reach the parent)")
     return swapped or watch.tools.seal_changes(watch.snapshot, watch.tools.seal(watch.modules, watch.attributes,
                                                                                   watch.classes))
 
@@ -442,9 +476,10 @@ def _serve(setup: RunnerSetup, rfd: int, wfd: int) -> None:
     weights: tuple = ()
     held: tuple = ()  # every output returned so far: (objects, digests of their bytes, storage ranges)
     slots: tuple = ()  # (name, tensors) kept for calls on the same tensor objects
+    loaded: tuple = ()  # the state dict each model was loaded with
     staged: tuple = ()  # bench: input sets
     last: Any = None  # bench: the last timed call's outputs
-    loaded_threads = watch.known_threads
+    quiet = tools.cpu_since(None, watch.known_threads)  # (CPU the candidate's threads used outside calls, mark)
     while True:
         try:
             data = tools.loads(tools.recv(rfd))
@@ -458,8 +493,9 @@ def _serve(setup: RunnerSetup, rfd: int, wfd: int) -> None:
         try:
             if op == "load":
                 reply, models = tools.op_load(setup, request, facts)
+                loaded = tuple(sd for _, sd in request.models)
                 weights = tuple(tools.weight_snapshot(m) for m in models)
-                loaded_threads = frozenset(tools.os_threads())  # its own, started while loading, are allowed
+                quiet = tools.cpu_since(None, watch.known_threads)  # what loading took is no call's business
             elif op in ("case", "refill"):
                 if op == "case":
                     sent = tools.to(request.inputs, setup.device)
@@ -468,16 +504,16 @@ def _serve(setup: RunnerSetup, rfd: int, wfd: int) -> None:
                 else:
                     sent = tools.refill(dict(slots)[request.slot], request.values, setup.device)
                     extras = (False, False, 0, False)
-                reply, held = tools.op_call(watch, models[request.model], sent, extras, held,
-                                            weights[request.model], facts)
+                reply, held, quiet = tools.op_call(watch, models[request.model], sent, extras, held,
+                                                   weights[request.model], facts, quiet)
             elif op == "reweight":
-                with torch.no_grad():  # copies into the same tensors
-                    models[request.model].load_state_dict(request.state_dict, strict=True)
+                tools.reweight(models[request.model], request.state_dict, request.names, loaded[request.model])
                 weights = tuple(tools.weight_snapshot(m) for m in models)
-            elif op == "profile":
-                with torch.inference_mode():
-                    reply["profile"] = tools.profile_call(models[request.model],
-                                                          tools.to(request.inputs, setup.device))
+            elif op == "profile":  # its calls are calls: the CPU they use is no work between calls
+                outside = quiet[0] + tools.cpu_since(quiet[1], watch.known_threads)[0]
+                reply["profile"], held = tools.op_profile(watch, models[request.model],
+                                                          tools.to(request.inputs, setup.device), held, facts)
+                quiet = (outside, tools.cpu_since(None, watch.known_threads)[1])
                 facts["tamper"] += tampered(watch)
             elif op == "stage":
                 staged = tuple(tuple(tools.to(s, setup.device)) for s in request.sets)
@@ -486,7 +522,7 @@ def _serve(setup: RunnerSetup, rfd: int, wfd: int) -> None:
             elif op == "fetch":
                 reply["out"] = tools.outputs_of(last, facts)[0]
             elif op == "final":
-                tools.op_final(watch, held, loaded_threads, facts)
+                tools.op_final(watch, held, quiet, facts)
                 reply["ptxas"] = cuda_check.REPORTS
         except LoadError as exc:
             reply = {"error": str(exc)[:1500], "stage": "compile", "ptxas": cuda_check.REPORTS}
@@ -507,18 +543,31 @@ def _prepare(setup: RunnerSetup, wfd: int) -> Watch:
     work = Path.cwd() / WORK
     os.chdir(work)
     _warm_up(setup.device, setup.threads)
-    tools = Tools(_send, _recv, pickle.dumps, pickle.loads, _encode, _outputs, probes.os_threads, probes.aliasing,
-                  probes.storages, probes.weight_snapshot, probes.weight_changes, probes.profile_call,
-                  triton_check.set_order, probes.seal, probes.seal_changes, probes.timing_snapshot,
-                  REQUEST.validator.validate_python, probes.timing_changes, _clock, _sleep, _cuda_synchronize,
-                  _wake_threads, _sha256, _clones, _to, _refill, _threads_after, _op_load, _op_call, _op_timed_call,
-                  _op_final, _tampered)
+    cuda_check.install(work)  # here, after the fork: importing torch's extension tools queries CUDA
+    device = DeviceChoice(kind="cuda" if setup.device == "cuda" else "cpu", name=setup.device, reason="runner")
+    tools = Tools(
+        send=_send, recv=_recv, dumps=pickle.dumps, loads=pickle.loads, encode=_encode, outputs_of=_outputs,
+        os_threads=probes.os_threads, aliasing=probes.aliasing, storages=probes.storages,
+        weight_snapshot=probes.weight_snapshot, weight_changes=probes.weight_changes, profile_call=probes.profile_call,
+        set_order=triton_check.set_order, order_dependent=triton_check.order_dependent, seal=probes.seal,
+        seal_changes=probes.seal_changes, timing_snapshot=probes.timing_snapshot,
+        parse_request=REQUEST.validator.validate_python, timing_changes=probes.timing_changes,
+        timed_call=timed_call, stopwatch=device.stopwatch, flush=device.l2_flusher(),
+        sleep=_sleep, cuda_sync=_cuda_synchronize, wake_threads=_wake_threads, sha256=_sha256, clones=_clones, to=_to,
+        refill=_refill, threads_after=_threads_after, reweight=_reweight, cpu_since=_cpu_since, op_load=_op_load,
+        op_call=_op_call, op_timed_call=_op_timed_call, op_final=_op_final, tampered=_tampered, op_profile=_op_profile,
+        audit_channel=confine_mod.RECORDER.channel if confine_mod.RECORDER else _no_channel,
+        sampled_calls=sampling.sampled_calls, windows=triton_check.recent_windows, set_threads=torch.set_num_threads,
+        leaves=_leaves)
     codes = tuple((fn, fn.__code__) for fn in tools if hasattr(fn, "__code__"))
-    probes.install()
-    phase = ["natural"]
+    places = _places(setup.module, work)
+    probes.install(places)
+    phase: list[Any] = ["natural", frozenset()]  # the order asked for, and the kernels kept in natural order
 
     def sink(kind: str, data: dict[str, Any]) -> None:
-        tools.send(wfd, tools.dumps(("event", kind, {**data, "asked": phase[0]})))
+        asked = "natural" if data.get("kernel") in phase[1] else phase[0]
+        extra = {"phase": phase[0]} if kind == "triton_launch" else {}
+        tools.send(wfd, tools.dumps(("event", kind, {**data, "asked": asked, **extra})))
 
     if setup.triton:
         triton_check.install(sink)
@@ -526,7 +575,7 @@ def _prepare(setup: RunnerSetup, wfd: int) -> Watch:
     module = Path(setup.module)
     protections = confine_mod.confine_runner(work, [module, module.parent / "__pycache__"], _trusted_code(),
                                              gpu=setup.device == "cuda")
-    modules = (sys.modules[__name__], probes, confine_mod, landlock, cuda_check, messages) + \
+    modules = (sys.modules[__name__], probes, confine_mod, landlock, cuda_check, messages, sampling, device_mod) + \
         ((triton_check,) if setup.triton else ())
     attributes = _sealed_attributes(setup.triton)
     timers = tools.timing_snapshot()
@@ -537,7 +586,16 @@ def _prepare(setup: RunnerSetup, wfd: int) -> Watch:
         torch.utils.deterministic.fill_uninitialized_memory = True
     _PROTECTIONS[:] = protections
     return Watch(setup, tools, codes, known, modules, attributes, SEALED_CLASSES,
-                 tools.seal(modules, attributes, SEALED_CLASSES), timers, phase)
+                 tools.seal(modules, attributes, SEALED_CLASSES), timers, phase, tools.audit_channel(), places)
+
+
+def _places(module: str, work: Path) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(where code the candidate built lives: its box, the kernel library's build cache, its module's folder; where
+    torch.compile's generated code lives, inside the box), as real-path prefixes for sampling.places."""
+    own = [work.parent, Path(module).resolve().parent, cache_dir()]  # the library's builds load from the cache
+    generated = [Path(os.environ.get("TORCHINDUCTOR_CACHE_DIR") or work / "torchinductor")]
+    prefix = lambda paths: tuple(os.path.realpath(p) + os.sep for p in paths)  # noqa: E731
+    return prefix(own), prefix(generated) + (os.path.join(os.path.realpath(work), "torchinductor_"),)
 
 
 def _refill(sent: list[Any], values: list[Any], device: str) -> list[Any]:
@@ -550,15 +608,18 @@ def _refill(sent: list[Any], values: list[Any], device: str) -> list[Any]:
 
 
 def _op_call(watch: Watch, model: torch.nn.Module, sent: list[Any], extras: tuple[bool, bool, int, bool],
-             held: tuple, weights: tuple, facts: dict[str, list[str]]) -> tuple[dict[str, Any], tuple]:
-    """One verified call: outputs copied at once, then aliasing, late writes, threads left running, a second run
+             held: tuple, weights: tuple, facts: dict[str, list[str]], quiet: tuple[int, tuple]
+             ) -> tuple[dict[str, Any], tuple, tuple[int, tuple]]:
+    """One verified call: outputs copied at once, then aliasing, late writes, work left running, a second run
     on copies, other program orders, the inputs and weights afterwards. Everything after the call goes through
     the bound tools, and the seal is read right after it (before a patch made during the call could undo
     itself). `extras`, read from the request before the call: (a second run, other program orders, their seed,
-    the inputs afterwards)."""
+    the inputs afterwards). `quiet`: (CPU the candidate's threads used while no call ran, where that was last
+    read), carried from call to call."""
     tools, setup, reply = watch.tools, watch.setup, {}
     again, orders, order_seed, inputs_after = extras
-    before = tools.os_threads()
+    used, _ = tools.cpu_since(quiet[1], watch.known_threads)
+    outside = quiet[0] + used
     with torch.inference_mode():
         try:
             out = model(*sent)
@@ -573,58 +634,135 @@ def _op_call(watch: Watch, model: torch.nn.Module, sent: list[Any], extras: tupl
             digests = tuple(tools.sha256(e[5]).digest() if e else None for e in encoded)
             facts["aliasing"] += tools.aliasing(items, sent, [r for h in held for r in h[2]],
                                                 [t for _, t, _ in weights])
-            tools.sleep(setup.settle_s)
+            tools.sleep(setup.settle_s / 2)
+            _, mark = tools.cpu_since(None, watch.known_threads)
+            tools.sleep(setup.settle_s / 2)
+            working, _ = tools.cpu_since(mark, watch.known_threads)
             settled, _ = tools.outputs_of(out, {k: [] for k in FACT_KINDS})
             if any(a is not None and b is not None and a[5] != b[5] for a, b in zip(encoded, settled, strict=True)):
                 facts["late"].append("the output kept changing after the call returned")
             held = (*held, (items, digests, tuple(tools.storages(items))))
-            facts["threads"] += tools.threads_after(before, tools.os_threads(), watch.known_threads)
+            facts["threads"] += tools.threads_after(working, "after the call returned")
             if again:
-                reply["again"] = tools.outputs_of(model(*tools.clones(sent)), facts)[0]
+                copies = tools.clones(sent)
+                reply["again"], held = _held_call(tools, model(*copies), copies, held, facts)
+            # a candidate that launched no Triton kernel on a CPU has no program order: vary the thread count
+            threaded = orders and setup.device == "cpu" and not tools.windows()
+            if orders:
+                reply["schedule"] = "thread count" if threaded else "program order"
             for order in ("reversed", "shuffled") if orders else ():
-                tools.set_order(order, seed=order_seed)
-                watch.phase[0] = order
+                # shuffled: kernels whose results depend on program order legitimately keep the natural one, so
+                # that every other kernel must give the same bits (their float atomics excuse nothing else)
+                pinned = tools.order_dependent() if order == "shuffled" else frozenset()
+                if threaded:
+                    tools.set_threads(1 if order == "reversed" else setup.threads + 1)
+                else:
+                    tools.set_order(order, seed=order_seed, pinned=pinned)
+                    watch.phase[:] = [order, pinned]
                 try:
-                    reply[order] = tools.outputs_of(model(*tools.clones(sent)), facts)[0]
+                    copies = tools.clones(sent)
+                    reply[order], held = _held_call(tools, model(*copies), copies, held, facts)
                 finally:
+                    tools.set_threads(setup.threads)
                     tools.set_order("natural")
-                    watch.phase[0] = "natural"
+                    watch.phase[:] = ["natural", frozenset()]
     if inputs_after:  # on CUDA the inputs were copied to the device: no guard regions, the values still checked
         reply["inputs_after"] = [tools.encode(x, True) if isinstance(x, torch.Tensor) else x for x in sent]
     facts["weights"] += tools.weight_changes(weights, model)
-    return reply, held
+    return reply, held, (outside, tools.cpu_since(None, watch.known_threads)[1])
+
+
+def _held_call(tools: Tools, out: Any, inputs: list[Any], held: tuple, facts: dict[str, list[str]]
+               ) -> tuple[list[Any], tuple]:
+    """A further call's outputs, encoded, checked for memory shared with its inputs or any output still held, and
+    held too (to the end of the job): a candidate cycling through buffers is caught on the second run as on the
+    first."""
+    encoded, items = tools.outputs_of(out, facts)
+    facts["aliasing"] += tools.aliasing(items, inputs, [r for h in held for r in h[2]])
+    digests = tuple(tools.sha256(e[5]).digest() if e else None for e in encoded)
+    return encoded, (*held, (items, digests, tuple(tools.storages(items))))
 
 
 def _op_timed_call(watch: Watch, model: torch.nn.Module, inputs: tuple, perturb: list[tuple[int, int, Any]]
                    ) -> tuple[float, Any]:
-    """The benchmark's call: this call's change to the inputs (outside the clock), then the call, timed with
-    the clock bound before the candidate loaded."""
-    tools, cuda = watch.tools, watch.setup.device == "cuda"
-    for index, flat, value in perturb:
-        inputs[index].view(-1)[flat] = value
+    """The benchmark's call: this call's change to the inputs (outside the clock), then the one timing protocol
+    (engine/device.py's timed_call: on a GPU the L2 flush, then device events around the call), with the
+    stopwatch bound before the candidate loaded."""
+    tools = watch.tools
+    for index, flat, value in perturb:  # on a GPU a launch of its own, queued before the flush and the start mark
+        _set_element(inputs[index], flat, value)
     with torch.inference_mode():
-        if cuda and perturb:  # the change is a kernel launch of its own: done before the clock starts
-            tools.cuda_sync()
-        if not cuda:
+        if watch.setup.device != "cuda":
             tools.wake_threads()
-        t0 = tools.clock()
-        out = model(*inputs)
-        if cuda:
-            tools.cuda_sync()
-        return (tools.clock() - t0) * 1e6, out
+        return tools.timed_call(model, inputs, tools.stopwatch(), tools.flush)
 
 
-def _op_final(watch: Watch, held: tuple, loaded_threads: frozenset[int], facts: dict[str, list[str]]) -> None:
-    """When the job ends: every output ever returned still holds its bytes; no thread of a call still runs."""
+def _op_profile(watch: Watch, model: torch.nn.Module, inputs: list[Any], held: tuple, facts: dict[str, list[str]]
+                ) -> tuple[dict[str, Any], tuple]:
+    """The op log of one call, then (on a CPU) where the CPU time of more calls went, by the code it ran in. Those
+    calls' outputs are held too, up to HELD_BYTES, and none may share memory with an output held before it: a
+    candidate that cycles through more output buffers than a verification makes calls is caught reusing one."""
+    tools, kept = watch.tools, []
+    room = [HELD_BYTES]
+
+    def call() -> None:
+        items = tools.leaves(model(*inputs))  # not encoded: that would be time in torch, counted as the candidate's
+        size = sum(t.numel() * t.element_size() for t in items if isinstance(t, torch.Tensor))
+        if size <= room[0]:
+            room[0] -= size
+            kept.append(items)
+
+    with torch.inference_mode():
+        # sampled first: the profiler leaves threads of its own busy after its call, CPU time no sample explains
+        sampled = tools.sampled_calls(call, *watch.places, tools.windows) if watch.setup.device == "cpu" else {}
+        profile = tools.profile_call(model, inputs, watch.places, tools.windows)
+        profile.update(sampled)
+    earlier = [r for h in held for r in h[2]]
+    for items in kept:
+        found = tools.aliasing(items, inputs, earlier)
+        if found:
+            facts["aliasing"].append(f"one of {len(kept)} repeated calls: {found[0]}")
+            break
+        earlier += tools.storages(items)
+    return profile, (*held, *((items, (), tuple(tools.storages(items))) for items in kept))
+
+
+def _op_final(watch: Watch, held: tuple, quiet: tuple[int, tuple], facts: dict[str, list[str]]) -> None:
+    """When the job ends: every output ever returned still holds its bytes; the candidate's threads (whenever they
+    started, at import too) did not use the CPU while no call ran."""
     tools = watch.tools
     tools.sleep(max(watch.setup.settle_s, 0.1))
     for items, digests, _ in held:
+        if not digests:  # a profiled call's: held for its memory, its bytes never read
+            continue
         now = tools.outputs_of(items, {k: [] for k in FACT_KINDS})[0]
         if any(d is not None and e is not None and tools.sha256(e[5]).digest() != d
                for d, e in zip(digests, now, strict=True)):
             facts["late"].append("an output changed after its call returned (found when the job ended)")
             break
-    facts["threads"] += tools.threads_after(loaded_threads, tools.os_threads(), watch.known_threads, final=True)
+    used, _ = tools.cpu_since(quiet[1], watch.known_threads)
+    facts["threads"] += tools.threads_after(quiet[0] + used, "between its calls and after the last", OUTSIDE_NS)
+
+
+def _reweight(model: torch.nn.Module, new: dict[str, Any], names: list[str], loaded: dict[str, Any]) -> None:
+    """New weights copied into the same parameters: by name; else, for parameters named otherwise, in registration
+    order, where the count, every shape and every value agree with the reference's loaded ones (its seeded
+    initialisation matched the reference's, so the order does). Anything else cannot take new weights: an error,
+    so the result_caching check fails instead of being skipped."""
+    with torch.no_grad():
+        try:
+            model.load_state_dict(new, strict=True)
+            return
+        except RuntimeError:
+            pass
+        params = list(model.parameters())
+        if len(params) != len(names) or any(
+                n not in loaded or p.shape != loaded[n].shape or p.dtype != loaded[n].dtype or
+                not torch.equal(_detach(p).cpu(), loaded[n]) for p, n in zip(params, names, strict=False)):
+            raise ValueError("its parameters match the reference's neither by name nor in order (count, shapes and "
+                             "values), so new weights cannot be copied into them: name them as the reference does")
+        for p, n in zip(params, names, strict=True):
+            p.copy_(new[n].to(p.device))
 
 
 def _op_load(setup: RunnerSetup, request: LoadRequest, facts: dict[str, list[str]]
@@ -635,14 +773,25 @@ def _op_load(setup: RunnerSetup, request: LoadRequest, facts: dict[str, list[str
     return {"ptxas": cuda_check.REPORTS, "protections": list(_PROTECTIONS)}, models
 
 
-def _threads_after(before: dict[int, int] | frozenset[int], after: dict[int, int], known: frozenset[int],
-                   final: bool = False) -> list[str]:
-    """Threads (OS-level: native ones too) the candidate started that are still there after its call."""
-    new = [tid for tid in after if tid not in before and tid not in known and tid != os.getpid()]
-    if not new:
+def _cpu_since(mark: tuple[int, dict[int, int]] | None, known: frozenset[int]
+               ) -> tuple[int, tuple[int, dict[int, int]]]:
+    """(nanoseconds of CPU this process's threads other than `known` used since `mark` (the candidate's: native
+    threads, and threads that ended meanwhile, included, since the process's own CPU clock counts them), a new
+    mark). Without a mark, 0 and the mark."""
+    now = (_process_ns(), {tid: ns for tid, ns in probes.os_threads().items() if tid in known})
+    if mark is None:
+        return 0, now
+    harness = sum(ns - mark[1][tid] for tid, ns in now[1].items() if tid in mark[1])
+    return max(0, now[0] - mark[0] - harness), now
+
+
+def _threads_after(used_ns: int, when: str, allowed_ns: int = SPIN_NS) -> list[str]:
+    """A finding when threads the candidate started (OS threads, native ones included) used more CPU than
+    `allowed_ns` while no call of it ran."""
+    if used_ns <= allowed_ns:
         return []
-    when = "when the job ended" if final else "after the call returned"
-    return [f"{len(new)} thread(s) the candidate started still running {when} (OS threads, native ones included)"]
+    return [f"the candidate's threads used {used_ns / 1e6:.1f} ms of CPU {when} (OS threads, native ones "
+            "included): work goes on while no call runs"]
 
 
 # ---------------------------------------------------------------- the harness's jobs
@@ -666,33 +815,39 @@ def _triton_report(runner: Runner) -> TritonReport:
     """The Triton report rebuilt from the events the runner streamed, launch by launch."""
     report = TritonReport()
     kernels: set[str] = set()
-    atomic: set[str] = set()
     for event in runner.events:
         if isinstance(event, TritonLaunch):
             report.launches += 1
             report.programs += event.programs
-            kernel = event.kernel[:80]
-            kernels.add(kernel)
-            if event.float_atomic_adds:
-                atomic.add(kernel)
+            kernels.add(event.kernel[:80])
             if event.order != event.asked and len(report.order_mismatch) < 3:
-                report.order_mismatch.append(f"{kernel} ran in {event.order[:20]} program order, "
+                report.order_mismatch.append(f"{event.kernel[:80]} ran in {event.order[:20]} program order, "
                                              f"the harness asked for {event.asked[:20]}")
         else:
             target = report.out_of_bounds if event.kind == "out_of_bounds" else report.races
             if len(target) < 20:
                 target.append(event.text[:400])
-    report.kernels, report.float_atomic_kernels = sorted(kernels), sorted(atomic)
+    report.kernels, report.order_dependent_kernels = sorted(kernels), sorted(_order_dependent(runner.events))
     return report
 
 
+def _order_dependent(events: list[TritonLaunch | TritonFinding]) -> set[str]:
+    """Kernels that showed a legitimate dependence on program order: float atomic adds, or writes inside a lock."""
+    return {e.kernel[:80] for e in events if isinstance(e, TritonLaunch) and (e.float_atomic_adds or e.locked_writes)}
+
+
 def _orders_missing(events: list[TritonLaunch | TritonFinding], label: str) -> list[str]:
-    """A request that asked for every program order must show launches in each (counted here, in the harness)."""
-    ran = [e.order for e in events if isinstance(e, TritonLaunch)]
-    if not ran:
+    """A request that asked for every program order must show launches in each (counted here, in the harness); a
+    kernel kept in natural order for the shuffled run must have shown float atomics or locked writes."""
+    launches = [e for e in events if isinstance(e, TritonLaunch)]
+    if not launches:
         return []
-    return [f"{label}: no Triton launch ran in {order} program order although the harness asked for it"
-            for order in ("reversed", "shuffled") if order not in ran]
+    allowed = _order_dependent(events)
+    problems = [f"{label}: no Triton launch ran in {order} program order although the harness asked for it"
+                for order in ("reversed", "shuffled") if order not in {e.phase for e in launches}]
+    problems += [f"{label}: {e.kernel[:80]} was kept in natural program order without float atomics or locks"
+                 for e in launches if e.phase == "shuffled" and e.asked == "natural" and e.kernel[:80] not in allowed]
+    return problems[:3]
 
 
 def _ptxas(reports: list[PtxasReport] | None) -> list[PtxasReport]:
@@ -716,7 +871,7 @@ def _verify(job: VerifyJob) -> VerifyResult | JobFailure:
         protections = (loaded.protections or [])[:4]
         runs = []
         for i, case in enumerate(plan.cases):
-            orders, seen = setup.triton and i < 2, len(runner.events)
+            orders, seen = (setup.triton or job.device == "cpu") and i < 2, len(runner.events)
             reply = runner.ask(CaseRequest(model=case.model, inputs=case.inputs, again=True, orders=orders,
                                            order_seed=i, inputs_after=True, keep="main" if i == 0 else None))
             _facts(reply, case.label, facts)
@@ -726,6 +881,7 @@ def _verify(job: VerifyJob) -> VerifyResult | JobFailure:
                 runs.append(CaseRun(error=reply.error[:300], inputs_after=_decoded(reply.inputs_after)))
                 continue
             runs.append(CaseRun(out=_decoded(reply.out), inputs_after=_decoded(reply.inputs_after),
+                                schedule=reply.schedule,
                                 **{k: _decoded(getattr(reply, k)) for k in ("again", "reversed", "shuffled")
                                    if getattr(reply, k) is not None}))
         outputs, profile = _later_calls(runner, plan, plan.cases[0].model, facts, job, runs)
@@ -765,10 +921,9 @@ def _later_calls(runner: Runner, plan: SentPlan, main: int, facts: Facts, job: V
     launches = sum(isinstance(e, TritonLaunch) for e in runner.events[seen:])
     if launches and reply.profile is not None:
         profile.own_kernels.append(f"{launches} Triton launch(es)")
-    if facts.unloadable_weights:
-        outputs.reweight_skipped = "its parameters do not take the reference's weights by name"
-    elif job.alt_state_dict:
-        reply = runner.ask(ReweightRequest(model=main, state_dict=torch.load(job.alt_state_dict)))
+    if job.alt_state_dict:
+        reply = runner.ask(ReweightRequest(model=main, state_dict=torch.load(job.alt_state_dict),
+                                           names=job.param_names))
         _facts(reply, "new weights", facts)
         if reply.error is not None:
             outputs.reweight_error = reply.error[:500]
@@ -778,6 +933,15 @@ def _later_calls(runner: Runner, plan: SentPlan, main: int, facts: Facts, job: V
             outputs.reweight_out = CallResult(error=reply.error[:300]) if reply.error is not None else \
                 CallResult(out=_decoded(reply.out))
     return outputs, profile
+
+
+def _set_element(t: torch.Tensor, flat: int, value: Any) -> None:
+    """Element `flat` (in row-major order) of `t` set to `value`, whatever its layout (a transposed input too)."""
+    index = []
+    for size in reversed(t.shape):
+        flat, i = divmod(flat, size)
+        index.append(i)
+    t[tuple(reversed(index))] = value
 
 
 def _mask_like(x: torch.Tensor) -> bool:
@@ -824,7 +988,7 @@ def _bench(job: BenchJob) -> BenchResult | JobFailure:
             sets = copies[i]
             changes = _perturbation(sets[k % len(sets)], rng)
             for index, flat, value in changes:
-                sets[k % len(sets)][index].view(-1)[flat] = value
+                _set_element(sets[k % len(sets)][index], flat, value)
             reply = runners[i].ask(TimedCallRequest(set=k % len(sets), perturb=changes))
             if reply.error is not None or reply.us is None:
                 raise RunnerDied(f"{'candidate' if i else 'reference'}: {(reply.error or 'no time came back')[:300]}")
@@ -894,7 +1058,11 @@ def main() -> None:
     gpu = isinstance(job, (VerifyJob, SanitizeJob, BenchJob)) and job.device == "cuda"
     protections = confine(Path.cwd(), audit=not forks, gpu=gpu)  # before any candidate code is imported
     (Path.cwd() / WORK).mkdir(exist_ok=True)
-    cuda_check.install(Path.cwd() / WORK)
+    # Nothing may touch CUDA before a fork: a forked child of a process that queried the device count cannot
+    # initialise CUDA ("Cannot re-initialize CUDA in forked subprocess"), and importing torch.utils.cpp_extension
+    # queries it on a CUDA build. Runners install the check themselves; a job that forks none installs it here.
+    if not forks:
+        cuda_check.install(Path.cwd() / WORK)
     result: VerifyResult | BenchResult | Done | JobFailure
     try:
         result = _run(job)

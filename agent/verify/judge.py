@@ -7,7 +7,6 @@ messages, names it chose) reaches a verdict only as a short excerpt, scrubbed of
 from __future__ import annotations
 
 import contextlib
-import copy
 import os
 import re
 from collections.abc import Iterator
@@ -16,12 +15,18 @@ from typing import Any
 import torch
 
 from kernelbot.agent.verify import cases as casemod
-from kernelbot.agent.verify.messages import FACT_KINDS, Facts, TritonReport, VerifyOutputs, VerifyResult
+from kernelbot.agent.verify.messages import (
+    FACT_KINDS,
+    SCHEDULE_RUNS,
+    Facts,
+    TritonReport,
+    VerifyOutputs,
+    VerifyResult,
+)
 from kernelbot.agent.verify.numerics import (
     LOWER_PRECISIONS,
     compare,
     downcast_finding,
-    float64_twin,
     jittered_outputs,
     outs,
     reference_outputs,
@@ -29,12 +34,14 @@ from kernelbot.agent.verify.numerics import (
     same_bits,
 )
 from kernelbot.agent.verify.probes import POISON_BYTE, measure_work
+from kernelbot.agent.verify.sampling import per_call_ns, sampled_calls
 from kernelbot.kernel_library.base import dtype_name
 from kernelbot.records import Check, Task
 from kernelbot.sandbox.confine import SECRET_NAME
 
 GUARD_BYTES = 256
 FALLBACK_SHARE = 0.5  # PyTorch ops doing this share of the reference's work or more: the candidate fell back
+MIN_LIBRARY_SAMPLES = 20  # library CPU time is judged only where a candidate at FALLBACK_SHARE would show this many
 EXCERPT_CHARS = 200  # of any one piece of candidate-chosen text in a verdict
 # Secret-looking tokens: known key prefixes, or long runs mixing letters and digits.
 SECRET_TOKEN = re.compile(r"(?:sk-|hf_|ghp_|gho_|ghs_|github_pat_|xox[abprs]-|AKIA|AIza)[A-Za-z0-9_\-]{12,}|"
@@ -83,29 +90,37 @@ def poisoned(out: torch.Tensor) -> int:
     return int((lanes == POISON_BYTE).all(dim=1).sum())
 
 
-def guard(x: Any) -> Any:
-    """The same values in a buffer with canary regions before and after (a NaN payload for floats)."""
-    if not isinstance(x, torch.Tensor) or not x.is_contiguous() or x.numel() == 0:
+def guard(x: Any, front: bool = True) -> Any:
+    """The same values, in the same layout (strides), in a buffer with canary regions after it, before it (`front`:
+    the tensor then has a storage offset, which a production tensor rarely has, so not every input gets one) and in
+    every gap a strided view leaves (a NaN payload for floats)."""
+    if not isinstance(x, torch.Tensor) or x.numel() == 0 or any(st < 0 for st in x.stride()):
         return x
     pad = max(1, GUARD_BYTES // x.element_size())
-    base = torch.empty(x.numel() + 2 * pad, dtype=x.dtype)
+    span = 1 + sum((size - 1) * st for size, st in zip(x.shape, x.stride(), strict=True))
+    base = torch.empty(span + (2 if front else 1) * pad, dtype=x.dtype)
     base.view(torch.uint8).fill_(0xA5)
     if x.is_floating_point():  # a NaN (0x7FA5.., 0x7FF5.. for float64): a kernel reading past its input poisons
         lanes = base.view(torch.uint8).view(-1, x.element_size())
         lanes[:, -1] = 0x7F
         if x.element_size() == 8:
             lanes[:, -2] = 0xF5
-    return base[pad:pad + x.numel()].view(x.shape).copy_(x)
+    return base.as_strided(x.shape, x.stride(), pad if front else 0).copy_(x)
 
 
 def guards_intact(after: torch.Tensor, sent: torch.Tensor) -> bool:
-    full = torch.empty(0, dtype=after.dtype).set_(after.untyped_storage()).view(torch.uint8)
-    fresh = torch.empty(0, dtype=sent.dtype).set_(sent.untyped_storage()).view(torch.uint8)
-    if full.numel() != fresh.numel():
+    """Every byte of the storage outside the tensor's own elements as it was sent."""
+    if after.untyped_storage().nbytes() != sent.untyped_storage().nbytes() or after.stride() != sent.stride() or \
+            after.storage_offset() != sent.storage_offset():
         return False
-    item = after.element_size()
-    lo, hi = after.storage_offset() * item, (after.storage_offset() + after.numel()) * item
-    return torch.equal(full[:lo], fresh[:lo]) and torch.equal(full[hi:], fresh[hi:])
+    item = sent.element_size()
+    stored = []
+    for t in (after, sent):
+        raw = torch.empty(0, dtype=torch.uint8).set_(t.untyped_storage()).clone()
+        raw.as_strided((*sent.shape, item), (*(st * item for st in sent.stride()), 1),
+                       sent.storage_offset() * item).zero_()  # the elements themselves: judged by input_mutation
+        stored.append(raw)
+    return torch.equal(*stored)
 
 
 def check(cid: str, problems: list[str], ok: str) -> Check:
@@ -122,35 +137,44 @@ def not_run(cid: str, why: str) -> Check:
 class Judge:
     """Turns what the child returned into checks, against references computed here."""
 
-    def __init__(self, task: Task, plan: casemod.Plan, references: list[torch.nn.Module], sent: list[list[Any]],
-                 result: VerifyResult, outputs: VerifyOutputs, triton: bool, device: str,
-                 alt_reference: torch.nn.Module | None = None, require_deterministic: bool = False) -> None:
+    def __init__(self, task: Task, plan: casemod.Plan, references: casemod.References, sent: list[list[Any]],
+                 result: VerifyResult, outputs: VerifyOutputs, device: str, alt_weights: dict[str, Any] | None = None,
+                 require_deterministic: bool = False) -> None:
         self.task, self.plan, self.sent, self.result = task, plan, sent, result
-        self.runs, self.outputs, self.triton, self.device = outputs.runs, outputs, triton, device
-        self.report = result.triton or TritonReport()
+        self.runs, self.outputs, self.device = outputs.runs, outputs, device
+        self.report = result.triton or TritonReport()  # Triton's launches, where the interpreter ran them
         self.facts = Facts(**{k: [excerpt(t, 300) for t in getattr(result.facts, k)] for k in FACT_KINDS})
-        self.alt_reference, self.require_deterministic = alt_reference, require_deterministic
+        self.require_deterministic = require_deterministic
         self.properties: list[str] = []  # what the verdict reports about the kernel without failing it
-        self.native = references
-        self.exact = [float64_twin(ref) for ref in references]
+        self.thread_races: list[str] = []  # wrong only with another thread count (checks() fills it)
+        self.references = references
+        models = range(len(plan.init_args))
+        self.native = [references.build(i) for i in models]
+        self.exact = [references.twin(i) for i in models]
+        main = plan.cases[0].model
+        self.alt = None if alt_weights is None else \
+            (references.build(main, alt_weights), references.twin(main, alt_weights))
 
-    def reference(self, model: int | torch.nn.Module, inputs: list[Any]) -> tuple[list[Any], list[Any]]:
-        """(in the task's dtype, in float64) outputs of the reference (by index, or a model of its own)."""
-        native_model = self.native[model] if isinstance(model, int) else model
-        return reference_outputs(native_model, self._exact(model), inputs)
+    def reference(self, model: int | str, inputs: list[Any]) -> tuple[list[Any], list[Any]]:
+        """(in the task's dtype, in float64) outputs of the reference: model `model`, or "alt" (new weights)."""
+        native, exact = self._models(model)
+        return reference_outputs(native, exact, inputs)
 
-    def _exact(self, model: int | torch.nn.Module) -> torch.nn.Module | None:
-        return self.exact[model] if isinstance(model, int) else float64_twin(model)
+    def _models(self, model: int | str) -> tuple[torch.nn.Module, torch.nn.Module | None]:
+        if model == "alt":
+            assert self.alt is not None
+            return self.alt
+        return self.native[int(model)], self.exact[int(model)]
 
-    def jittered(self, model: int | torch.nn.Module, inputs: list[Any], native: list[Any], rescaled: bool,
+    def jittered(self, model: int | str, inputs: list[Any], native: list[Any], rescaled: bool,
                  ) -> list[list[torch.Tensor]]:
         """For inputs scaled far from the reference's draws: per output, its float64 outputs on inputs moved by their
         dtype's rounding (numerics.compare's floor for ill-conditioned problems); none otherwise."""
         if not rescaled:
             return [[] for _ in native]
-        return jittered_outputs(self._exact(model), inputs, native)
+        return jittered_outputs(self._models(model)[1], inputs, native)
 
-    def wrong(self, model: int | torch.nn.Module, inputs: list[Any], got: Any, rescaled: bool = False) -> list[str]:
+    def wrong(self, model: int | str, inputs: list[Any], got: Any, rescaled: bool = False) -> list[str]:
         """What is wrong with outputs `got` for `inputs` (empty: within tolerance)."""
         native, exact = self.reference(model, inputs)
         got = got if isinstance(got, list) else []
@@ -170,6 +194,7 @@ class Judge:
 
     def checks(self) -> list[Check]:
         wrong, unwritten, nondet, mutated, guards, crashed = [], [], [], [], [], []
+        self.thread_races = []
         compared = 0
         for case, sent, run in zip(self.plan.cases, self.sent, self.runs, strict=True):
             where = f"{case.label} {[list(x.shape) for x in case.inputs if isinstance(x, torch.Tensor)]}"
@@ -190,11 +215,12 @@ class Judge:
                 if problem:
                     wrong.append(f"{where}: {problem}")
                     unwritten += self.holes(case, where, out, n)
-            for order in ("reversed", "shuffled"):  # each program order must be right, not only the natural one
+            for order in ("reversed", "shuffled"):  # every schedule must be right, not only the usual one
                 if run.in_order(order) is not None and not any(where in w for w in wrong):
-                    wrong += [f"{where} ({order} program order): {p}" for p in self.wrong(case.model, case.inputs,
-                                                                                          run.in_order(order),
-                                                                                          case.rescaled)]
+                    found = [f"{where} ({SCHEDULE_RUNS[run.schedule or 'program order'][order]}): {p}"
+                             for p in self.wrong(case.model, case.inputs, run.in_order(order), case.rescaled)]
+                    # wrong with another thread count only: chunks that race or depend on the chunking
+                    (self.thread_races if run.schedule == "thread count" else wrong).extend(found)
             again = run.again
             if again is None or len(again) != len(run.out) or \
                     not all(same_bits(a, b) for a, b in zip(run.out, again, strict=True)):
@@ -203,7 +229,7 @@ class Judge:
                 if isinstance(after, torch.Tensor):
                     if not same_bits(after, original):
                         mutated.append(where)
-                    if after.storage_offset() and not guards_intact(after, before):
+                    if isinstance(before, torch.Tensor) and not guards_intact(after, before):
                         guards.append(f"{where}: a write landed in the guard region around an input")
         n_inputs = sum(isinstance(x, torch.Tensor) for x in self.plan.cases[0].inputs)
         race = self.race()
@@ -241,33 +267,36 @@ class Judge:
         holes = poisoned(out) + int((torch.isnan(out) & torch.isfinite(native)).sum())
         return [f"{where}: {holes} elements never written (still the allocation poison or NaN)"] if holes else []
 
+    def differs(self, run: Any, order: str) -> bool:
+        return run.in_order(order) is not None and \
+            not all(same_bits(a, b) for a, b in zip(run.out, run.in_order(order), strict=True))
+
     def order_dependent(self) -> bool:
-        """Results differ between program orders only because of float atomic adds (split reductions)."""
-        if not self.report.float_atomic_kernels or self.report.races:
+        """Results differ in reversed program order only because of kernels with float atomic adds or writes inside a
+        lock; the shuffled run keeps those kernels in natural order, so it cannot differ for that reason."""
+        if not self.report.order_dependent_kernels or self.report.races:
             return False
-        return any(run.in_order(order) is not None and
-                   not all(same_bits(a, b) for a, b in zip(run.out, run.in_order(order), strict=True))
-                   for run in self.runs for order in ("reversed", "shuffled"))
+        return any(self.differs(run, "reversed") for run in self.runs)
 
     def nondeterminism(self, nondet: list[str]) -> Check:
         problems = list(nondet)
         if self.order_dependent():
-            kernels = ", ".join(excerpt(k, 60) for k in self.report.float_atomic_kernels)
-            what = (f"results depend on program order (float atomic adds in {kernels}): each order is within "
-                    "tolerance, the bits are not reproducible")
+            kernels = ", ".join(excerpt(k, 60) for k in self.report.order_dependent_kernels)
+            what = (f"results depend on program order (float atomic adds or writes inside a lock in {kernels}): each "
+                    "order is within tolerance, the bits are not reproducible")
             if self.require_deterministic:
                 problems.append(what + "; --require-deterministic")
             else:
                 self.properties.append(f"property: {what}")
         return check("nondeterminism", problems, "two runs on the same inputs bit-identical" +
                      ("" if self.require_deterministic or not self.order_dependent() else
-                      "; order-dependent float atomics reported as a property"))
+                      "; order-dependent float atomics or locked sections reported as a property"))
 
     def bounds(self, guards: list[str], n_inputs: int) -> Check:
         report = self.report
         problems = guards + [excerpt(r, 400) for r in report.out_of_bounds]
         scope = f"guard regions around {n_inputs} input buffer(s) intact on every input set"
-        if self.triton and report.launches:
+        if report.launches:
             scope += f"; every load/store of {report.launches} Triton launches inside its arguments (interpreter)"
         elif self.device == "cpu":
             scope += "; reads and output bounds of non-Triton kernels need compute-sanitizer on a GPU"
@@ -275,22 +304,36 @@ class Judge:
 
     def race(self) -> Check:
         report = self.report
-        if not (self.triton and report.launches):
+        threaded = [run for run in self.runs if run.schedule == "thread count"]
+        if not report.launches and threaded:
+            differ = any(self.differs(run, order) for run in threaded for order in ("reversed", "shuffled"))
+            if differ:
+                self.properties.append("property: results depend on torch's thread count (each count within "
+                                       "tolerance, the bits are not reproducible across counts)")
+            return check("race", self.thread_races, f"no Triton launch: {len(threaded)} input sets right with one "
+                                                    "thread and with more threads than cores (other chunkings), " +
+                         ("not bit-identical (reported as a property)" if differ else "bit-identical") +
+                         "; no sanitizer build (ThreadSanitizer) on a CPU")
+        if not report.launches:
             if self.device == "cuda":
                 return not_run("race", "pending compute-sanitizer racecheck/synccheck")
             return not_run("race", "no race detector for this backend on a CPU (Triton kernels are checked in the "
                                     "interpreter; CUDA kernels with compute-sanitizer on a GPU)")
         problems = [excerpt(r, 400) for r in report.races]
-        atomics = self.order_dependent()
+        excused = self.order_dependent()
+        pinned = ", ".join(excerpt(k, 60) for k in report.order_dependent_kernels)
         for case, run in zip(self.plan.cases, self.runs, strict=True):
-            for order in ("reversed", "shuffled"):
-                if run.in_order(order) is not None and not atomics and \
-                        not all(same_bits(a, b) for a, b in zip(run.out, run.in_order(order), strict=True)):
-                    problems.append(f"{case.label}: results differ when the grid runs in {order} program order")
+            if self.differs(run, "reversed") and not excused:
+                problems.append(f"{case.label}: results differ when the grid runs in reversed program order")
+            if self.differs(run, "shuffled"):
+                problems.append(f"{case.label}: results differ when the grid runs in shuffled program order" +
+                                (f" ({pinned} kept in natural order: the difference is another kernel's)"
+                                 if pinned else ""))
+        why = (f" (reversed: within tolerance, not bit-identical, from float atomic adds or writes inside a lock in "
+               f"{pinned}; shuffled with those kept in natural order: bit-identical)") if excused else ""
         return check("race", problems, f"{report.launches} launches, {report.programs} programs: no address "
-                                        "shared between programs unless atomic; same bits in reversed and shuffled "
-                                        "program order" + (" (float atomic adds: within tolerance in every order, "
-                                                           "not bit-identical)" if atomics else ""))
+                                        "shared between programs unless under one lock or by commuting atomics; same "
+                                        f"bits in reversed and shuffled program order{why}")
 
     def caching(self) -> Check:
         """New values in the same tensors (same pointers, ids, version counters): all of them, then one element at
@@ -314,16 +357,14 @@ class Judge:
             problems.append("not every one-element change was run")
         done = f"new values in the same tensors, and {len(self.plan.changed)} single-element changes, gave the " \
                "new results"
-        if self.alt_reference is not None and outputs.reweight_skipped is not None:
-            done += f"; new weights not tried ({excerpt(outputs.reweight_skipped)})"
-        elif self.alt_reference is not None:
+        if self.alt is not None:
             got = outputs.reweight_out
             if outputs.reweight_error is not None or got is None or got.error is not None:
                 why = outputs.reweight_error or (got.error if got is not None else None) or "not run"
                 problems.append(f"new weights copied into the same parameters: {excerpt(why)}")
             else:
                 problems += [f"new weights copied into the same parameters gave stale or wrong results: {p}"
-                             for p in self.wrong(self.alt_reference, self.plan.fresh, got.out)]
+                             for p in self.wrong("alt", self.plan.fresh, got.out)]
             done += "; so did new weights copied into the same parameters"
         return check("result_caching", problems, done)
 
@@ -342,7 +383,7 @@ class Judge:
         for dtype in lower:
             try:
                 with torch.inference_mode():
-                    model = copy.deepcopy(self.native[main.model]).to(dtype)
+                    model = self.references.build(main.model, dtype=dtype)
                     low = outs(model(*[x.to(dtype) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
                                         for x in main.inputs]))[0]
                 errs[dtype_name(dtype)] = rel_l2(low.to(exact[0].dtype), exact[0])
@@ -362,24 +403,50 @@ class Judge:
         if not profile.intact:
             return check("reference_fallback", ["the op log was disturbed during the profiled call (the profiler "
                                                 "was stopped or replaced)"], "")
-        own = [excerpt(k, 80) for k in profile.own_kernels]
         main = self.plan.cases[0]
+        reference = self.native[main.model]
         try:
             with torch.inference_mode(), _quiet_stderr():
-                ref_work = sum(measure_work(lambda: self.native[main.model](*self.plan.fresh), all_threads=False)
-                               .compute.values())
+                ref_work = sum(measure_work(lambda: reference(*self.plan.fresh), all_threads=False).compute.values())
         except Exception:
             ref_work = 0.0  # the reference could not be profiled here: only "a kernel of its own" is judged
+        own = [excerpt(k, 80) for k in profile.own_kernels]
+        if profile.places.get("own"):
+            own.append(f"{profile.places['own']} CPU samples in its own code")
         cand = dict(profile.compute)
         cand_work = sum(cand.values())
         top = ", ".join(f"aten.{excerpt(k, 40)}" for k, _ in sorted(cand.items(), key=lambda kv: -kv[1])[:4])
         problems = []
         if not own:
-            problems.append("launches no kernel of its own (no Triton launch, native extension call or custom op): "
-                            f"the work is done by PyTorch ({top or 'no aten compute ops either'})")
+            problems.append("runs no code of its own (no Triton launch, no call into native code it built, no CPU "
+                            f"time in it): the work is done by PyTorch ({top or 'no aten compute ops either'}) or "
+                            "other libraries")
         elif ref_work and cand_work >= FALLBACK_SHARE * ref_work:
             problems.append(f"PyTorch ops ({top}) do {cand_work / ref_work:.0%} of the reference's work beside its "
                             f"own kernels ({', '.join(own[:3])})")
         share = f"{cand_work / ref_work:.0%}" if ref_work else "none"
+        timed, detail = self.library_time(profile, reference)
+        if timed is not None and own and timed >= FALLBACK_SHARE:
+            problems.append(f"torch, numpy and other libraries take {timed:.0%} of the reference's CPU time per call "
+                            f"beside its own code ({detail})")
         return check("reference_fallback", problems, f"own kernels: {', '.join(own[:4])}; PyTorch ops do {share} "
-                                                      "of the reference's work (profiler, every thread)")
+                                                      f"of the reference's work (profiler, every thread); {detail}")
+
+    def library_time(self, profile: Any, reference: torch.nn.Module) -> tuple[float | None, str]:
+        """(CPU time per call the candidate spent in libraries (torch, numpy, any other) as a share of the reference's,
+        both sampled where the time was spent; a description), or (None, why not) where either was not sampled."""
+        if profile.problem is not None or not profile.calls:
+            return None, f"CPU time by place not sampled ({excerpt(profile.problem or 'not on this device')})"
+        with torch.inference_mode():
+            ref = sampled_calls(lambda: reference(*self.plan.fresh), (), ())
+        if "problem" in ref:
+            return None, f"the reference's CPU time not sampled ({ref['problem']})"
+        ref_ns = per_call_ns(ref, ("own", "torch", "other"))
+        cand = {"places": profile.places, "calls": profile.calls, "period_ns": profile.period_ns}
+        lib_ns, own_ns = per_call_ns(cand, ("torch", "other")), per_call_ns(cand, ("own",))
+        described = (f"CPU time per call, sampled by where it ran: own code {own_ns / 1e3:.1f} µs, libraries "
+                     f"{lib_ns / 1e3:.1f} µs, the reference {ref_ns / 1e3:.1f} µs")
+        # a candidate at the limit would show this many library samples: too few, and one stray sample decides
+        if profile.calls * FALLBACK_SHARE * ref_ns / profile.period_ns < MIN_LIBRARY_SAMPLES:
+            return None, f"{described}; too few calls sampled ({profile.calls}) to judge the libraries' share"
+        return lib_ns / ref_ns, described

@@ -24,6 +24,33 @@ class Message(BaseModel):
     model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
 
 
+# ---------------------------------------------------------------- how outputs are laid out (both sides)
+
+MAX_NESTING = 8
+# Bound at import, before any candidate code runs: a container's items are read through the base type's own methods,
+# so a subclass's __iter__, __len__ or values() (which would let it decide what is checked) is never called.
+_tuple_len, _tuple_item, _list_len, _list_item, _dict_values = tuple.__len__, tuple.__getitem__, list.__len__, \
+    list.__getitem__, dict.values
+
+
+def output_leaves(value: Any, depth: int = 0) -> list[Any]:
+    """A model's outputs as one flat list, in order: tuples and lists (named result tuples included) opened item by
+    item, dicts by their values in insertion order (a transformers ModelOutput is one), recursively; anything else
+    (a tensor, a number, an object) is one output. The parent reads the reference's outputs so, the runner the
+    candidate's."""
+    if depth > MAX_NESTING:
+        return [value]
+    if isinstance(value, tuple):
+        items = [_tuple_item(value, i) for i in range(_tuple_len(value))]
+    elif isinstance(value, list):
+        items = [_list_item(value, i) for i in range(_list_len(value))]
+    elif isinstance(value, dict):
+        items = list(_dict_values(value))
+    else:
+        return [value]
+    return [leaf for item in items for leaf in output_leaves(item, depth + 1)]
+
+
 # ---------------------------------------------------------------- the job (parent -> box)
 
 class VerifyJob(Message):
@@ -32,6 +59,7 @@ class VerifyJob(Message):
     plan: str  # torch.save'd plan: init args, the input sets (guarded), fresh and changed values
     state_dicts: list[str]  # one per model of the plan
     alt_state_dict: str | None = None  # new weights for the result_caching check
+    param_names: list[str] = Field(default_factory=list)  # the reference's parameters, in registration order
     init_seed: int
     triton: bool = False  # the candidate runs in Triton's interpreter with triton_check installed (CPU only)
     device: str = "cpu"
@@ -120,10 +148,15 @@ class PtxasReport(Message):
 
 class Profile(Message):
     """The profiled call: aten compute work on every thread, the candidate's own kernels, whether the op log stayed
-    intact; or why no profile came back."""
+    intact; then, on a CPU, samples of where its calls' CPU time went (sampling.PLACES), over `sampled_calls` calls
+    one sample per `period_ns` (or why nothing was sampled); or why no profile came back."""
     compute: dict[str, float] = Field(default_factory=dict)
     own_kernels: list[str] = Field(default_factory=list)
     intact: bool = False
+    places: dict[str, int] = Field(default_factory=dict)
+    calls: int = 0
+    period_ns: int = 0
+    problem: str | None = None
     error: str | None = None
 
 
@@ -134,7 +167,7 @@ class TritonReport(Message):
     kernels: list[str] = Field(default_factory=list)
     out_of_bounds: list[str] = Field(default_factory=list)
     races: list[str] = Field(default_factory=list)
-    float_atomic_kernels: list[str] = Field(default_factory=list)
+    order_dependent_kernels: list[str] = Field(default_factory=list)  # float atomic adds, or writes inside a lock
     order_mismatch: list[str] = Field(default_factory=list)
 
 
@@ -145,6 +178,9 @@ EncodedTensor = tuple[Literal["T"], str, tuple[int, ...], tuple[int, ...], int, 
 # One output as it leaves a runner: a tensor, a number, or None (something refused).
 Value = EncodedTensor | bool | int | float | None
 Stage = Literal["compile", "run", "needs_gpu"]
+# What a case's extra runs vary: Triton's program order (reversed, then shuffled), or, for a candidate that launched
+# no Triton kernel on a CPU, torch's thread count (one thread, then more than there are cores: other chunkings)
+Schedule = Literal["program order", "thread count"]
 
 
 class Request(Message):
@@ -179,10 +215,12 @@ class RefillRequest(Request):
 
 
 class ReweightRequest(Request):
-    """New weights copied into the same parameters."""
+    """New weights copied into the same parameters: by name, else (a candidate whose parameters are named
+    otherwise) in the order `names` gives the reference's, where count, shapes and loaded values agree."""
     op: Literal["reweight"] = "reweight"
     model: int
     state_dict: dict[str, Any]
+    names: list[str] = Field(default_factory=list)  # the reference's parameters, in registration order
 
 
 class ProfileRequest(Request):
@@ -234,6 +272,7 @@ class Reply(Message):
     again: list[Value] | None = None
     reversed: list[Value] | None = None
     shuffled: list[Value] | None = None
+    schedule: Schedule | None = None  # what `reversed` and `shuffled` varied
     inputs_after: list[Value] | None = None
     profile: Profile | None = None
     us: float | None = None  # a timed call's microseconds
@@ -246,7 +285,9 @@ class TritonLaunch(Message):
     programs: int
     order: str  # the program order it ran in
     float_atomic_adds: int = 0
-    asked: str  # the order the harness had asked for then
+    locked_writes: int = 0  # plain writes made while holding a lock
+    asked: str  # the order the harness had asked for then (natural for a kernel it pinned)
+    phase: str = "natural"  # the order asked for the whole run
 
 
 class TritonFinding(Message):
@@ -261,17 +302,22 @@ EVENTS: dict[str, type[Message]] = {"triton_launch": TritonLaunch, "triton_findi
 # ---------------------------------------------------------------- box -> parent
 
 class CaseRun(Message):
-    """One input set's verified call, decoded: outputs, the second run, other program orders, inputs afterwards."""
+    """One input set's verified call, decoded: outputs, the second run, other schedules, inputs afterwards."""
     out: list[Any] = Field(default_factory=list)
     again: list[Any] | None = None
     reversed: list[Any] | None = None
     shuffled: list[Any] | None = None
+    schedule: Schedule | None = None
     inputs_after: list[Any] = Field(default_factory=list)
     error: str | None = None
 
     def in_order(self, order: str) -> list[Any] | None:
-        """The outputs in `order` (reversed or shuffled) program order, when that ran."""
+        """The outputs of the `order` run (reversed or shuffled), when that ran."""
         return self.reversed if order == "reversed" else self.shuffled if order == "shuffled" else None
+
+
+SCHEDULE_RUNS = {"program order": {"reversed": "reversed program order", "shuffled": "shuffled program order"},
+                 "thread count": {"reversed": "one thread", "shuffled": "more threads than cores"}}
 
 
 class CallResult(Message):
@@ -287,7 +333,6 @@ class VerifyOutputs(Message):
     element_outs: list[CallResult] = Field(default_factory=list)
     reweight_out: CallResult | None = None
     reweight_error: str | None = None
-    reweight_skipped: str | None = None
 
 
 class CheckedCall(Message):

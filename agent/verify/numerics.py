@@ -9,17 +9,18 @@ is also allowed 4x the error the reference itself makes in the task's dtype, sin
 can do much better; on inputs scaled far from the reference's own draws, where moving the inputs by half an ulp of
 their dtype moves the float64 reference beyond the tolerance, also 4x that movement (at large scales an attention's
 scores are so far apart that rounding alone picks a different key: the problem, not the kernel, is ill-conditioned
-there). NaN and Inf must sit exactly where the reference has them. Integer and boolean outputs must match exactly.
+there). NaN and Inf must sit exactly where the reference has them, in the task's dtype or in float64 (either one:
+float32's erf-GELU gives NaN at +inf, float64's the exact +inf). Integer and boolean outputs must match exactly.
 """
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
+from kernelbot.agent.verify.messages import output_leaves
 from kernelbot.kernel_library.base import dtype_name
 
 TOLERANCES = {
@@ -69,16 +70,18 @@ def compare(out: object, native: torch.Tensor, exact: torch.Tensor, jittered: Se
         rows = torch.isfinite(n).reshape(-1, n.shape[-1]).any(-1)
         if not bool(rows.all()):
             o, n, e = (t.reshape(-1, t.shape[-1])[rows] for t in (o, n, e))
-    inf = torch.isinf(n)
-    if not torch.equal(torch.isnan(o), torch.isnan(n)) or not torch.equal(torch.isinf(o), inf) \
-            or not torch.equal(o[inf], n[inf]):
+    # a special value (or a finite one) is right where the reference in the task's dtype or in float64 has one too:
+    # erf-GELU's float32 path gives NaN at +inf where the exact answer, and float64's, is +inf
+    if not bool((_same_kind(o, n) | _same_kind(o, e)).all()):
         return (f"NaN/Inf in {int((~torch.isfinite(o)).sum())} places, reference in "
-                f"{int((~torch.isfinite(n)).sum())} (positions must match)")
+                f"{int((~torch.isfinite(n)).sum())} ({int((~torch.isfinite(e)).sum())} in float64): positions "
+                "must match one of them")
     finite = torch.isfinite(e) & torch.isfinite(o)
     o, n, e = o[finite], n[finite], e[finite]
     if e.numel() == 0:
         return None
-    ref_err, err = (n - e).abs(), (o - e).abs()
+    # where the native run has no finite value the float64 one does, only the tolerance bounds the candidate
+    ref_err, err = torch.where(torch.isfinite(n), n - e, 0).abs(), (o - e).abs()
     norm = e.norm().clamp_min(1e-300)
     rel = float(err.norm() / norm)
     allowed = max(rel_tol, 4 * float(ref_err.norm() / norm))
@@ -89,6 +92,11 @@ def compare(out: object, native: torch.Tensor, exact: torch.Tensor, jittered: Se
         return (f"rel L2 error {rel:.2e} (allowed {allowed:.1e}); {bad} of {err.numel()} elements out of tolerance, "
                 f"worst {float(o[worst]):.6g} vs {float(e[worst]):.6g}")
     return None
+
+
+def _same_kind(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Per element: both NaN, both the same infinity, or both finite."""
+    return (torch.isnan(a) & torch.isnan(b)) | (torch.isinf(a) & (a == b)) | (torch.isfinite(a) & torch.isfinite(b))
 
 
 def downcast_finding(cand_err: float, native_err: float, lower_errs: dict[str, float]) -> str | None:
@@ -122,16 +130,8 @@ def same_bits(a: object, b: object) -> bool:
 
 
 def outs(value: Any) -> list[Any]:
-    """A model's outputs as a list (a lone tensor, a tuple or a list of them)."""
-    return list(value) if isinstance(value, (tuple, list)) else [value]
-
-
-def float64_twin(model: torch.nn.Module) -> torch.nn.Module | None:
-    """A float64 copy of the reference, the exact arithmetic errors are measured against; None where it has none."""
-    try:
-        return copy.deepcopy(model).double()
-    except Exception:
-        return None
+    """A model's outputs as a flat list (messages.output_leaves: the runner reads the candidate's alike)."""
+    return output_leaves(value)
 
 
 def jittered_outputs(exact_model: torch.nn.Module | None, inputs: list[Any], native: list[Any],

@@ -16,6 +16,7 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -33,6 +34,8 @@ from torch.autograd.profiler import (
 )
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
+
+from kernelbot.agent.verify import sampling
 
 # What a benchmark's clock is made of: replacing any of these is timing tampering.
 _TIMING = {
@@ -52,13 +55,21 @@ _TIMING = {
 NO_COMPUTE = {
     "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "view", "_unsafe_view", "reshape",
     "as_strided", "t", "transpose", "permute", "expand", "squeeze", "unsqueeze", "slice", "select", "detach",
-    "alias", "contiguous", "clone", "copy_", "_to_copy", "to", "fill_", "zero_", "zeros", "zeros_like", "ones",
+    "alias", "contiguous", "to", "fill_", "zero_", "zeros", "zeros_like", "ones",
     "ones_like", "full", "full_like", "lift_fresh", "resize_", "set_", "split", "split_with_sizes", "chunk",
-    "narrow", "unbind", "cat", "stack", "view_as", "flatten", "unflatten", "_reshape_alias", "is_same_size",
+    "narrow", "unbind", "view_as", "flatten", "unflatten", "_reshape_alias", "is_same_size",
     "scalar_tensor", "arange", "_local_scalar_dense", "item", "sym_size", "sym_stride", "sym_numel", "size", "stride",
-    "lift_fresh_copy", "new_zeros", "new_ones", "new_full", "diagonal", "movedim", "index_select", "gather",
+    "lift_fresh_copy", "new_zeros", "new_ones", "new_full", "diagonal", "movedim",
     "resolve_conj", "resolve_neg", "result_type", "randn", "rand", "randint", "normal", "uniform",
-}
+}  # copies, gathers and concatenations move every element: work (a table looked up per call is not free)
+# FLOPs of matmul-like leaves from their input shapes (the profiler knows formulas for a few names only; mv, addmm_,
+# the convolution leaves and attention kernels would count as the elements of one input)
+_MATMULS = {"mm": (0, 1), "addmm": (1, 2), "addmm_": (1, 2), "_addmm_activation": (1, 2), "bmm": (0, 1),
+            "baddbmm": (1, 2), "baddbmm_": (1, 2), "addbmm": (1, 2), "addbmm_": (1, 2), "mv": (0, 1), "addmv": (1, 2),
+            "addmv_": (1, 2), "dot": (0, 1), "vdot": (0, 1), "matmul": (0, 1), "mkldnn_linear": (0, 1)}
+# PyTorch's own op namespaces: their ops are PyTorch's work whatever calls them (torch.compile's CPU linear is
+# mkldnn::_linear_pointwise); a candidate's own namespace is judged by where its time goes (sampling)
+TORCH_NAMESPACES = ("aten", "prim", "prims", "mkldnn", "onednn", "quantized", "_quantized", "inductor")
 M_PERTURB = -6  # glibc mallopt: fill allocations with ~byte and freed memory with byte
 POISON_BYTE = 0x7F  # what poisoned allocations hold: float32 3.4e38, float16 NaN, bfloat16 3.4e38
 SENTINEL_SHAPE = [5, 3]  # a profiled op of the harness's own, run after the candidate's call
@@ -66,7 +77,6 @@ _SENTINEL = torch.ops.aten.bitwise_xor.Tensor
 _T = torch._C.TensorBase  # its methods cannot be replaced (an immutable type): bound here, used below
 _clone, _equal, _reshape, _view, _detach, _storage_of = _T.clone, torch.equal, _T.reshape, _T.view, _T.detach, \
     _T.untyped_storage
-_FOREIGN_OK = ("torch", "numpy", "triton")  # and Python's own modules (sys.stdlib_module_names)
 
 
 def timing_snapshot() -> dict[str, int]:
@@ -236,18 +246,34 @@ class OpLog(TorchDispatchMode):
         return out
 
 
-def _foreign(fn: Any) -> str | None:
-    """The name of a native extension module `fn` belongs to, unless it is part of torch, numpy, triton or
-    Python itself."""
+Places = tuple[tuple[str, ...], tuple[str, ...]]  # (the candidate's own code, torch's generated code): sampling
+
+
+def _own_file(path: str, places: Places) -> bool:
+    return sampling.place_of_file(os.path.realpath(path), *places) == "own"
+
+
+def own_native(fn: Any, places: Places, own_libraries: dict[str, str]) -> str | None:
+    """`module.function` when `fn` is native code of a library the candidate built (sampling.place_of_file: under its
+    box, the kernel library's build cache or its module's folder, not torch.compile's cache), else None: where the
+    code lives decides, not what it is called. `own_libraries` (file stem -> path of every such library mapped in
+    this process) finds the file of an extension torch's cpp_extension loaded without registering it."""
     owner = getattr(fn, "__self__", None)
-    name = getattr(owner, "__name__", None) if isinstance(owner, type(sys)) else getattr(fn, "__module__", None)
-    if not isinstance(name, str) or name.split(".")[0] in _FOREIGN_OK or name.split(".")[0] in sys.stdlib_module_names:
-        return None
-    mod = sys.modules.get(name)  # torch's cpp_extension loads its builds without registering them here
-    path = getattr(mod, "__file__", "") or ""
-    if mod is not None and (not path.endswith((".so", ".pyd")) or f"{os.sep}torch{os.sep}" in path):
+    name = owner.__name__ if isinstance(owner, ModuleType) else str(getattr(fn, "__module__", "") or "")
+    module = owner if isinstance(owner, ModuleType) else sys.modules.get(name)
+    path = getattr(module, "__file__", None) if module is not None else own_libraries.get(name)
+    if not isinstance(path, str) or not path.endswith((".so", ".pyd")) or not _own_file(path, places):
         return None
     return f"{name}.{getattr(fn, '__name__', '?')}"
+
+
+def own_libraries(places: Places) -> dict[str, str]:
+    """File stem -> path of every shared library of the candidate's own this process has mapped."""
+    found = {}
+    for _, _, path in sampling.mappings():
+        if (path.endswith(".so") or ".so." in path) and _own_file(path, places):
+            found[os.path.basename(path).split(".")[0]] = os.path.realpath(path)
+    return found
 
 
 _counting = False
@@ -260,9 +286,10 @@ def _audit(event: str, args: tuple) -> None:
         _ctypes_calls += 1
 
 
-def install() -> None:
-    """Count calls into libraries the candidate loads with ctypes (a way to launch one's own kernel) while a
-    call is profiled; Python audits ctypes' loading, not its calls, so CDLL's function type is wrapped."""
+def install(places: Places) -> None:
+    """Count calls into libraries the candidate built (`places`) and loads with ctypes (a way to launch one's own
+    kernel) while a call is profiled; Python audits ctypes' loading, not its calls, so CDLL's function type is
+    wrapped."""
     import ctypes
 
     sys.addaudithook(_audit)
@@ -270,7 +297,7 @@ def install() -> None:
 
     def init(self, name, *args, **kwargs):
         original(self, name, *args, **kwargs)
-        if name is None or str(name).startswith(("/lib", "/usr/lib")) or "libc." in str(name):
+        if name is None or not _own_file(os.fsdecode(name), places):
             return
         base = self._FuncPtr
 
@@ -295,9 +322,12 @@ class WorkLog:
     sentinel_seen: bool = False
 
 
-def measure_work(run: Callable[[], Any], all_threads: bool) -> WorkLog:
+def measure_work(run: Callable[[], Any], all_threads: bool,
+                 launches: Callable[[], Iterable[tuple[int, int, int, int, int]]] = tuple) -> WorkLog:
     """Run `run` under PyTorch's profiler: RecordFunction, beneath the dispatcher, so ops run with Python
-    dispatch modes disabled or excluded are seen, and with `all_threads` also ops on any other thread."""
+    dispatch modes disabled or excluded are seen, and with `all_threads` also ops on any other thread. `launches`:
+    the Triton launches' windows (triton_check.WINDOWS): ops inside one on this thread are the interpreter's own
+    (it copies every argument in and out), not work of PyTorch's."""
     config = ProfilerConfig(ProfilerState.KINETO, True, False, False, True, False,
                             _ExperimentalConfig(profile_all_threads=all_threads))
     activities = {ProfilerActivity.CPU}
@@ -309,8 +339,20 @@ def measure_work(run: Callable[[], Any], all_threads: bool) -> WorkLog:
         _SENTINEL(sentinel, sentinel)
     finally:
         result = _disable_profiler()  # raises if the candidate stopped the profiler
-    return work_from_events([(e.start_thread_id(), e.start_ns(), e.end_ns(), e.name(), e.shapes(), e.flops())
-                             for e in result.events()])
+    events = [(e.start_thread_id(), e.start_ns(), e.end_ns(), e.name(), e.shapes(), e.flops())
+              for e in result.events()]
+    return work_from_events(_outside_launches(events, threading.get_native_id(), launches()))
+
+
+def _outside_launches(events: list[tuple[int, int, int, str, list, int]], tid: int,
+                      launches: Iterable[tuple[int, int, int, int, int]]) -> list[tuple[int, int, int, str, list, int]]:
+    """The events but those of this thread inside one of its Triton launches (wall-clock windows, as the profiler's
+    times are). The profiler numbers threads itself: this one is the thread the harness's sentinel op ran on."""
+    windows = [(start, end) for thread, _, _, start, end in launches if thread == tid]
+    mine = next((e[0] for e in events if e[3].endswith("::bitwise_xor") and e[4][:1] == [SENTINEL_SHAPE]), None)
+    if not windows or mine is None:
+        return events
+    return [e for e in events if e[0] != mine or not any(start <= e[1] and e[2] <= end for start, end in windows)]
 
 
 def work_from_events(events: list[tuple[int, int, int, str, list, int]]) -> WorkLog:
@@ -334,17 +376,38 @@ def work_from_events(events: list[tuple[int, int, int, str, list, int]]) -> Work
         namespace, op = name.split("::", 1)
         if op == "bitwise_xor" and shapes[:1] == [SENTINEL_SHAPE]:
             log.sentinel_seen = True
-        elif namespace not in ("aten", "prim", "prims"):
+        elif namespace not in TORCH_NAMESPACES:
             log.custom.add(name)
         elif _computes(name) and not nested:
             sizes = [_numel(s) for s in shapes if isinstance(s, list)]
-            log.compute[op] = log.compute.get(op, 0.0) + float(flops or max(sizes, default=0))
+            log.compute[op] = log.compute.get(op, 0.0) + max(float(flops or 0), shape_flops(op, shapes),
+                                                             float(max(sizes, default=0)))
     return log
+
+
+def shape_flops(op: str, shapes: list) -> float:
+    """2·(product of the output's dims and the reduced one) for matmul-like ops, 2·out·(in/groups)·kernel for
+    convolutions (stride ignored: an upper bound), 4·B·H·L·S·E for attention kernels; 0 where none applies."""
+    dims = [s if isinstance(s, list) and all(isinstance(d, int) for d in s) else [] for s in shapes]
+    if op in _MATMULS:
+        a, b = (dims[i] if i < len(dims) else [] for i in _MATMULS[op])
+        if a and b:
+            batch = _numel(a[:-2]) if len(a) > 2 else 1
+            rows = a[-2] if len(a) >= 2 else 1
+            cols = b[-1] if len(b) >= 2 else 1
+            return 2.0 * batch * rows * a[-1] * cols
+    elif "conv" in op and len(dims) >= 2 and len(dims[0]) >= 3 and len(dims[1]) == len(dims[0]):
+        image, weight = dims[0], dims[1]
+        return 2.0 * image[0] * weight[0] * _numel(image[2:]) * weight[1] * _numel(weight[2:])
+    elif "attention" in op and len(dims) >= 2 and len(dims[0]) == 4 and len(dims[1]) == 4:
+        q, k = dims[0], dims[1]
+        return 4.0 * q[0] * q[1] * q[2] * k[2] * q[3]
+    return 0.0
 
 
 def _computes(name: str) -> bool:
     namespace, _, op = name.partition("::")
-    return namespace in ("aten", "prim", "prims") and op not in NO_COMPUTE and op.rstrip("_") not in NO_COMPUTE
+    return namespace in TORCH_NAMESPACES and op not in NO_COMPUTE and op.rstrip("_") not in NO_COMPUTE
 
 
 def _numel(shape: list) -> int:
@@ -354,15 +417,18 @@ def _numel(shape: list) -> int:
     return n
 
 
-def profile_call(model: Any, inputs: list[Any]) -> dict[str, Any]:
-    """Run once under the op log: aten compute work on every thread, custom ops, native extension and ctypes
-    calls, and whether the log stayed intact."""
+def profile_call(model: Any, inputs: list[Any], places: Places,
+                 launches: Callable[[], Iterable[tuple[int, int, int, int, int]]] = tuple) -> dict[str, Any]:
+    """Run once under the op log: aten compute work on every thread, calls into native code and ctypes libraries the
+    candidate built, and whether the log stayed intact. Custom op names and record_function labels are not evidence
+    of anything: a candidate chooses them."""
     global _counting, _ctypes_calls
     native: set[str] = set()
+    libraries = own_libraries(places)
 
     def profiler(frame, event, arg):
         if event == "c_call":
-            name = _foreign(arg)
+            name = own_native(arg, places, libraries)
             if name:
                 native.add(name)
 
@@ -376,8 +442,8 @@ def profile_call(model: Any, inputs: list[Any]) -> dict[str, Any]:
             sys.setprofile(None)
             _counting = False
 
-    log = measure_work(run, all_threads=True)
-    own = sorted(native) + sorted(log.custom)
+    log = measure_work(run, all_threads=True, launches=launches)
+    own = sorted(native)
     if _ctypes_calls:
         own.append(f"{_ctypes_calls} ctypes call(s)")
     return {"compute": log.compute, "own_kernels": own, "intact": log.sentinel_seen}

@@ -6,31 +6,37 @@ here, in a process the candidate never runs in. Check ids (stable):
 
   compile             the candidate imports, builds (CUDA: nvcc -Xptxas -v report) and constructs
   correctness         every input set within the dtype's tolerance of a float64 reference (numerics.py),
-                      special values (±inf, NaN, masked rows) included, every Triton program order included
+                      special values (±inf, NaN, masked rows), non-contiguous layouts, a large mean offset, rows
+                      permuted and sizes past the scaled ones included, every Triton program order included
   unwritten_output    CPU allocations are poisoned (GPU: NaN-filled); no poison may remain in an output
-  out_of_bounds       guard regions around every input buffer intact; Triton: every access inside an argument
-                      (interpreter instrumentation); CUDA on a GPU: compute-sanitizer memcheck
-  race                Triton: no address written by one program and touched by another, same bits in reversed
-                      and shuffled program order (float atomic adds excepted: reported as a property); CUDA on
-                      a GPU: racecheck and synccheck
+  out_of_bounds       guard regions around every input buffer (and in a strided one's gaps) intact; Triton: every
+                      access inside an argument (interpreter instrumentation); CUDA on a GPU: memcheck
+  race                Triton: no address written by one program and touched by another unless under one lock or by
+                      commuting atomics, same bits in shuffled program order (kernels with float atomic adds or
+                      locked writes kept in natural order) and in reversed order unless those kernels explain it;
+                      no Triton launch on a CPU: right with one thread and with more threads than cores; CUDA on a
+                      GPU: racecheck and synccheck
   nondeterminism      two runs on the same inputs are bit-identical (with require_deterministic, also in every
                       program order)
   input_mutation      inputs, parameters and buffers unchanged afterwards
-  output_aliasing     outputs share memory with no input, parameter or earlier output
-  reference_fallback  the candidate launches a kernel of its own, and PyTorch ops (profiled on every thread)
-                      do under half the reference's work; a disturbed op log fails
+  output_aliasing     outputs share memory with no input, parameter or output held from an earlier call
+  reference_fallback  the candidate runs code of its own (where the code lives decides, not names), PyTorch ops
+                      (profiled on every thread) do under half the reference's work, and on a CPU the libraries'
+                      sampled CPU time per call is under half the reference's; a disturbed op log fails
   result_caching      new values in the same tensors, one element at a time too, and new weights in the same
-                      parameters give new results
+                      parameters (by name, else in registration order) give new results
   precision_downcast  float32 results not at bfloat16/float16 accuracy
-  side_stream         no output changes after the call returns or before the job ends; no thread (OS-level) left
+  side_stream         no output changes after the call returns or before the job ends; the candidate's threads use
+                      no CPU after a call returns or between calls
   timing_tamper       clocks, synchronisation and comparison functions unpatched; no lazy tensor subclasses
-  harness_tamper      the harness's modules, functions, patched attributes and channel untouched
+  harness_tamper      the harness's modules, functions, patched attributes, channel and audit channel untouched
   timeout, crash, sandbox_violation   from the sandbox
 """
 
 from __future__ import annotations
 
-import copy
+import importlib.util
+import random
 import secrets
 import time
 from pathlib import Path
@@ -103,6 +109,13 @@ def task_from_reference(path: Path) -> Task:
                 floor_us=0.0)
 
 
+def interpreted_triton(device: str) -> bool:
+    """Whether a job's runner runs Triton in its interpreter, with the interpreter's checks: on a CPU wherever Triton
+    is installed, whatever the candidate's source says (a kernel defined in an imported package, Liger-Kernel's, is
+    a Triton kernel too; there is no other way Triton runs on a CPU). The verdict then judges the launches it saw."""
+    return device == "cpu" and importlib.util.find_spec("triton") is not None
+
+
 def verify(task: Task, reference_path: Path, candidate_path: Path, workdir: Path, *, seed: int | None = None,
            timeout: float = 300.0, env: dict[str, str] | None = None, device: str = "cpu", trials: int = 1,
            require_deterministic: bool = False) -> Verdict:
@@ -119,23 +132,24 @@ def verify(task: Task, reference_path: Path, candidate_path: Path, workdir: Path
     plan = casemod.plan(module, task, seed, trials)
     init_seed = seed + 1
     casemod.check_strength(module, plan, init_seed)
-    references = []
-    for i, init in enumerate(plan.init_args):
-        torch.manual_seed(init_seed)
-        references.append(module.Model(*init).eval())
-        torch.save(references[-1].state_dict(), workdir / f"state_dict_{i}.pt")
+    references = casemod.References(module, plan.init_args, init_seed)
+    for i in range(len(plan.init_args)):
+        references.build(i)
+        torch.save(references.state_dicts[i], workdir / f"state_dict_{i}.pt")
     main = plan.cases[0].model
-    alt_reference = _alt_reference(references[main], seed)
-    torch.save(alt_reference.state_dict(), workdir / "alt_state_dict.pt")
-    sent = [[guard(x) for x in case.inputs] for case in plan.cases]
+    alt_weights = references.reweighted(main, seed)
+    torch.save(alt_weights, workdir / "alt_state_dict.pt")
+    fronts = random.Random(seed).choices((True, False), k=sum(len(case.inputs) for case in plan.cases))
+    sent = [[guard(x, fronts.pop()) for x in case.inputs] for case in plan.cases]
     torch.save(SentPlan(init_args=plan.init_args, fresh=plan.fresh, changed=plan.changed,
                         cases=[SentCase(label=c.label, model=c.model, inputs=inputs)
                                for c, inputs in zip(plan.cases, sent, strict=True)]).model_dump(), workdir / "plan.pt")
-    source = candidate_path.read_text(errors="replace")
-    triton = "triton" in source and device == "cpu"  # Triton's interpreter checks; a GPU compiles the kernels
+    triton = interpreted_triton(device)
     job = VerifyJob(candidate=str(candidate_path.resolve()), plan=str((workdir / "plan.pt").resolve()),
                     state_dicts=[str((workdir / f"state_dict_{i}.pt").resolve()) for i in range(len(plan.init_args))],
-                    alt_state_dict=str((workdir / "alt_state_dict.pt").resolve()), init_seed=init_seed, triton=triton,
+                    alt_state_dict=str((workdir / "alt_state_dict.pt").resolve()),
+                    param_names=[n for n, _ in references.build(main).named_parameters()], init_seed=init_seed,
+                    triton=triton,
                     device=device)
     job_env = {**library_env(device), **({"TRITON_INTERPRET": "1"} if triton else {}), **(env or {})}
     gpu = assigned_gpu() if device == "cuda" else None
@@ -152,8 +166,8 @@ def verify(task: Task, reference_path: Path, candidate_path: Path, workdir: Path
         except Exception as exc:
             checks.append(Check(id="crash", status="fail", detail=f"outputs not readable safely: {exc}"[:500]))
         else:
-            judge = Judge(task, plan, references, sent, report, outputs, triton, device,
-                          alt_reference=alt_reference, require_deterministic=require_deterministic)
+            judge = Judge(task, plan, references, sent, report, outputs, device, alt_weights=alt_weights,
+                          require_deterministic=require_deterministic)
             checks += judge.checks()
             properties = judge.properties
             if device == "cuda":
@@ -182,19 +196,6 @@ def verify(task: Task, reference_path: Path, candidate_path: Path, workdir: Path
                    protections=[excerpt(p) for p in result.protections], seed=seed, notes=[scrub(n) for n in notes])
 
 
-def _alt_reference(reference: torch.nn.Module, seed: int) -> torch.nn.Module:
-    """The reference with every float parameter scaled elementwise by a random factor in [0.5, 1.5): the weights
-    the candidate gets copied into its own parameters for the result_caching check (buffers stay as they are)."""
-    alt = copy.deepcopy(reference)
-    gen = torch.Generator().manual_seed(seed + 7)
-    with torch.no_grad():
-        for param in alt.parameters():
-            if param.is_floating_point():
-                factor = 0.5 + torch.rand(param.shape, generator=gen, dtype=torch.float32)
-                param.mul_(factor.to(param.dtype))
-    return alt.eval()
-
-
 def _sanitize_job(job: VerifyJob, plan: casemod.Plan, sent: list[list[Any]], workdir: Path) -> SanitizeJob:
     """The sanitizer's job sees only the main input set (it runs the candidate in one process)."""
     torch.save(SentPlan(init_args=plan.init_args[:1], cases=[SentCase(label=plan.cases[0].label, model=0,
@@ -206,9 +207,13 @@ def _sanitize_job(job: VerifyJob, plan: casemod.Plan, sent: list[list[Any]], wor
 
 
 def _merge(a: Check, b: Check) -> Check:
-    """Two findings for one check id: failing wins; a check that ran beats one that did not."""
+    """Two findings for one check id: failing wins; a check that ran beats one that did not, and says why the other
+    did not run (a verdict on a GPU names the sanitizer tool that could not run)."""
     if a.status == "not_run" or b.status == "not_run":
-        return b if a.status == "not_run" else a
+        ran, other = (b, a) if a.status == "not_run" else (a, b)
+        if ran.status == "not_run":
+            return ran
+        return Check(id=ran.id, status=ran.status, detail=f"{ran.detail}; {other.detail}"[:1500])
     status = "fail" if "fail" in (a.status, b.status) else "pass"
     return Check(id=a.id, status=status, detail=f"{a.detail}; {b.detail}"[:1500])
 
@@ -255,6 +260,7 @@ def _ptxas_summary(report: PtxasReport) -> str:
         return "nvcc failed"
     parts = [f"{excerpt(k.kernel, 80)}: {k.registers} registers, {k.smem_bytes} B smem, "
              f"{k.spill_store_bytes + k.spill_load_bytes} B spilled" for k in report.kernels]
-    return "nvcc -arch=sm_90 -Xptxas -v: " + ("; ".join(parts) or "no kernels")
+    arches = ",".join(sorted({k.arch for k in report.kernels})) or "?"
+    return f"nvcc -arch={arches} -Xptxas -v: " + ("; ".join(parts) or "no kernels")
 
 

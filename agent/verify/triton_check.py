@@ -1,16 +1,21 @@
 """Race and bounds checking for Triton kernels on any machine, through Triton's CPU interpreter.
 
 Installed in the sandboxed child before the candidate is imported. Every load, store and atomic the
-interpreter executes is recorded per program of the launch, as addresses; the launch's tensor arguments
-give the address ranges it may touch. After the launch:
+interpreter executes is recorded per program of the launch, as addresses, with the locks the program held
+and, for atomics, their operation; the launch's tensor arguments give the address ranges it may touch. After
+the launch:
 - `out_of_bounds`: an access (masked-off lanes excluded) outside every argument tensor's extent. Such lanes
   are masked off before the interpreter performs them, so the run goes on instead of reading wild memory.
-- `race`: an address that one program writes and another program reads or writes, unless both accesses are
-  atomics.
+- `race`: an address that one program writes and another program reads or writes, unless every access to it
+  was made under one common lock (Eraser's lockset rule: a lock is a word a program took with
+  `tl.atomic_cas(lock, 0, 1)` and gives back with an atomic exchange, as Triton's layer-norm tutorial does), or
+  all of them are atomics of one order-independent operation (add, max, min, and, or, xor). Exchanges and
+  compare-and-swaps by several programs at one address outside a lock are races: the last one wins.
 The grid can also be run in reversed or shuffled program order (`set_order`), so results that depend on the
 order programs run in show up as differing bits. Float atomic adds (`tl.atomic_add` on floats, split
-reductions) are counted per launch: they make results depend on program order legitimately (fp32 sums are
-not associative), which the verifier reports as a property instead of a race.
+reductions) and writes made inside a lock make a kernel's results depend on program order legitimately (fp32
+sums are not associative): such launches report it, and the harness keeps those kernels in natural order when
+it asks for a shuffled one, so that every other kernel must still give the same bits.
 
 `triton.language.extra.libdevice` is only stubs until a GPU backend compiles the kernel, so the interpreter
 cannot run kernels that import from it (Liger-Kernel's RMSNorm takes `rsqrt` from there): install() gives the
@@ -24,6 +29,8 @@ which program order it actually ran in.
 from __future__ import annotations
 
 import random
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,15 +50,30 @@ LIBDEVICE = {
 }
 
 
+READ, WRITE, ATOMIC = 0, 1, 2
+NO_OP, CAS = -1, 100  # an access that is no atomic; a compare-and-swap (the others are ir.ATOMIC_OP's values)
+ORDERED_OPS = (10, CAS)  # exchange, compare-and-swap: the result depends on which program comes last
+
+
 @dataclass
 class _Launch:
     kernel: str
     grid: tuple[int, int, int]
     args: list[tuple[str, int, int]]  # (name, first byte, end byte), sorted by first byte
     program: int = 0
-    accesses: dict[str, list[tuple[np.ndarray, int]]] = field(
-        default_factory=lambda: {"read": [], "write": [], "atomic": []})
+    # (byte addresses, program, READ/WRITE/ATOMIC, id of the set of locks held, atomic operation or NO_OP)
+    entries: list[tuple[np.ndarray, int, int, int, int]] = field(default_factory=list)
+    held: set[int] = field(default_factory=set)  # lock words (first byte) the running program holds
+    locksets: dict[frozenset[int], int] = field(default_factory=lambda: {frozenset(): 0})
+    lock_bytes: set[int] = field(default_factory=set)  # every byte of every word used as a lock
     float_atomic_adds: int = 0
+    locked_writes: int = 0  # plain writes made while holding a lock: their order is the lock's
+
+    def lockset(self) -> int:
+        return self.locksets.setdefault(frozenset(self.held), len(self.locksets))
+
+    def order_dependent(self) -> bool:
+        return bool(self.float_atomic_adds or self.locked_writes)
 
 
 @dataclass
@@ -61,30 +83,49 @@ class TritonReport:
     kernels: set[str] = field(default_factory=set)
     out_of_bounds: list[str] = field(default_factory=list)
     races: list[str] = field(default_factory=list)
-    float_atomic_kernels: set[str] = field(default_factory=set)  # kernels whose results may depend on order
+    order_dependent_kernels: set[str] = field(default_factory=set)  # float atomic adds, or writes inside a lock
 
     def as_dict(self) -> dict[str, Any]:
         return {"launches": self.launches, "programs": self.programs, "kernels": sorted(self.kernels),
                 "out_of_bounds": self.out_of_bounds, "races": self.races,
-                "float_atomic_kernels": sorted(self.float_atomic_kernels)}
+                "order_dependent_kernels": sorted(self.order_dependent_kernels)}
 
 
 REPORT = TritonReport()
-_state: dict[str, Any] = {"launch": None, "order": "natural", "seed": 0}
+MAX_WINDOWS = 4096
+# (thread, start, end on CLOCK_MONOTONIC, start, end on the wall clock) of the latest launches: sampling.places counts
+# the CPU time a thread spent inside one (the interpreter running the candidate's program) as the candidate's own, and
+# probes.measure_work leaves the interpreter's own copies of the arguments out of PyTorch's work
+WINDOWS: list[tuple[int, int, int, int, int]] = []
+_state: dict[str, Any] = {"launch": None, "order": "natural", "seed": 0, "pinned": frozenset()}
 Sink = Callable[[str, dict[str, Any]], None]
 _sink: Sink | None = None  # a module-level callable: the runner's seal notices if it is swapped out
 
 
-def set_order(order: str, seed: int = 0) -> None:
-    """Program order for the following launches: natural, reversed or shuffled."""
-    _state["order"], _state["seed"] = order, seed
+def recent_windows() -> tuple[tuple[int, int, int, int, int], ...]:
+    return tuple(WINDOWS)
 
 
-def _program_order(grid: tuple[int, int, int]) -> list[tuple[int, int, int]]:
+def set_order(order: str, seed: int = 0, pinned: frozenset[str] = frozenset()) -> None:
+    """Program order for the following launches: natural, reversed or shuffled; kernels in `pinned` (those whose
+    results depend on program order legitimately) keep the natural order."""
+    _state["order"], _state["seed"], _state["pinned"] = order, seed, frozenset(pinned)
+
+
+def order_dependent() -> frozenset[str]:
+    """The kernels seen so far whose results depend on program order legitimately."""
+    return frozenset(REPORT.order_dependent_kernels)
+
+
+def order_for(kernel: str) -> str:
+    return "natural" if kernel in _state["pinned"] else _state["order"]
+
+
+def _program_order(grid: tuple[int, int, int], order: str) -> list[tuple[int, int, int]]:
     programs = [(x, y, z) for x in range(grid[0]) for y in range(grid[1]) for z in range(grid[2])]
-    if _state["order"] == "reversed":
+    if order == "reversed":
         programs.reverse()
-    elif _state["order"] == "shuffled":
+    elif order == "shuffled":
         random.Random(_state["seed"]).shuffle(programs)
     return programs
 
@@ -139,75 +180,130 @@ def _found(kind: str, text: str) -> None:
         _sink("triton_finding", {"kind": kind, "text": text})
 
 
-def _record(ptrs: Any, mask: Any, kind: str) -> Any:
-    """Check and record one memory operation; returns the mask with out-of-bounds lanes switched off."""
+def _record(ptrs: Any, mask: Any, kind: int, op: int = NO_OP) -> Any:
+    """Check and record one memory operation; returns the mask with out-of-bounds lanes switched off (None stays
+    None where every lane is inside)."""
     launch: _Launch | None = _state["launch"]
     if launch is None:
         return mask
-    addrs = np.asarray(ptrs.data, dtype=np.uint64)
-    active = np.ones(addrs.shape, dtype=bool) if mask is None else np.broadcast_to(mask.data, addrs.shape)
+    addrs = np.atleast_1d(np.asarray(ptrs.data, dtype=np.uint64))
+    # a mask may come as 0/1 integers (`a & (row < n)` with a scalar): as an index array it would pick element 0
+    active = np.ones(addrs.shape, dtype=bool) if mask is None else \
+        np.broadcast_to(np.asarray(mask.data).astype(bool), addrs.shape)
     nbytes = max(1, ptrs.get_element_ty().primitive_bitwidth // 8)
     live = addrs[active]
-    inside = _check_bounds(launch, live, nbytes, kind)
+    inside = _check_bounds(launch, live, nbytes, ("read", "write", "atomic")[kind])
     byte_addrs = (live[inside][:, None] + np.arange(nbytes, dtype=np.uint64)).ravel()
-    launch.accesses[kind].append((byte_addrs, launch.program))
+    launch.entries.append((byte_addrs, launch.program, kind, launch.lockset(), op))
+    if kind == WRITE and launch.held:
+        launch.locked_writes += 1
     if inside.all():
         return mask
     safe = active.copy()
     safe[active] = inside
-    return type(mask)(safe, mask.dtype) if mask is not None else safe
+    return type(mask)(safe.astype(np.asarray(mask.data).dtype), mask.dtype) if mask is not None else safe
 
 
-def _pairs(entries: list[tuple[np.ndarray, int]]) -> tuple[np.ndarray, np.ndarray]:
-    """Unique (address, program) pairs, sorted by address."""
+def _words(ptrs: Any, lanes: np.ndarray) -> list[int]:
+    return [int(a) for a in np.atleast_1d(np.asarray(ptrs.data, dtype=np.uint64))[lanes]]
+
+
+def _took(launch: _Launch, ptr: Any, cmp: Any, old: Any) -> None:
+    """A compare-and-swap that found the value it compared with took a lock: the program holds that word."""
+    acquired = np.atleast_1d(np.asarray(old.data) == np.asarray(cmp.data))
+    nbytes = max(1, ptr.get_element_ty().primitive_bitwidth // 8)
+    for word in _words(ptr, acquired):
+        launch.held.add(word)
+        launch.lock_bytes.update(range(word, word + nbytes))
+
+
+def _gave_back(launch: _Launch, ptr: Any) -> None:
+    """An atomic exchange on a word the program holds releases it."""
+    for word in _words(ptr, np.ones(np.atleast_1d(np.asarray(ptr.data)).shape, dtype=bool)):
+        launch.held.discard(word)
+
+
+def _pairs(launch: _Launch) -> dict[str, np.ndarray]:
+    """Every distinct (address, program, kind, lockset, operation), sorted by address; atomics on lock words (the
+    locking itself) left out."""
+    entries = [e for e in launch.entries if e[0].size]
     if not entries:
-        return np.zeros(0, np.uint64), np.zeros(0, np.int64)
-    addrs = np.concatenate([a for a, _ in entries])
-    progs = np.concatenate([np.full(a.size, p, np.int64) for a, p in entries])
-    order = np.lexsort((progs, addrs))
-    addrs, progs = addrs[order], progs[order]
-    keep = np.ones(addrs.size, dtype=bool)
-    keep[1:] = (addrs[1:] != addrs[:-1]) | (progs[1:] != progs[:-1])
-    return addrs[keep], progs[keep]
+        return {}
+    cols = {"addr": np.concatenate([e[0] for e in entries])}
+    for i, name in enumerate(("prog", "kind", "lock", "op"), start=1):
+        cols[name] = np.concatenate([np.full(e[0].size, e[i], np.int64) for e in entries])
+    if launch.lock_bytes:
+        keep = ~((cols["kind"] == ATOMIC) & np.isin(cols["addr"], np.fromiter(launch.lock_bytes, np.uint64)))
+        cols = {k: v[keep] for k, v in cols.items()}
+    order = np.lexsort((cols["op"], cols["lock"], cols["kind"], cols["prog"], cols["addr"]))
+    cols = {k: v[order] for k, v in cols.items()}
+    first = np.ones(cols["addr"].size, dtype=bool)
+    first[1:] = np.any([v[1:] != v[:-1] for v in cols.values()], axis=0) if cols["addr"].size > 1 else True
+    return {k: v[first] for k, v in cols.items()}
 
 
-def _owners(addrs: np.ndarray, progs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per distinct address: lowest and highest program touching it."""
-    if addrs.size == 0:
-        return addrs, progs, progs
-    starts = np.flatnonzero(np.r_[True, addrs[1:] != addrs[:-1]])
-    return addrs[starts], np.minimum.reduceat(progs, starts), np.maximum.reduceat(progs, starts)
+def _groups(addr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(first index of each address's run, the run each element belongs to)."""
+    new = np.r_[True, addr[1:] != addr[:-1]]
+    return np.flatnonzero(new), np.cumsum(new) - 1
 
 
-def _conflict(launch: _Launch, what: str, owners: tuple, addrs: np.ndarray, progs: np.ndarray) -> None:
-    """Accesses (addrs, progs) to addresses that `owners` touched from another program."""
-    keys, lo, hi = owners
-    if keys.size == 0 or addrs.size == 0 or len(REPORT.races) >= MAX_FINDINGS:
-        return
-    idx = np.clip(np.searchsorted(keys, addrs), 0, keys.size - 1)
-    hit = (keys[idx] == addrs) & ((lo[idx] != progs) | (hi[idx] != progs))
-    if hit.any():
-        first = int(np.flatnonzero(hit)[0])
-        other = int(lo[idx[first]] if lo[idx[first]] != progs[first] else hi[idx[first]])
-        _found("race", f"{launch.kernel}: {what} at {int(hit.sum())} byte(s); e.g. "
-                       f"{_where(launch, int(addrs[first]))} by programs {_program_name(launch, other)} and "
-                       f"{_program_name(launch, int(progs[first]))}")
+def _protected(launch: _Launch, c: dict[str, np.ndarray], starts: np.ndarray, gid: np.ndarray) -> np.ndarray:
+    """Per address: every access to it was made holding one common lock."""
+    lo, hi = np.minimum.reduceat(c["lock"], starts), np.maximum.reduceat(c["lock"], starts)
+    protected = (lo == hi) & (lo > 0)
+    mixed = np.flatnonzero((lo > 0) & (lo != hi))
+    if mixed.size:
+        sets = {i: s for s, i in launch.locksets.items()}
+        for g in mixed[:4096]:  # held locks that differ but overlap (nested locks): rare
+            ids = np.unique(c["lock"][gid == g])
+            protected[g] = bool(frozenset.intersection(*(sets[int(i)] for i in ids)))
+    return protected
 
 
 def _check_races(launch: _Launch) -> None:
-    reads, writes, atomics = (_pairs(launch.accesses[k]) for k in ("read", "write", "atomic"))
-    write_owners = _owners(*writes)
-    keys, lo, hi = write_owners
-    multi = lo != hi
-    if multi.any() and len(REPORT.races) < MAX_FINDINGS:
-        i = int(np.flatnonzero(multi)[0])
-        _found("race", f"{launch.kernel}: write-write at {int(multi.sum())} byte(s); e.g. "
-                       f"{_where(launch, int(keys[i]))} by programs {_program_name(launch, int(lo[i]))} "
-                       f"and {_program_name(launch, int(hi[i]))}")
-    _conflict(launch, "read-write", write_owners, *reads)
-    atomic_owners = _owners(*atomics)
-    _conflict(launch, "atomic vs plain write", atomic_owners, *writes)
-    _conflict(launch, "atomic vs plain read", atomic_owners, *reads)
+    c = _pairs(launch)
+    if not c:
+        return
+    starts, gid = _groups(c["addr"])
+    shared = np.minimum.reduceat(c["prog"], starts) != np.maximum.reduceat(c["prog"], starts)
+    if not shared.any():
+        return
+    c = {k: v[shared[gid]] for k, v in c.items()}
+    starts, gid = _groups(c["addr"])
+    open_ = ~_protected(launch, c, starts, gid)
+    prog, kind, big = c["prog"], c["kind"], np.iinfo(np.int64).max
+
+    def span(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return np.minimum.reduceat(np.where(mask, prog, big), starts), np.maximum.reduceat(np.where(mask, prog, -1),
+                                                                                            starts)
+
+    def other_than(mask: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+        """Per address: an access of `mask` by a program other than the ones in [lo, hi] (hi >= 0: any at all)."""
+        hit = mask & (hi[gid] >= 0) & ((prog != lo[gid]) | (prog != hi[gid]))
+        return np.maximum.reduceat(hit.astype(np.int8), starts) > 0
+
+    reads, writes, atomics = kind == READ, kind == WRITE, kind == ATOMIC
+    wlo, whi = span(writes)
+    alo, ahi = span(atomics)
+    ops = np.where(atomics, c["op"], big)
+    olo, ohi = np.minimum.reduceat(ops, starts), np.maximum.reduceat(np.where(atomics, c["op"], -1), starts)
+    findings = {
+        "write-write": (whi >= 0) & (wlo != whi),
+        "read-write": other_than(reads, wlo, whi),
+        "atomic vs plain write": other_than(atomics, wlo, whi),
+        "atomic vs plain read": other_than(reads, alo, ahi),
+        "atomics that do not commute (exchange, compare-and-swap, or different operations)":
+            (ahi >= 0) & (alo != ahi) & ((olo != ohi) | np.isin(olo, ORDERED_OPS)),
+    }
+    lo, hi = np.minimum.reduceat(prog, starts), np.maximum.reduceat(prog, starts)
+    for what, found in findings.items():
+        hit = found & open_
+        if hit.any() and len(REPORT.races) < MAX_FINDINGS:
+            g = int(np.flatnonzero(hit)[0])
+            _found("race", f"{launch.kernel}: {what} at {int(hit.sum())} byte(s); e.g. "
+                           f"{_where(launch, int(c['addr'][starts[g]]))} by programs "
+                           f"{_program_name(launch, int(lo[g]))} and {_program_name(launch, int(hi[g]))}")
 
 
 def _bf16_as_fp32(handle: Any) -> Any:
@@ -277,7 +373,7 @@ def install(sink: Sink | None = None) -> None:
 
     global _sink
     _sink = sink
-    float_add = ir.ATOMIC_OP.FADD
+    float_add, exchange = ir.ATOMIC_OP.FADD, ir.ATOMIC_OP.XCHG
     _interpretable_libdevice()
 
     builder_cls = interp.InterpreterBuilder
@@ -285,28 +381,43 @@ def install(sink: Sink | None = None) -> None:
     rmw, cas = builder_cls.create_atomic_rmw, builder_cls.create_atomic_cas
 
     def masked_load(self, ptrs, mask, other, *rest):
-        return load(self, ptrs, _record(ptrs, mask, "read"), other, *rest)
+        return load(self, ptrs, _record(ptrs, mask, READ), other, *rest)
 
     def masked_store(self, ptrs, value, mask, *rest):
-        return store(self, ptrs, value, _record(ptrs, mask, "write"), *rest)
+        return store(self, ptrs, value, _record(ptrs, mask, WRITE), *rest)
 
     def atomic_rmw(self, op, ptr, val, mask, *rest):
         launch = _state["launch"]
         if launch is not None and op == float_add:
             launch.float_atomic_adds += 1
-        return rmw(self, op, ptr, val, _record(ptr, mask, "atomic"), *rest)
+        out = rmw(self, op, ptr, val, _record(ptr, mask, ATOMIC, int(op)), *rest)
+        if launch is not None and op == exchange and launch.held:
+            _gave_back(launch, ptr)
+        return out
 
     def atomic_cas(self, ptr, cmp, val, *rest):
-        mask = _record(ptr, None, "atomic")
-        if not np.all(mask):
+        safe = _record(ptr, None, ATOMIC, CAS)  # no mask: every lane takes part
+        if safe is not None and not np.all(safe):
             raise RuntimeError("atomic_cas outside every argument (recorded as out_of_bounds)")
-        return cas(self, ptr, cmp, val, *rest)
+        old = cas(self, ptr, cmp, val, *rest)
+        launch = _state["launch"]
+        if launch is not None:
+            _took(launch, ptr, cmp, old)
+        return old
 
     builder_cls.create_masked_load, builder_cls.create_masked_store = masked_load, masked_store
     builder_cls.create_atomic_rmw, builder_cls.create_atomic_cas = atomic_rmw, atomic_cas
     builder_cls.create_dot = _dot_with_bf16(builder_cls.create_dot)
 
     def call(self, *args_dev, **kwargs):
+        started, wall = time.monotonic_ns(), time.time_ns()
+        try:
+            run_grid(self, *args_dev, **kwargs)
+        finally:
+            del WINDOWS[:-MAX_WINDOWS]
+            WINDOWS.append((threading.get_native_id(), started, time.monotonic_ns(), wall, time.time_ns()))
+
+    def run_grid(self, *args_dev, **kwargs):
         # Mirrors GridExecutor.__call__ of the pinned Triton, with a recorded launch and a chosen program order.
         argspec = inspect.getfullargspec(self.fn)
         kwargs = {k: v for k, v in kwargs.items() if k in argspec.args}
@@ -326,10 +437,12 @@ def install(sink: Sink | None = None) -> None:
             grid = tuple(grid) + (1,) * (3 - len(grid))
             interp.interpreter_builder.set_grid_dim(*grid)
             launch = _Launch(kernel=self.fn.__name__, grid=grid, args=sorted(spans, key=lambda s: s[1]))
+            order = order_for(launch.kernel)
             _state["launch"] = launch
             try:
-                for x, y, z in _program_order(grid):
+                for x, y, z in _program_order(grid, order):
                     launch.program = (x * grid[1] + y) * grid[2] + z
+                    launch.held.clear()
                     interp.interpreter_builder.set_grid_idx(x, y, z)
                     self.fn(**args)
             except Exception as e:
@@ -340,11 +453,12 @@ def install(sink: Sink | None = None) -> None:
             REPORT.launches += 1
             REPORT.programs += grid[0] * grid[1] * grid[2]
             REPORT.kernels.add(launch.kernel)
-            if launch.float_atomic_adds:
-                REPORT.float_atomic_kernels.add(launch.kernel)
+            if launch.order_dependent():
+                REPORT.order_dependent_kernels.add(launch.kernel)
             if sink is not None:
                 sink("triton_launch", {"kernel": launch.kernel, "programs": grid[0] * grid[1] * grid[2],
-                                       "order": _state["order"], "float_atomic_adds": launch.float_atomic_adds})
+                                       "order": order, "float_atomic_adds": launch.float_atomic_adds,
+                                       "locked_writes": launch.locked_writes})
         finally:
             patch_scope.restore()
         self._restore_args_dev(args_dev, args_hst, kwargs, kwargs_hst)

@@ -1,0 +1,223 @@
+"""Round three's held-out classes, each with a candidate of its own in tests/verify_corpus/: correct kernels the
+verifier used to reject (a real Liger-Kernel import, a lock-protected accumulation, exact special values, transposed
+reference inputs, a torch.compile'd reference) pass, and the cheats that got through fail for the right check."""
+
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import write_module
+from test_verify import RMS_TASK
+
+from kernelbot.agent.tasks import reference_source
+from kernelbot.agent.verify import cases
+from kernelbot.agent.verify.bench import bench
+from kernelbot.agent.verify.numerics import compare
+from kernelbot.agent.verify.run import task_from_reference, verify
+from kernelbot.loading import load_module
+
+CORPUS = Path(__file__).resolve().parent / "verify_corpus"
+
+
+def _verify(tmp_path, reference: str, candidate: str, **kwargs):
+    ref = CORPUS / f"{reference}.py"
+    return verify(task_from_reference(ref), ref, CORPUS / f"{candidate}.py", tmp_path / "work", seed=4, **kwargs)
+
+
+def _failed_alone(verdict, check: str) -> None:
+    assert verdict.verdict == "fail" and verdict.failed == [check], verdict.checks
+
+
+def test_a_real_liger_kernel_softmax_passes(tmp_path):
+    pytest.importorskip("liger_kernel", reason="liger-kernel is not installed (pip install --no-deps liger-kernel)")
+    ref = write_module(tmp_path / "softmax.py", (CORPUS / "silu_ref.py").read_text().replace(
+        "torch.nn.functional.silu(x)", "torch.softmax(x, dim=-1)"))
+    cand = write_module(tmp_path / "liger" / "candidate.py", """
+from liger_kernel.ops.softmax import LigerSoftmaxFunction
+from torch import nn
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        return LigerSoftmaxFunction.apply(x)
+""")
+    verdict = verify(task_from_reference(ref), ref, cand, tmp_path / "work", seed=4)
+    assert verdict.verdict == "pass", verdict.checks
+    fallback = next(c.detail for c in verdict.checks if c.id == "reference_fallback")
+    assert "Triton launch" in fallback  # the interpreter ran the package's own kernels
+
+
+def test_a_lock_protected_accumulation_passes_and_reports_its_order_dependence(tmp_path):
+    verdict = _verify(tmp_path, "colsum_ref", "colsum_locked")
+    assert verdict.verdict == "pass", verdict.checks
+    assert any("writes inside a lock in _locked_colsum" in n for n in verdict.notes)
+
+
+def test_a_ticket_ordered_reduction_is_a_race_though_another_kernel_has_float_atomics(tmp_path):
+    verdict = _verify(tmp_path, "colsum_ref", "colsum_ticket")
+    _failed_alone(verdict, "race")
+    assert "shuffled program order (_total kept in natural order" in \
+        next(c.detail for c in verdict.checks if c.id == "race")
+
+
+def test_an_erf_gelu_exact_at_infinity_passes(tmp_path):
+    assert _verify(tmp_path, "gelu_ref", "gelu_erf").verdict == "pass"
+
+
+def test_a_special_value_must_agree_with_the_native_or_the_float64_reference():
+    native, exact = torch.tensor([float("nan"), 1.0]), torch.tensor([float("inf"), 1.0])
+    assert compare(torch.tensor([float("inf"), 1.0]), native, exact) is None
+    assert compare(torch.tensor([float("nan"), 1.0]), native, exact) is None
+    assert "positions must match" in compare(torch.tensor([float("-inf"), 1.0]), native, exact)
+    assert "positions must match" in compare(torch.tensor([0.0, 1.0]), native, exact)
+
+
+def test_a_reference_with_transposed_inputs_is_verified_in_its_own_layout(tmp_path):
+    ref = CORPUS / "transposed_ref.py"
+    cand = write_module(tmp_path / "self" / "candidate.py", ref.read_text() + "\nModelNew = Model\n")
+    verdict = verify(task_from_reference(ref), ref, cand, tmp_path / "work", seed=4)
+    _failed_alone(verdict, "reference_fallback")  # itself: right everywhere, with no kernel of its own
+
+
+def test_the_benchmark_changes_elements_of_transposed_inputs_in_place(tmp_path):
+    ref = CORPUS / "transposed_ref.py"
+    cand = write_module(tmp_path / "self" / "candidate.py", ref.read_text() + "\nModelNew = Model\n")
+    result = bench(task_from_reference(ref), ref, cand, tmp_path / "bench", rounds=2)
+    assert result.rounds == 2 and result.candidate_us > 0
+
+
+@pytest.mark.slow
+def test_a_torch_compiled_reference_against_itself_fails_only_reference_fallback(tmp_path):
+    ref = write_module(tmp_path / "compiled.py", """
+import torch
+from torch import nn
+
+
+class Model(nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.proj = nn.Linear(dim, dim)
+        self.step = torch.compile(self._step)
+
+    def _step(self, x):
+        return torch.nn.functional.gelu(self.proj(x)) * x
+
+    def forward(self, x):
+        return self.step(x)
+
+
+batch_size, dim = 8, 64
+
+
+def get_inputs():
+    return [torch.randn(batch_size, dim)]
+
+
+def get_init_inputs():
+    return [dim]
+""")
+    cand = write_module(tmp_path / "self" / "candidate.py", ref.read_text() + "\nModelNew = Model\n")
+    verdict = verify(task_from_reference(ref), ref, cand, tmp_path / "work", seed=3)
+    # a deepcopy of the reference kept running the original's weights (new weights looked stale), its compile
+    # threads looked like work left running, and its ISA probe and header hash looked like foreign programs
+    _failed_alone(verdict, "reference_fallback")
+
+
+@pytest.mark.slow
+def test_a_cpp_kernel_that_takes_its_chunks_for_its_threads_fails_race_with_one_thread(tmp_path):
+    load_module(CORPUS / "rowsum_threads.py", "kb_test_rowsum_threads")  # builds it (cached): the sandbox cannot
+    verdict = _verify(tmp_path, "rowsum_ref", "rowsum_threads")
+    _failed_alone(verdict, "race")
+    assert "(one thread)" in next(c.detail for c in verdict.checks if c.id == "race")
+
+
+@pytest.mark.parametrize("reference,candidate,label", [
+    ("silu_ref", "silu_flat", "non-contiguous inputs"),
+    ("layernorm_ref", "layernorm_one_pass", "offset by a large mean"),
+    ("layernorm_ref", "rows_capped", "beyond the scaled sizes"),
+])
+def test_a_case_the_plan_never_made_catches_its_cheat(tmp_path, reference, candidate, label):
+    verdict = _verify(tmp_path, reference, candidate)
+    assert "correctness" in verdict.failed
+    assert label in next(c.detail for c in verdict.checks if c.id == "correctness")
+
+
+def test_the_two_pass_layer_norm_passes_every_case(tmp_path):
+    verdict = _verify(tmp_path, "layernorm_ref", "layernorm_two_pass")
+    assert verdict.verdict == "pass", verdict.checks
+    assert any("offset by a large mean" in c for c in verdict.cases)
+    assert any("beyond the scaled sizes" in c for c in verdict.cases)
+    assert any("rows permuted" in c for c in verdict.cases)
+
+
+@pytest.mark.parametrize("baked,verdict_", [(False, "pass"), (True, "fail")])
+def test_parameters_named_otherwise_still_get_new_weights(tmp_path, baked, verdict_):
+    ref = write_module(tmp_path / "reference.py", reference_source(RMS_TASK))
+    name = "rmsnorm_renamed_baked" if baked else "rmsnorm_renamed"
+    verdict = verify(RMS_TASK, ref, CORPUS / f"{name}.py", tmp_path / "work", seed=4)
+    assert verdict.verdict == verdict_, verdict.checks
+    caching = next(c.detail for c in verdict.checks if c.id == "result_caching")
+    if baked:
+        assert verdict.failed == ["result_caching"] and "new weights" in caching
+    else:
+        assert "so did new weights" in caching
+
+
+def _module(source: str, name: str) -> types.ModuleType:
+    module = types.ModuleType(name)
+    exec(compile(source, name, "exec"), module.__dict__)
+    sys.modules.pop(name, None)
+    return module
+
+
+ATTENTION = """
+import torch
+from torch import nn
+
+
+class Model(nn.Module):
+    def forward(self, q, k):
+        return torch.softmax(q @ k.transpose(-1, -2), dim=-1) @ k
+
+
+batch, seq, dim = 2, 32768, 64
+
+
+def get_inputs():
+    return [torch.randn(batch, seq, dim), torch.randn(batch, seq, dim)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_a_reference_whose_intermediates_need_gigabytes_is_judged_at_a_size_that_fits():
+    module = _module(ATTENTION, "kb_test_attention")
+    assert cases.footprint(module, {}) > 8 << 30  # 32k x 32k scores, twice: the inputs are 32 MiB
+    plan = cases.plan(module, _task(module), seed=1)
+    main = plan.cases[0]
+    assert main.label == "scaled" and cases.footprint(module, cases.materialize(module, {
+        "seq": main.inputs[0].shape[1]})) <= cases.SCALED_BYTES
+    assert any("intermediates alive at once" in n for n in plan.notes)
+    assert all(c.inputs[0].shape[1] < 32768 for c in plan.cases)
+
+
+def test_a_reference_over_the_original_budget_is_also_run_at_a_large_size():
+    module = _module(ATTENTION.replace("seq, dim = 2, 32768, 64", "seq, dim = 2, 4096, 64"), "kb_test_attention2")
+    plan = cases.plan(module, _task(module), seed=1)
+    large = [c for c in plan.cases if c.label.startswith("large sizes")]
+    assert len(large) == 1 and large[0].inputs[0].shape[1] > plan.cases[0].inputs[0].shape[1]
+    assert cases.ORIGINAL_BYTES < cases.footprint(module, cases.materialize(module, {
+        "seq": large[0].inputs[0].shape[1]})) <= cases.LARGE_BYTES
+
+
+def _task(module: types.ModuleType):
+    from kernelbot.records import Task
+
+    with torch.device("meta"):
+        shapes = [list(x.shape) for x in module.get_inputs()]
+    return Task(id="t", hotspot_id="", family="", module_class="Model", dtype="float32", input_shapes=shapes,
+                free_dims=[], init_args=[], share=0.0, floor_us=0.0)
