@@ -10,6 +10,7 @@ import torch
 from kernelbot.agent.timing import time_once
 from kernelbot.engine import TorchEngine
 from kernelbot.engine.graph_decode import StaticDecode
+from kernelbot.engine.serving.fidelity import distinct_ngrams
 from kernelbot.profiler import host
 from kernelbot.records import EndToEndTimes, Fidelity, KernelResult, KLCheck, Pack
 
@@ -67,6 +68,8 @@ def fidelity(engine: TorchEngine, pack: Pack, pack_dir: Path) -> Fidelity:
     finally:
         engine.remove_pack()
     _, logits_exact = engine.in_float64().generate(record_logits=True, forced=tokens_ref)
+    # compared on the host: the float64 twin may live there while the model is on a GPU
+    logits_ref, logits_new, logits_exact = ([t.cpu() for t in ls] for ls in (logits_ref, logits_new, logits_exact))
     noise, pack_error = _max_diff(logits_ref, logits_exact), _max_diff(logits_new, logits_exact)
     d_before, d_after = distinct_ngrams(tokens_ref.tolist()), distinct_ngrams(tokens_new.tolist())
     return Fidelity(max_abs_logit_diff=_max_diff(logits_ref, logits_new),
@@ -107,12 +110,6 @@ def _max_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
     return max(float((x - y).abs().max()) for x, y in zip(a, b, strict=True))
 
 
-def distinct_ngrams(sequences: list[list[int]], n: int = 3) -> float:
-    """Distinct n-grams over all n-grams in the sequences: near 0 when outputs loop on a few tokens."""
-    grams = [tuple(s[i:i + n]) for s in sequences for i in range(len(s) - n + 1)]
-    return len(set(grams)) / len(grams) if grams else 1.0
-
-
 def time_end_to_end(engine: TorchEngine, pack: Pack, pack_dir: Path, rounds: int, compiled: TorchEngine | None,
                     graphed: StaticDecode | None = None) -> EndToEndTimes:
     """Workload time in ms for eager, kernelbot-patched, torch.compile and graph-replayed decode (where given),
@@ -147,23 +144,3 @@ def apply_counts(kernels: list[KernelResult], calls: dict[str, int], fallbacks: 
 
 def median(xs: list[float]) -> float | None:
     return round(statistics.median(xs), 2) if xs else None
-
-
-def served_fidelity(before: list[dict[str, list]], after: list[dict[str, list]]) -> Fidelity:
-    """Greedy parity, token agreement, |Δ logprob| of the chosen tokens up to each output's first divergence,
-    and whether the outputs with the pack collapsed into repetition."""
-    agree = total = 0
-    worst = 0.0
-    for b, a in zip(before, after, strict=True):
-        total += len(b["ids"])
-        for tb, ta, lb, la in zip(b["ids"], a["ids"], b["logprobs"], a["logprobs"], strict=False):
-            if tb != ta:
-                break
-            agree += 1
-            worst = max(worst, abs(lb - la))
-    d_before = distinct_ngrams([b["ids"] for b in before])
-    d_after = distinct_ngrams([a["ids"] for a in after])
-    return Fidelity(max_abs_logit_diff=worst, greedy_match=agree == total and
-                    all(len(a["ids"]) == len(b["ids"]) for a, b in zip(after, before, strict=True)),
-                    token_agreement=agree / max(total, 1), distinct_3grams_before=d_before,
-                    distinct_3grams_after=d_after, repetition_collapse=d_after < 0.5 * d_before)

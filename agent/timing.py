@@ -1,5 +1,9 @@
 """The one timing protocol for a callable on a device, and the telemetry that says whether the numbers can be trusted.
 
+`timed_call`: one call of the protocol, for whatever times calls one at a time: the L2 flush queued first (on a GPU),
+then the call between the device's own stopwatch marks (device events on a GPU: the kernels' time, not their launch
+and a host synchronisation).
+
 `time_callable`: a few warm-up calls, then N timed calls. Each call gets the next input set of a pool, cycled, so no
 call sees the inputs the call before it saw (nothing can be cached between calls); each call's output goes to a
 check callback, so a callable cannot be fast by being wrong on some calls; on a GPU a buffer larger than the L2 is
@@ -21,7 +25,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from kernelbot import KernelbotError
-from kernelbot.engine.device import DeviceChoice, GpuState
+from kernelbot.engine.device import DeviceChoice, GpuState, timed_call
 from kernelbot.profiler import host
 
 Check = Callable[[int, Any], str | None]  # (input set index, output) → None when right, else what is wrong
@@ -119,13 +123,8 @@ def time_callable(fn: Callable[..., Any], input_sets: Sequence[Sequence[Any]], d
     order, times = [], []
     for c in range(calls):
         k = (warmup + c) % len(input_sets)
-        if flush is not None:
-            flush()  # queued ahead of the timed call: the GPU is busy with it while the call is launched
-        watch = device.stopwatch()
-        watch.start()
-        out = fn(*input_sets[k])
-        watch.stop()
-        times.append(watch.elapsed_ns() / 1e3)
+        us, out = timed_call(fn, input_sets[k], device.stopwatch(), flush)
+        times.append(us)
         order.append(k)
         _verify(check, k, out, f"timed call {c + 1}")
     after = telemetry(device, start)

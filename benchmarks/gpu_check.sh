@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# The prepared GPU check: on one GPU node, in at most 8.5 minutes of steps (after a preflight of seconds), with the
-# node's own torch and Triton and nothing downloaded, verify a correct and a racy Triton kernel under
-# compute-sanitizer and run
-# `kernelbot optimize --device cuda --dtype bfloat16` on the built-in model; write report.json, the verdicts,
-# the logs and summary.json into OUTDIR. Exit 0: every expectation met; 1: not; 2: this node cannot run it.
+# The prepared GPU check: on one GPU node, in at most 7 minutes of steps (after a preflight of seconds), with the
+# node's own torch and Triton and nothing downloaded: a 20-second smoke step (CUDA inside the sandbox, and under
+# compute-sanitizer), then a correct and a racy Triton kernel verified under compute-sanitizer, then
+# `kernelbot optimize --device cuda --dtype bfloat16` on the built-in model; smoke.json, report.json, the verdicts,
+# the logs and summary.json (rewritten after every step) go into OUTDIR. Exit 0: every expectation met; 1: not;
+# 2: this node cannot run it (no GPU, or modules missing: the one line says how to fetch their wheels).
 #
 #   benchmarks/gpu_check.sh [--dry-run] [--wheels DIR] OUTDIR
+#   python3 benchmarks/gpu_check/fetch_wheels.py DIR --python-version 3.12   (where an index is reachable)
 #
-# --dry-run checks the CPU-side parts (paths, imports, options) and prints the plan; it needs no GPU.
-# The steps, timeouts and expectations are in benchmarks/gpu_check/driver.py.
+# --dry-run walks every step on a CPU, each GPU step through its stub, and writes the same summary.json.
+# The steps, limits and expectations are in benchmarks/gpu_check/driver.py.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 python="${PYTHON:-python3}"

@@ -16,10 +16,10 @@ from collections.abc import Callable, Iterable
 from typing import Any, Literal, Protocol
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 
 from kernelbot import KernelbotError
-from kernelbot.records import Device
+from kernelbot.records import GpuState
 
 DeviceKind = Literal["cpu", "cuda"]
 CHOICES = ("auto", "cpu", "cuda")
@@ -32,21 +32,6 @@ _synchronize = torch.cuda.synchronize
 GRAPH_WARMUP_CALLS = 2  # lazily built state (cuBLAS handles, cache tensors) exists before capture
 
 
-class GpuState(BaseModel):
-    """One NVML reading of the GPU a run uses; every field None (and `note` saying why) where NVML is absent."""
-
-    available: bool
-    nvml_index: int | None = None
-    sm_clock_mhz: int | None = None
-    mem_clock_mhz: int | None = None
-    max_sm_clock_mhz: int | None = None
-    temperature_c: int | None = None
-    throttle_reasons: list[str] = Field(default_factory=list)
-    throttled: bool | None = None  # clocks held down for a reason other than idling
-    other_processes: list[int] | None = None  # pids on this GPU outside our own process tree
-    note: str = ""
-
-
 class Stopwatch(Protocol):
     """start() … stop(), then elapsed_ns() (which waits for the device to reach stop)."""
 
@@ -55,6 +40,18 @@ class Stopwatch(Protocol):
     def stop(self) -> None: ...
 
     def elapsed_ns(self) -> int: ...
+
+
+def timed_call(fn: Callable[..., Any], args: Iterable[Any], watch: Stopwatch,
+               flush: Callable[[], None] | None = None) -> tuple[float, Any]:
+    """(µs, output) of fn(*args): `flush` first (queued ahead of the call on a GPU: the device is busy with it while
+    the call is launched), then the call between `watch`'s marks."""
+    if flush is not None:
+        flush()
+    watch.start()
+    out = fn(*args)
+    watch.stop()
+    return watch.elapsed_ns() / 1e3, out
 
 
 class HostStopwatch:
@@ -146,6 +143,18 @@ class DeviceChoice(BaseModel):
             return None
         return int(getattr(torch.cuda.get_device_properties(self.index), "L2_cache_size", 0)) or None
 
+    def free_bytes(self) -> int | None:
+        """The device's free memory now; None on a CPU (the host's memory is the OS's to manage)."""
+        if not self.is_gpu:
+            return None
+        return int(torch.cuda.mem_get_info(self.index)[0])
+
+    def holds(self, nbytes: int) -> bool:
+        """Whether `nbytes` more fit in the device's free memory with a quarter to spare (activations, a KV cache);
+        a CPU always holds them."""
+        free = self.free_bytes()
+        return free is None or 1.25 * nbytes <= free
+
     def l2_flusher(self) -> Callable[[], None] | None:
         """A call that writes a buffer larger than the GPU's L2, so the next timed call starts with a cold cache;
         None on a CPU (its caches are not flushed: a CPU run times warm calls)."""
@@ -231,24 +240,6 @@ def read_gpu_state(nvml: Any, handle: Any, own_pids: set[int]) -> GpuState:
         temperature_c=int(nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU)),
         throttle_reasons=decode_reasons(mask), throttled=bool(mask & ~0x1),  # 0x1: idle, not a slowdown
         other_processes=sorted(pids - own_pids))
-
-
-def device_record(choice: DeviceChoice, dtype: str) -> Device:
-    """The run's Device record: a CPU's peaks measured now; a GPU's from the datasheet table, at the dtype's rate
-    (tensor cores for bf16/fp16, plain fp32 otherwise), with its multiprocessors as threads."""
-    if not choice.is_gpu:
-        from kernelbot.profiler.device import measure_cpu
-
-        return measure_cpu()
-    from kernelbot.profiler.peaks import lookup
-
-    peaks = lookup([{"name": choice.name}])
-    if peaks is None:
-        raise KernelbotError(f"no peaks known for {choice.name}: add its row to profiler/peaks.py, or run with "
-                             "--device cpu")
-    sms = torch.cuda.get_device_properties(choice.index).multi_processor_count
-    return Device(kind="cuda", name=choice.name, threads=sms, peak_gflops=peaks.tflops(dtype) * 1e3,
-                  peak_gbps=peaks.gbps, peaks_source=f"{peaks.source}, {dtype} peak")
 
 
 def gpu_missing_reason() -> str | None:

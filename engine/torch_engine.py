@@ -32,6 +32,20 @@ def _without_grouped_experts(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
+def _tensors(model: torch.nn.Module) -> list[torch.Tensor]:
+    return [*model.parameters(), *model.buffers()]
+
+
+def float64_copy(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """A copy of `model` whose parameters and buffers are on `device`, floating ones in float64, copied tensor by
+    tensor (tied weights stay tied): the model's own weights, without a second copy of it where it lives."""
+    def widened(t: torch.Tensor) -> torch.Tensor:
+        w = t.detach().to(device, torch.float64 if t.is_floating_point() else t.dtype)
+        return torch.nn.Parameter(w, requires_grad=False) if isinstance(t, torch.nn.Parameter) else w
+
+    return copy.deepcopy(model, {id(t): widened(t) for t in _tensors(model)})
+
+
 def _greedy(logits: torch.Tensor) -> torch.Tensor:
     """The next token of each sequence from the last position's logits, taken in fp32 as transformers' generate
     and serving engines sample (argmax over bf16 logits is also several times slower on CPUs)."""
@@ -110,10 +124,14 @@ class TorchEngine:
         self.patcher.remove()
 
     def in_float64(self) -> TorchEngine:
-        """The same model and prompts in float64: how far the model's own dtype is from exact arithmetic."""
+        """The same model and prompts in float64: how far the model's own dtype is from exact arithmetic. The twin
+        lives where its float64 weights fit: on the model's GPU when its free memory holds them, else on the host
+        (an 8B model's are 64 GB); its tensors are widened one by one, so no second copy of the model is made."""
+        nbytes = sum(8 * t.numel() for t in _tensors(self.model) if t.is_floating_point())
+        home = self.device if self.device.holds(nbytes) else pick_device("cpu")
         twin = object.__new__(TorchEngine)
-        twin.spec, twin.prompts, twin.device = self.spec, self.prompts, self.device
-        twin._use(_without_grouped_experts(copy.deepcopy(self.model).to(torch.float64)))
+        twin.spec, twin.prompts, twin.device = self.spec, self.prompts.to(home.torch_device), home
+        twin._use(_without_grouped_experts(float64_copy(self.model, home.torch_device)))
         twin.patcher = PackPatcher(twin.model)
         return twin
 

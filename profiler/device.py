@@ -1,23 +1,40 @@
-"""The device a run measures on, with its peaks: measured on a CPU, from a table on GPUs."""
+"""The device a run measures on, with its peaks: measured on the device itself (a GEMM and a copy), on a CPU and on a
+GPU alike. On a GPU the datasheet table (profiler/peaks.py) is a cross-check beside the measurement, not its source,
+so a GPU the table does not know still gets a roofline; peaks given on the command line replace both."""
 
 from __future__ import annotations
 
 import platform
-import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
+from pydantic import BaseModel
 
+from kernelbot import KernelbotError
 from kernelbot.records import Device
 
+if TYPE_CHECKING:
+    from kernelbot.engine.device import DeviceChoice
 
-def _best_seconds(fn, repeats: int = 5) -> float:
-    fn()
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
+REPEATS = 5  # timed runs of each measurement after one untimed; the best counts
+# (GEMM side, copy bytes): large enough that launch and timer overheads vanish, small enough to take under a second
+CPU_SIZES = (1024, 32 << 20)
+GPU_SIZES = (8192, 1 << 30)
+# measured / datasheet outside this band: the table's row is for another SKU, or the GPU is throttled or shared
+AGREE = (0.5, 1.1)
+
+
+class PeakOverride(BaseModel):
+    """Peaks given on the command line (--peak-tflops, --peak-gbps); either may be left to the measurement."""
+
+    tflops: float | None = None
+    gbps: float | None = None
+
+    def check(self) -> None:
+        for name, value in (("--peak-tflops", self.tflops), ("--peak-gbps", self.gbps)):
+            if value is not None and not value > 0:
+                raise KernelbotError(f"{name} {value}: a peak must be a positive number (TFLOP/s, GB/s)")
 
 
 def cpu_model_name() -> str:
@@ -30,14 +47,92 @@ def cpu_model_name() -> str:
     return platform.processor() or "cpu"
 
 
+def best_seconds(fn: Callable[[], Any], device: DeviceChoice, repeats: int = REPEATS) -> float:
+    """The fastest of `repeats` runs of fn after one untimed run, each timed by the device's own stopwatch (events
+    on a GPU, perf_counter_ns on a CPU)."""
+    fn()
+    device.synchronize()
+    best = float("inf")
+    for _ in range(repeats):
+        watch = device.stopwatch()
+        watch.start()
+        fn()
+        watch.stop()
+        best = min(best, watch.elapsed_ns() / 1e9)
+    return best
+
+
+def measure_peaks(device: DeviceChoice, dtype: torch.dtype, side: int, copy_bytes: int) -> tuple[float, float]:
+    """(GFLOP/s of a side×side×side GEMM in dtype on random data, GB/s of a copy counting bytes read and written)."""
+    return _gemm_gflops(device, dtype, side), _copy_gbps(device, copy_bytes)
+
+
+def _gemm_gflops(device: DeviceChoice, dtype: torch.dtype, side: int) -> float:
+    a, b = (torch.randn(side, side, device=device.torch_device).to(dtype) for _ in range(2))
+    return 2 * side**3 / best_seconds(lambda: a @ b, device) / 1e9
+
+
+def _copy_gbps(device: DeviceChoice, copy_bytes: int) -> float:
+    src = torch.randn(copy_bytes // 4, device=device.torch_device)
+    dst = torch.empty_like(src)
+    return 2 * copy_bytes / best_seconds(lambda: dst.copy_(src), device) / 1e9
+
+
 def measure_cpu() -> Device:
     """Peak fp32 GEMM throughput and streaming bandwidth of this CPU, measured now (about 0.3 s)."""
-    n = 1024
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    gflops = 2 * n**3 / _best_seconds(lambda: a @ b) / 1e9
-    src = torch.randn(32 * 1024 * 1024 // 4)
-    dst = torch.empty_like(src)
-    gbps = 2 * src.numel() * 4 / _best_seconds(lambda: dst.copy_(src)) / 1e9
+    from kernelbot.engine.device import cpu_device
+
+    gflops, gbps = measure_peaks(cpu_device(), torch.float32, *CPU_SIZES)
     return Device(kind="cpu", name=cpu_model_name(), threads=torch.get_num_threads(),
                   peak_gflops=round(gflops, 1), peak_gbps=round(gbps, 1),
                   peaks_source="measured on this machine: 1024^3 fp32 GEMM, 32 MiB copy")
+
+
+def measure_gpu(device: DeviceChoice, dtype: str) -> Device:
+    """A GPU's peaks at the run's dtype, measured on it now (about a second), beside the datasheet's where the table
+    knows the GPU; its multiprocessors are the record's threads."""
+    side, copy_bytes = GPU_SIZES
+    gflops, gbps = measure_peaks(device, getattr(torch, dtype), side, copy_bytes)
+    device.empty_cache()
+    sms = torch.cuda.get_device_properties(device.index).multi_processor_count
+    return Device(kind=device.kind, name=device.name, threads=sms, peak_gflops=round(gflops, 1),
+                  peak_gbps=round(gbps, 1), notes=datasheet_notes(device.name, dtype, gflops, gbps),
+                  peaks_source=f"measured on this GPU: {side}^3 {dtype} GEMM on random data, {copy_bytes >> 20} MiB "
+                               "copy")
+
+
+def datasheet_notes(name: str, dtype: str, gflops: float, gbps: float) -> list[str]:
+    """The table's row for this GPU beside the measurement, and a warning where the two disagree."""
+    from kernelbot.profiler.peaks import lookup
+
+    row = lookup([{"name": name}])
+    if row is None:
+        return [f"{name} is not in the datasheet table (profiler/peaks.py): measured peaks only"]
+    ratios = {"GEMM": gflops / (row.tflops(dtype) * 1e3), "copy": gbps / row.gbps}
+    notes = [f"datasheet ({row.source}): {row.tflops(dtype)} TFLOP/s {dtype}, {row.gbps} GB/s; measured "
+             + ", ".join(f"{what} {ratio:.0%} of it" for what, ratio in ratios.items())]
+    off = [what for what, ratio in ratios.items() if not AGREE[0] <= ratio <= AGREE[1]]
+    if off:
+        notes.append(f"measured {' and '.join(off)} outside {AGREE[0]:.0%}–{AGREE[1]:.0%} of the datasheet: the "
+                     "table's row may be another SKU, or the GPU was throttled or shared while measured")
+    return notes
+
+
+def with_override(device: Device, override: PeakOverride | None) -> Device:
+    """The record with the peaks given on the command line in place of the measured ones."""
+    if override is None or (override.tflops is None and override.gbps is None):
+        return device
+    override.check()
+    given = [f"{v} {unit}" for v, unit in ((override.tflops, "TFLOP/s"), (override.gbps, "GB/s")) if v is not None]
+    return device.model_copy(update={
+        "peak_gflops": device.peak_gflops if override.tflops is None else override.tflops * 1e3,
+        "peak_gbps": device.peak_gbps if override.gbps is None else override.gbps,
+        "peaks_source": f"{', '.join(given)} given on the command line; otherwise {device.peaks_source}",
+        "notes": [*device.notes, f"measured: {device.peak_gflops} GFLOP/s, {device.peak_gbps} GB/s"]})
+
+
+def device_record(device: DeviceChoice, dtype: str, override: PeakOverride | None = None) -> Device:
+    """The run's Device record: peaks measured on the device (a CPU in fp32, a GPU at the run's dtype), with the
+    command line's in their place where given."""
+    measured = measure_gpu(device, dtype) if device.is_gpu else measure_cpu()
+    return with_override(measured, override)

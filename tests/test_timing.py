@@ -6,6 +6,7 @@ import time
 from typing import Any
 
 import pytest
+import torch
 
 from kernelbot import KernelbotError
 from kernelbot.agent.timing import WrongOutputError, compare, time_callable, time_once
@@ -202,3 +203,59 @@ def test_a_child_that_ended_inside_the_window_counts_as_our_own_work_not_content
     assert load.own_cores is not None and load.window_s is not None
     assert load.own_cores * load.window_s >= 0.4  # its CPU time is ours
     assert child.pid not in [b.pid for b in load.busiest]  # and not another process's (whatever else the host runs)
+
+
+class MarkedStopwatch:
+    """A stopwatch that notes its marks in a shared log and says 7 µs passed between them, as device events do."""
+
+    def __init__(self, log: list[str]) -> None:
+        self.log = log
+
+    def start(self) -> None:
+        self.log.append("start")
+
+    def stop(self) -> None:
+        self.log.append("stop")
+
+    def elapsed_ns(self) -> int:
+        self.log.append("elapsed")
+        return 7000
+
+
+def test_one_timed_call_flushes_first_and_takes_the_devices_stopwatch_not_the_hosts_clock() -> None:
+    from kernelbot.engine.device import timed_call
+
+    log: list[str] = []
+    us, out = timed_call(lambda x: log.append("call") or 2 * x, [21], MarkedStopwatch(log), lambda: log.append("flush"))
+    assert (us, out) == (7.0, 42)
+    assert log == ["flush", "start", "call", "stop", "elapsed"]
+    log.clear()
+    assert timed_call(lambda: log.append("call") or 1, [], MarkedStopwatch(log)) == (7.0, 1)
+    assert log == ["start", "call", "stop", "elapsed"]  # a CPU: nothing to flush
+
+
+def test_the_benchmarks_timed_call_flushes_then_times_between_the_devices_stopwatch_marks() -> None:
+    from types import SimpleNamespace
+
+    from kernelbot.agent.verify import harness
+    from kernelbot.engine.device import timed_call
+
+    log: list[str] = []
+    fields = {name: (lambda *a, **k: None) for name in harness.Tools._fields}
+    tools = harness.Tools(**{**fields, "timed_call": timed_call, "stopwatch": lambda: MarkedStopwatch(log),
+                             "flush": lambda: log.append("flush")})
+    watch = SimpleNamespace(tools=tools, setup=SimpleNamespace(device="cuda"))
+    x = torch.ones(3)
+    us, out = harness._op_timed_call(watch, lambda t: log.append("call") or t * 2, (x,), [(0, 1, 5.0)])
+    assert us == 7.0 and out.tolist() == [2.0, 10.0, 2.0]  # the perturbation is in place before the call
+    assert log == ["flush", "start", "call", "stop", "elapsed"]
+
+
+def test_the_benchmark_records_the_gpus_state_beside_its_timings_and_nothing_on_a_cpu(monkeypatch) -> None:
+    from kernelbot.agent.verify import bench
+
+    throttled = GpuState(available=True, sm_clock_mhz=900, throttle_reasons=["hw_thermal_slowdown"], throttled=True)
+    seen: list[int] = []
+    monkeypatch.setattr(DeviceChoice, "gpu_state", lambda self, own=(): seen.append(self.index) or throttled)
+    assert bench.gpu_state(None) is None and seen == []
+    assert bench.gpu_state(3) == throttled and seen == [3]

@@ -1,0 +1,77 @@
+"""The dry run's stand-ins for the GPU check's steps (driver.py --dry-run): each writes, without a GPU, what its step
+writes on a GPU node, through the same records kernelbot writes them with. The dry run then walks every step's
+plumbing (its process and timeout, its outputs, the summary written after it, the expectations read from them) in
+seconds; a record whose fields changed under the expectations shows up there, not on the node.
+
+  python stub_step.py smoke OUT.json
+  python stub_step.py verify correct|racy        (the verdict on stdout, as `kernelbot verify --json` prints it)
+  python stub_step.py optimize RUN_DIR            (report.json and log.txt, as `kernelbot optimize` writes them)
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from kernelbot.records import Check, Device, Fidelity, KernelResult, ModelSpec, Report, Verdict
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # steps run with PYTHONSAFEPATH: this folder is not on it
+from smoke import Smoke, SmokeRun  # noqa: E402
+
+SANITIZED = {"out_of_bounds": "memcheck", "race": "racecheck/synccheck", "unwritten_output": "initcheck"}
+
+
+def smoke(out: Path) -> None:
+    runs = [SmokeRun(what=what, ok=True, seconds=0.0, detail="stub: no GPU in a dry run")
+            for what in ("CUDA starts in a sandboxed job's own process",
+                         "CUDA starts in runners forked by the sandboxed harness (bench job)",
+                         "compute-sanitizer reaches the sandboxed job it launches (memcheck)")]
+    out.write_text(Smoke(runs=runs, cuda_ok=True).model_dump_json(indent=2))
+
+
+def verdict(candidate: str) -> Verdict:
+    racy = candidate == "racy"
+    checks = [Check(id="compile", status="pass", detail="stub"), Check(id="correctness", status="pass", detail="stub")]
+    for cid, tools in SANITIZED.items():
+        failed = racy and cid == "race"
+        checks.append(Check(id=cid, status="fail" if failed else "pass",
+                            detail=f"compute-sanitizer {tools}: " + ("2 error(s), first: stub" if failed else
+                                                                     "no errors")))
+    failed = [c.id for c in checks if c.status == "fail"]
+    return Verdict(candidate_id=candidate, verdict="fail" if failed else "pass", failed=failed, checks=checks,
+                   shapes=[[[256, 512]]], seconds=0.0, notes=["stub: no GPU in a dry run"])
+
+
+def report(run_dir: Path) -> Report:
+    kernel = KernelResult(op="rmsnorm", module="LlamaRMSNorm", backend="triton", shapes=[[8, 1, 512]],
+                          status="accepted", reason="verified; 2.00x beyond noise (stub)", speedup=2.0)
+    return Report(run_id=run_dir.name, model=ModelSpec(name="llama-tiny", vocab=4000, dtype="bfloat16", batch=8,
+                                                       prompt_len=32, decode_steps=32),
+                  device=Device(kind="cuda", name="stub GPU", threads=132, peak_gflops=1.0, peak_gbps=1.0,
+                                peaks_source="stub"),
+                  baseline_ms=10.0, optimized_ms=7.0, compiled_ms=None, speedup=1.43, speedup_vs_compiled=None,
+                  timing_rounds=3, graph_decode_ms=8.0,
+                  fidelity=Fidelity(max_abs_logit_diff=0.0, greedy_match=True, token_agreement=1.0),
+                  kernels=[kernel], hotspots_before=[], hotspots_after=[], notes=["stub: no GPU in a dry run"])
+
+
+def main(argv: list[str]) -> int:
+    step, target = argv[0], argv[1]
+    if step == "smoke":
+        smoke(Path(target))
+    elif step == "verify":
+        print(verdict(target).model_dump_json(indent=2))
+        return 1 if target == "racy" else 0  # `kernelbot verify` exits 1 on a failing verdict
+    elif step == "optimize":
+        run_dir = Path(target)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "report.json").write_text(report(run_dir).model_dump_json(indent=2))
+        (run_dir / "log.txt").write_text("stub: no GPU in a dry run\n")
+    else:
+        print(f"stub_step: unknown step {step!r}; use smoke, verify or optimize", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
