@@ -157,6 +157,28 @@ def _traced_for_real(pure: Callable[..., Any], state: list[torch.Tensor], inputs
     return gm
 
 
+ALIASES = ("alias.default", "view.default", "clone.default", "detach.default", "_unsafe_view.default")
+
+
+def computes_nothing(gm: torch.fx.GraphModule) -> bool:
+    """Is every output of the graph one of its inputs, as is or through views and copies that change nothing?"""
+    def source(node: Any) -> Any:
+        while isinstance(node, torch.fx.Node) and node.op == "call_function" and \
+                getattr(node.target, "__name__", "") in ALIASES and node.args and \
+                isinstance(node.args[0], torch.fx.Node) and _same_meta(node, node.args[0]):
+            node = node.args[0]
+        return node
+
+    outputs = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+    leaves = [o for o in pytree.tree_flatten(outputs)[0] if isinstance(o, torch.fx.Node)]
+    return bool(leaves) and all(source(o).op == "placeholder" for o in leaves)
+
+
+def _same_meta(a: torch.fx.Node, b: torch.fx.Node) -> bool:
+    ta, tb = a.meta.get("val"), b.meta.get("val")
+    return ta is None or tb is None or (ta.shape == tb.shape and ta.dtype == tb.dtype)
+
+
 VALUE_READS = ("_local_scalar_dense.default", "item.default", "nonzero.default", "unique.default")
 
 
@@ -191,6 +213,9 @@ def extract(module: torch.nn.Module, calls: list[Call], shape: list[int] | None 
     top = Counter(profiled or keys).most_common(1)[0][0]
     same = [c for c, k in zip(calls, keys, strict=True) if k == top]
     gm, sig, names = trace(module, same[0])
+    if computes_nothing(gm):
+        raise NotExtractable("it computes nothing at this call (its outputs are its inputs, e.g. dropout in eval "
+                             "mode): the op costs only its call, so skip it rather than write a kernel for it")
     _, state = state_of(module)
     samples = [[leaf for leaf in pytree.tree_flatten((c.args, c.kwargs))[0] if isinstance(leaf, torch.Tensor)]
                for c in same]

@@ -3,7 +3,6 @@ cluster), each outcome recorded in the run's journal as it arrives.
 
 Per task, most headroom first: the incumbent (an accepted kernel being challenged, or a kernel the store holds for
 the op), then the LLM when one is given, else (or once it is down or its budget spent) the built-in proposer.
-`try_candidates` (the built-in proposer's candidates of one task) is shared with the served loop (agent/serve.py).
 """
 
 from __future__ import annotations
@@ -27,6 +26,7 @@ from kernelbot.agent.stages import Stages
 from kernelbot.agent.verify.evaluate import Outcome, duel, evaluate, pick_best
 from kernelbot.kernel_library.base import rows as call_rows
 from kernelbot.kernel_library.cpp_build import cache_root, prebuild_library, unbuilt_library
+from kernelbot.kernel_library.identity import source_identity
 from kernelbot.records import Bench, Candidate, Device, Hotspot, KernelOutcome, KernelResult, LLMUsage, Task
 
 if TYPE_CHECKING:
@@ -66,7 +66,7 @@ def builtin_proposals(task: Task, task_dir: Path, backends: list[str], device_ki
                                   candidate_id=f"{task.id}/builtin"))
         proposed = []
     for cand, source in proposed:
-        n_rows = call_rows(task.input_shapes[0])
+        n_rows = max(call_rows(s) for s in task.input_shapes)
         if cand.backend == "triton" and device_kind == "cpu" and n_rows > INTERPRETED_ROWS:
             items.append(KernelResult(
                 op=task.family, module=task.module_class, backend="triton", shapes=task.input_shapes,
@@ -130,7 +130,10 @@ class Generation:
 
     @property
     def backends(self) -> list[str]:
-        return available_backends(self.device.kind)
+        """The backends whose kernels can join this run's pack: a served engine on a CPU runs C++ only (Triton there
+        is verified by its interpreter but never timed, so it could not join)."""
+        backends = available_backends(self.device.kind)
+        return ["cpp"] if self.opts.serve is not None and self.device.kind == "cpu" else backends
 
     def task_dir(self, task: Task) -> Path:
         return self.run_dir / "tasks" / task.id
@@ -228,7 +231,7 @@ class Generation:
         return [(Candidate(id=f"store-{backend}", task_id=task.id, backend=backend,
                            proposer=f"store:{entry.get('proposer', '?')}",
                            config={"from_run": entry.get("run_id"), **entry.get("config", {})},
-                           source_hash=entry.get("source_hash", "")), source, entry)
+                           source_hash=source_identity(source)), source, entry)
                 for backend, source, entry in found_all]
 
     def _from_store(self, task: Task, hotspot: Hotspot | None) -> tuple[list[KernelResult], Accepted | None]:

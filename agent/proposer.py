@@ -3,12 +3,12 @@ task (a reference extracted from the model) the reference's own ATen graph gener
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 from pathlib import Path
 
 from kernelbot.kernel_library import FAMILIES
-from kernelbot.kernel_library.base import GENERIC, ROOT
+from kernelbot.kernel_library.base import GENERIC
+from kernelbot.kernel_library.identity import source_identity
 from kernelbot.records import Candidate, Task
 
 
@@ -18,14 +18,6 @@ def available_backends(device_kind: str) -> list[str]:
     if importlib.util.find_spec("triton") is not None:
         backends.append("triton")
     return backends
-
-
-def _family_hash(family: str, backend: str, config: dict) -> str:
-    h = hashlib.sha256(repr((backend, sorted(config.items()))).encode())
-    for path in sorted((ROOT / family).glob("*")) + [ROOT / "linear" / "linear.cpp"]:
-        if path.suffix in (".py", ".cpp"):
-            h.update(path.read_bytes())
-    return h.hexdigest()[:16]
 
 
 def propose(task: Task, backends: list[str], reference: Path) -> list[tuple[Candidate, str]]:
@@ -40,7 +32,7 @@ def propose(task: Task, backends: list[str], reference: Path) -> list[tuple[Cand
         for i, config in enumerate(family.configs[backend]):
             source = family.candidate_source(backend, config)
             cand = Candidate(id=f"{backend}-{i}", task_id=task.id, backend=backend, proposer="builtin",
-                             config=config, source_hash=_family_hash(task.family, backend, config))
+                             config=config, source_hash=source_identity(source))
             out.append((cand, source))
     return out
 
@@ -52,9 +44,8 @@ def _generated(task: Task, backends: list[str], reference: Path) -> list[tuple[C
 
     out = []
     for i, (config, source) in enumerate(aten_cpp.generate(reference)):
-        digest = hashlib.sha256(source.encode()).hexdigest()[:16]
         out.append((Candidate(id=f"cpp-gen-{i}", task_id=task.id, backend="cpp", proposer="builtin:aten_cpp",
-                              config=config, source_hash=digest), source))
+                              config=config, source_hash=source_identity(source)), source))
     return out
 
 

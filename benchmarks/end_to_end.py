@@ -9,7 +9,7 @@ from pathlib import Path
 
 from kernelbot.agent.measure import time_end_to_end
 from kernelbot.engine import TorchEngine
-from kernelbot.records import ModelSpec, Pack
+from kernelbot.records import EndToEndTimes, ModelSpec, Pack
 
 
 def main() -> int:
@@ -35,18 +35,27 @@ def main() -> int:
     engine.run_workload()
     engine.remove_pack()
     times = time_end_to_end(engine, pack, run_dir / "pack", args.rounds, compiled)
-    eager = statistics.median(times["eager"])
     print(f"{spec.name} {spec.dtype}, batch {spec.batch}, {spec.prompt_len}+{spec.decode_steps} tokens; "
           f"pack {pack.version} ({len(pack.entries)} kernels); {args.rounds} interleaved rounds")
-    for name, xs in times.items():
+    print_times(times)
+    return 0
+
+
+def print_times(times: EndToEndTimes) -> None:
+    """Each variant's median, min and max, its ratio to eager, kernelbot's to torch.compile, and the host's load."""
+    eager = statistics.median(times.eager)
+    for name, xs in (("eager", times.eager), ("kernelbot", times.kernelbot), ("compiled", times.compiled),
+                     ("graph decode", times.graph_decode)):
         if xs:
             med = statistics.median(xs)
-            print(f"  {name:10s} median {med:8.1f} ms  min {min(xs):8.1f}  max {max(xs):8.1f}  "
+            print(f"  {name:12s} median {med:8.1f} ms  min {min(xs):8.1f}  max {max(xs):8.1f}  "
                   f"eager/this {eager / med:5.2f}x")
-    if times["compiled"]:
-        ratio = statistics.median(times["compiled"]) / statistics.median(times["kernelbot"])
+    if times.compiled:
+        ratio = statistics.median(times.compiled) / statistics.median(times.kernelbot)
         print(f"  kernelbot vs torch.compile: {ratio:.2f}x")
-    return 0
+    if times.host is not None:
+        doubt = "; contended: other processes' CPU time makes every ratio doubtful" if times.host.contended else ""
+        print(f"  host over the rounds: {times.host.summary()}{doubt}")
 
 
 if __name__ == "__main__":

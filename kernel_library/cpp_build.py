@@ -19,6 +19,7 @@ from types import ModuleType
 with contextlib.suppress(ImportError):  # without setuptools there is no extension builder to protect
     import setuptools  # noqa: F401
 
+from kernelbot.kernel_library.identity import source_identity
 from kernelbot.loading import load_module
 from kernelbot.paths import CACHE_ENV, cache_dir
 
@@ -30,10 +31,10 @@ def cache_root() -> Path:
     return cache_dir("cpp")
 
 
-def source_hash(path: Path) -> str:
-    """Of the source, the library's shared headers (which sources include by relative path) and the flags."""
-    headers = b"".join(h.read_bytes() for h in sorted(Path(__file__).parent.glob("*.h")))
-    return hashlib.sha256(path.read_bytes() + headers + " ".join(CFLAGS).encode()).hexdigest()[:16]
+def source_hash(source: Path | str) -> str:
+    """Of the source (a file, or generated text), every header it includes (kernel_library/identity.py) and the
+    flags."""
+    return source_identity(source, salt=" ".join(CFLAGS))
 
 
 def _library_sources() -> list[Path]:
@@ -87,8 +88,7 @@ def load_cpp_source(source: str, name: str, precompiled: Sequence[str] = ()) -> 
     `precompiled`: headers the source includes that are worth a precompiled header (ATen's Tensor.h and pybind
     are most of a small extension's compile time); it is made once per cache, after the first build, and is only
     an accelerator: without it (or with one the compiler finds stale) the build is the same, only slower."""
-    digest = hashlib.sha256(source.encode() + " ".join(CFLAGS).encode()).hexdigest()[:16]
-    module_name = f"kb_{name}_{digest}"
+    module_name = f"kb_{name}_{source_hash(source)}"
     if module_name in _loaded:
         return _loaded[module_name]
     build_dir = cache_root() / module_name

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from kernelbot.kernel_library.identity import source_identity
 from kernelbot.paths import store_dir as store_root  # where the store lives unless a caller names a root
 from kernelbot.records import Task
 
@@ -42,14 +43,16 @@ class KernelStore:
         self.root = Path(root) if root else store_root()
 
     def lookup(self, task: Task, backend: str, device: str) -> tuple[str, dict[str, Any]] | None:
-        """(source, entry) of the stored kernel for this op, backend and device, or None."""
+        """(source, entry) of the stored kernel for this op, backend and device, or None. The entry's `source_hash`
+        is the source's identity now (its text and the library files it imports as they are today), not when it was
+        stored: a library edit since then makes it another candidate, which no journal has an outcome for."""
         folder = self.root / _key(op_signature(task), backend, device)
         try:
             entry = json.loads((folder / "entry.json").read_text())
-            source = (folder / "candidate.py").read_text()
+            source = current_imports((folder / "candidate.py").read_text())
         except (OSError, ValueError):
             return None
-        return current_imports(source), entry
+        return source, {**entry, "source_hash": source_identity(source)}
 
     def add(self, task: Task, backend: str, device: str, source: str, entry: dict[str, Any]) -> Path:
         """Write (or replace) the kernel for this op; atomic per file, so a reader never sees half of one."""

@@ -18,24 +18,29 @@ from __future__ import annotations
 
 import ctypes
 import glob
-import importlib.util
 import json
 import os
 import re
+import site
 import sys
+import sysconfig
 from collections.abc import Iterable
 from pathlib import Path
-from types import CodeType
+from types import CodeType, FrameType
+from typing import NamedTuple
 
+from kernelbot.packages import package_folders
 from kernelbot.paths import CACHE_ENV, cache_dir
 
 MS_RDONLY, MS_NOSUID, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 32, 4096, 16384, 1 << 18
 PR_CAPBSET_DROP = 24
 SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL|AUTH", re.IGNORECASE)
 # Compilers a kernel's build runs; on a GPU, Triton's first compile also runs ptxas, `ldconfig -p` (to find
-# libcuda) and `file` (platform.architecture), and builds its launcher with gcc or clang.
+# libcuda) and `file` (platform.architecture), and builds its launcher with gcc or clang; torch.compile's CPU
+# backend hashes its precompiled headers with `openssl sha512`.
 BUILD_TOOLS = {"c++", "g++", "gcc", "cc", "clang", "nvcc", "ninja", "ld", "x86_64-linux-gnu-g++",
-               "x86_64-linux-gnu-gcc", "ptxas", "ldconfig", "file", "cuobjdump", "nvdisasm", "nvlink", "fatbinary"}
+               "x86_64-linux-gnu-gcc", "ptxas", "ldconfig", "file", "cuobjdump", "nvdisasm", "nvlink", "fatbinary",
+               "openssl"}
 libc = ctypes.CDLL(None, use_errno=True)
 # What the runner may read besides Python, kernelbot and its own module (everything else is refused).
 SYSTEM_READABLE = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/opt", "/sys",
@@ -96,24 +101,44 @@ def drop_capabilities() -> None:
         raise OSError(ctypes.get_errno(), "capset failed")
 
 
-class Recorder:
-    def __init__(self, fd: int | None, box: Path) -> None:
-        self.fd, self.box = fd, str(box)
-        self.readable: tuple[str, ...] | None = None  # set in the runner: what it may read (prefixes)
+# Bound at import, before any candidate code runs: replacing os.write or os.path.realpath later does not reach the
+# recorder or the hook.
+_os_write, _fstat, _realpath, _fsdecode, _lexists, _dumps = os.write, os.fstat, os.path.realpath, os.fsdecode, \
+    os.path.lexists, json.dumps
+
+
+class Recorder(NamedTuple):
+    """Where audit records go (`fd`, a pipe the parent reads after the job), and what the process may write (`box`)
+    and, in the runner, read (`readable`, prefixes). A tuple: a candidate cannot point it elsewhere; closing or
+    replacing the fd it writes to is seen by `channel` (the runner compares it after every request)."""
+    fd: int | None
+    box: str
+    readable: tuple[str, ...] | None = None
 
     def __call__(self, kind: str, detail: str) -> None:
         if self.fd is not None:
             try:
-                os.write(self.fd, (json.dumps({"kind": kind, "detail": detail[:300]}) + "\n").encode())
+                _os_write(self.fd, (_dumps({"kind": kind, "detail": detail[:300]}) + "\n").encode())
             except OSError:
                 pass
 
+    def channel(self) -> tuple[int, int] | None:
+        """(device, inode) of the file the records go to; None when there is none (or the fd was closed)."""
+        if self.fd is None:
+            return None
+        try:
+            st = _fstat(self.fd)
+        except OSError:
+            return None
+        return st.st_dev, st.st_ino
+
     def outside_box(self, path) -> bool:
         try:
-            p = os.path.realpath(os.fsdecode(path))
+            p = _realpath(_fsdecode(path))
         except (TypeError, ValueError):
             return False
-        return not (p == self.box or p.startswith(self.box + os.sep) or p in ("/dev/null", "/dev/zero"))
+        box = str(self.box)
+        return not (p == box or p.startswith(box + os.sep) or p in ("/dev/null", "/dev/zero"))
 
     def unreadable(self, path) -> bool:
         """In the runner: an existing file outside everything it may read (probing for files that are not there
@@ -121,16 +146,17 @@ class Recorder:
         if self.readable is None or not isinstance(path, (str, bytes, os.PathLike)):
             return False
         try:
-            p = os.path.realpath(os.fsdecode(path))
+            p = _realpath(_fsdecode(path))
         except (TypeError, ValueError):
             return False
         inside = any(p == r or p.startswith(r.rstrip(os.sep) + os.sep) for r in self.readable)
-        return not inside and os.path.lexists(p)
+        return not inside and _lexists(p)
 
 
 def install_audit(record: Recorder, trusted: Iterable[CodeType] = ()) -> None:
     """`trusted`: the harness's own code objects that may set a profile or trace function."""
     trusted_code = frozenset(trusted)
+    sites, stdlib = _installed_code()
 
     def hook(event: str, args: tuple) -> None:
         if event == "open" and len(args) >= 3:
@@ -155,7 +181,7 @@ def install_audit(record: Recorder, trusted: Iterable[CodeType] = ()) -> None:
             record("process", f"{event} {str(args)[:200]}")
         elif event == "subprocess.Popen":
             exe = os.path.basename(os.fsdecode(args[0])) if args and args[0] else ""
-            if exe not in BUILD_TOOLS:
+            if exe not in BUILD_TOOLS and not inductor_isa_probe(args, sys._getframe(1), sites, stdlib):
                 record("process", f"subprocess {str(args[1])[:200]}")
         elif event in ("gc.get_objects", "gc.get_referrers", "gc.get_referents", "sys._current_frames"):
             record("introspection", f"{event}: looking through the harness's objects")
@@ -166,13 +192,60 @@ def install_audit(record: Recorder, trusted: Iterable[CodeType] = ()) -> None:
     sys.addaudithook(hook)
 
 
+def _installed_code() -> tuple[tuple[str, ...], str]:
+    """(installed packages' folders, the standard library's folder), each ending in a separator."""
+    paths = sysconfig.get_paths()
+    sites = {paths["purelib"], paths["platlib"], *site.getsitepackages()}
+    return tuple(_realpath(d) + os.sep for d in sites), _realpath(paths["stdlib"]) + os.sep
+
+
+def first_caller(frame: FrameType | None, stdlib: str) -> str | None:
+    """The file of the first frame, from `frame` outwards, that is not the standard library's (os.environ.get,
+    subprocess.run, ... are): who asked."""
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not name.startswith("<frozen "):
+            path = _realpath(name)
+            if not path.startswith(stdlib):
+                return path
+        frame = frame.f_back
+    return None
+
+
+def looked_up_by_a_library(frame: FrameType | None, sites: tuple[str, ...], stdlib: str) -> bool:
+    """Whether the first caller outside the standard library (os.environ.get, os.getenv, ...) is code of an installed
+    package: huggingface_hub reads HF_TOKEN_PATH when Liger-Kernel imports it. The candidate's module, and anything
+    it writes, lies outside every installed package."""
+    caller = first_caller(frame, stdlib)
+    return caller is not None and caller.startswith(sites)
+
+
+def inductor_isa_probe(args: tuple, frame: FrameType | None, sites: tuple[str, ...], stdlib: str) -> bool:
+    """torch.compile's CPU backend checks the vector ISA by loading a library it just built in a Python child
+    (torch._inductor.cpu_vec_isa): that child, started by that module with that module's own program, is a build
+    step like the compiler it follows."""
+    module = sys.modules.get("torch._inductor.cpu_vec_isa")
+    template = getattr(getattr(module, "VecISA", None), "_avx_py_load", None)
+    argv = args[1] if len(args) > 1 else None
+    if not isinstance(template, str) or not isinstance(argv, (list, tuple)) or len(argv) != 3 or \
+            argv[0] != sys.executable or argv[1] != "-c" or not isinstance(argv[2], str):
+        return False
+    head, _, tail = template.partition("__lib_path__")
+    caller = first_caller(frame, stdlib)
+    return argv[2].startswith(head) and argv[2].endswith(tail) and caller is not None and \
+        caller.startswith(sites) and caller.endswith(os.path.join("torch", "_inductor", "cpu_vec_isa.py"))
+
+
 def trap_environment(record: Recorder) -> None:
-    """Looking up a secret-looking variable is recorded (the variables themselves were never passed in)."""
+    """Looking up a secret-looking variable is recorded (the variables themselves were never passed in), unless
+    an installed library does it (its own configuration, read at import: nothing of the candidate's choosing)."""
     base = type(os.environ)
+    sites, stdlib = _installed_code()
 
     class TrappedEnviron(base):  # type: ignore[misc, valid-type]
         def __getitem__(self, key):
-            if isinstance(key, str) and SECRET_NAME.search(key):
+            if isinstance(key, str) and SECRET_NAME.search(key) and \
+                    not looked_up_by_a_library(sys._getframe(1), sites, stdlib):
                 record("secret_lookup", f"environment variable {key!r}")
             return base.__getitem__(self, key)
 
@@ -187,7 +260,7 @@ def confine(box: Path, audit: bool = True, gpu: bool = False) -> list[str]:
     global RECORDER
     protections = []
     audit_fd = os.environ.pop("KERNELBOT_AUDIT_FD", None)
-    record = RECORDER = Recorder(int(audit_fd) if audit_fd else None, box)
+    record = RECORDER = Recorder(int(audit_fd) if audit_fd else None, str(box))
     if os.getpid() == 1 and os.geteuid() == 0:  # pid 1 of the namespaces unshare made for us
         protections += ["own pid namespace", "no network (own net namespace)"]
         try:
@@ -215,13 +288,7 @@ def readable_paths(extra: Iterable[Path]) -> list[Path]:
     paths = [Path(p) for p in SYSTEM_READABLE]
     paths += [Path(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix)]
     paths += [Path(p) for p in sys.path if p and Path(p).is_absolute()]
-    for package in ("kernelbot", "kernelbot.sandbox", "kernelbot.agent", "kernelbot.kernel_library",
-                    "kernelbot.engine", "kernelbot.profiler"):
-        try:
-            spec = importlib.util.find_spec(package)
-        except (ImportError, ValueError):
-            continue
-        paths += [Path(p) for p in (spec.submodule_search_locations or [])] if spec else []
+    paths += package_folders()
     if os.environ.get(CACHE_ENV):  # the kernel library's builds, made by the trusted parent (prebuild_library)
         paths.append(cache_dir())
     paths.append(Path(f"/proc/{os.getpid()}"))
@@ -245,10 +312,9 @@ def confine_runner(work: Path, extra_readable: Iterable[Path], trusted: Iterable
     elsewhere recorded too) and the environment trap."""
     from kernelbot.sandbox import landlock as ll
 
-    record = RECORDER or Recorder(None, work)
     readable = readable_paths(extra_readable)
-    record.box = str(work.resolve())
-    record.readable = tuple(str(Path(p).resolve()) for p in [*readable, work])
+    record = Recorder(RECORDER.fd if RECORDER else None, str(work.resolve()),
+                      tuple(str(Path(p).resolve()) for p in [*readable, work]))
     protections = []
     abi = ll.abi_version()
     if abi >= 1:

@@ -3,18 +3,17 @@
 The box is the process runner's (sandbox/box.py); this module only confines and starts the job in a container, named
 at random like the box. The image is nearly empty (a passwd file and the host's /bin, /lib... symlinks, imported
 once and tagged by its content); the host's runtime comes in through read-only bind mounts (/usr, the Python
-installation, the venv, the kernelbot checkout, the job's input files). The box is the only writable mount, at the
-same path as on the host, so job.json, HOME and TMPDIR mean the same inside. The root filesystem is read-only, there
-is no network, no capability, no new privilege, memory and process counts are capped by cgroups, and the candidate
-runs as nobody (or as the calling user when that is not root). Audit records go through a FIFO that is mounted
-write-only for the container: the candidate can add records but not read them back.
+installation, the venv, kernelbot's package folders as kernelbot/packages.py lists them, the job's input files). The
+box is the only writable mount, at the same path as on the host, so job.json, HOME and TMPDIR mean the same inside.
+The root filesystem is read-only, there is no network, no capability, no new privilege, memory and process counts are
+capped by cgroups, and the candidate runs as nobody (or as the calling user when that is not root). Audit records go
+through a FIFO that is mounted write-only for the container: the candidate can add records but not read them back.
 Through the Docker SDK: no CLI process per job, structured errors, and the env never on a command line.
 """
 
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import io
 import os
 import select
@@ -27,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from kernelbot import KernelbotError
+from kernelbot.packages import package_folders
 from kernelbot.sandbox.box import (
     AUDIT_LIMIT,
     HARNESS,
@@ -129,16 +129,14 @@ def _sweep(client: Any) -> None:
 
 
 def _mounts(job: dict[str, Any], env: dict[str, str], box: Path, audit: Path) -> list[Any]:
-    """Read-only: system directories, the Python installation, kernelbot, and every absolute path the job
+    """Read-only: system directories, the Python installation, kernelbot's packages, and every absolute path the job
     or the caller's env names (files one by one, not their directories). Read-write: the box only."""
     from docker.types import Mount
 
     paths = {Path(p) for p in ("/usr", "/etc/ld.so.cache", "/etc/alternatives", *(f"/{n}" for n in _top_level()))
              if not os.path.islink(p)}
     paths |= {Path(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, *sys.path)}
-    for package in ("kernelbot", "kernelbot.sandbox", "kernelbot.agent", "kernelbot.kernel_library"):
-        spec = importlib.util.find_spec(package)
-        paths |= {Path(p).parent for p in (spec.submodule_search_locations or []) if spec}
+    paths |= set(package_folders())
     values: list[Any] = [*job.values(), *env.values()]
     while values:
         value = values.pop()

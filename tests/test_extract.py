@@ -124,3 +124,12 @@ def test_a_generic_pack_entry_routes_only_calls_with_the_extracted_signature(tmp
     assert other.shape == (3, 1, 64)
     assert patcher.counts["t__k"].calls == 1
     assert patcher.fallbacks["LlamaRMSNorm"].fallback_calls == 1
+
+
+def test_a_module_that_computes_nothing_at_its_call_is_skipped_not_given_a_kernel():
+    x = torch.randn(2, 5, 8)
+    for module in (nn.Dropout(0.1).eval(), nn.Identity()):
+        with pytest.raises(extract.NotExtractable, match="computes nothing"):
+            extract.extract(module, [extract.Call((x,), {}, module(x))])
+    moved = nn.Flatten(0, 1)  # a view that changes the shape is work the caller sees: extracted
+    assert extract.extract(moved, [extract.Call((x,), {}, moved(x))]).signature.tensors[0].shape == [2, 5, 8]

@@ -3,7 +3,6 @@ verifier and benchmark report goes back to the model; the best verified candidat
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from collections.abc import Callable
@@ -19,6 +18,7 @@ from kernelbot.agent.llm.redact import redact
 from kernelbot.agent.pack import Accepted
 from kernelbot.agent.proposer import write_candidate
 from kernelbot.agent.verify.evaluate import Outcome, new_row, pick_best
+from kernelbot.kernel_library.identity import source_identity
 from kernelbot.records import Candidate, KernelResult, LLMCall, LLMUsage, Task
 
 
@@ -194,7 +194,7 @@ def _use_answer(session: LLMSession, task: Task, task_dir: Path, ctx: PromptCont
     code = extraction.code
     cand = Candidate(id=cid, task_id=task.id, backend=detect_backend(code, ctx.backend) if code else ctx.backend,
                      proposer=f"llm:{session.opts.model}", config={"call": call.id, "round": rnd, "sample": sample},
-                     source_hash=hashlib.sha256((code or "").encode()).hexdigest()[:16])
+                     source_hash=source_identity(code or ""))
     call.candidate_id = f"{task.id}/{cid}"
     if code is None:
         row = new_row(task, cand)

@@ -1,5 +1,5 @@
 """Each family's C++ kernel vs its PyTorch reference at the default model's decode shapes, in fp32 or bf16
-(`python benchmarks/kernels.py [--dtype bfloat16]`)."""
+(`python benchmarks/family_kernels.py [--dtype bfloat16] [--rounds N]`)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,66 @@
+"""Never ship a slower model. Kernels each win their own benchmark and can still lose together in the model (the
+caches they share, the calls they add); the end-to-end rounds decide. A pack that is not faster than the baseline
+loses, one at a time, the kernel whose absence helps the model most (leave-one-out, each subset timed the way the
+pack was); the subset kept is then timed again in rounds of its own, since the best of several noisy trials is
+biased upward (the winner's curse), and only those rounds decide and are reported. A pack that still is not faster
+ships no kernel at all."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from kernelbot.records import EndToEndTimes
+
+if TYPE_CHECKING:
+    from kernelbot.agent.engines import Measured
+    from kernelbot.agent.pack import Accepted
+
+
+def ratio(times: EndToEndTimes) -> float:
+    """The baseline's median round over the pack's: above 1, the pack is faster."""
+    if not times.eager or not times.kernelbot:
+        return 1.0
+    return statistics.median(times.eager) / statistics.median(times.kernelbot)
+
+
+def faster(times: EndToEndTimes) -> bool:
+    """Faster beyond the rounds' noise: a median ratio above 1 and the pack ahead in at least three quarters of the
+    interleaved rounds (each round times the baseline and the pack back to back, so drift hits both alike)."""
+    wins = sum(k < e for e, k in zip(times.eager, times.kernelbot, strict=False))
+    return ratio(times) > 1.0 and wins * 4 >= 3 * len(times.kernelbot)
+
+
+@dataclass
+class Gated:
+    kept: list[Accepted]
+    measured: Measured  # the kept pack's measurement (the baseline's own rounds when nothing is kept)
+    dropped: list[tuple[Accepted, str]] = field(default_factory=list)  # each with why, for the report
+
+
+def never_slower(accepted: list[Accepted], measured: Measured,
+                 trial: Callable[[list[Accepted], bool], Measured]) -> Gated:
+    """The pack as the rounds allow it: `trial(subset, again)` measures the model with a subset of the kernels
+    (`again`: in fresh rounds, not the ones a leave-one-out trial of the same subset recorded)."""
+    kept, current, dropped = list(accepted), measured, []
+    while len(kept) > 1 and not faster(current.times):  # (a single kernel's subset is the baseline itself)
+        trials = [(a, trial([x for x in kept if x is not a], False)) for a in kept]
+        worst, best = max(trials, key=lambda t: ratio(t[1].times))
+        if ratio(best.times) <= ratio(current.times):
+            break
+        kept = [x for x in kept if x is not worst]
+        confirmed = trial(kept, True)
+        dropped.append((worst, f"faster alone ({worst.bench.speedup:.2f}x), slower in the model: the pack was "
+                               f"{ratio(current.times):.2f}x of the baseline with it, {ratio(best.times):.2f}x "
+                               f"without ({ratio(confirmed.times):.2f}x timed again)"))
+        current = confirmed
+    if kept and not faster(current.times):
+        dropped += [(a, f"the pack as a whole was not faster than the baseline ({ratio(current.times):.2f}x): no "
+                        "pack ships") for a in kept]
+        kept = []
+    if not kept:  # nothing ships: the model runs as the baseline did
+        current = current.model_copy(update={"times": current.times.model_copy(
+            update={"kernelbot": list(current.times.eager)})})
+    return Gated(kept, current, dropped)

@@ -1,0 +1,76 @@
+"""The never-slower gate (agent/gate.py): kernels that win their own benchmark and lose in the model are dropped, with
+the reason; a pack that is not faster as a whole ships nothing."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from kernelbot.agent.engines import Measured
+from kernelbot.agent.gate import faster, never_slower, ratio
+from kernelbot.records import EndToEndTimes, Fidelity
+
+EAGER = [100.0, 103.0, 99.0, 101.0, 102.0, 100.0, 98.0]
+FID = Fidelity(max_abs_logit_diff=0.0, greedy_match=True, token_agreement=1.0)
+
+
+def _kernel(name: str, alone: float, in_model_ms: float) -> SimpleNamespace:
+    """A kernel faster `alone` in its benchmark that changes the model's round by `in_model_ms`."""
+    return SimpleNamespace(name=name, bench=SimpleNamespace(speedup=alone), in_model_ms=in_model_ms)
+
+
+def _measured(kernels: list[SimpleNamespace]) -> Measured:
+    change = sum(k.in_model_ms for k in kernels)
+    pack = [e + change + (0.3 if i % 2 else -0.3) for i, e in enumerate(EAGER)]  # a little noise per round
+    return Measured(calls={}, fallbacks={}, fidelity=FID, times=EndToEndTimes(eager=list(EAGER), kernelbot=pack))
+
+
+def test_a_kernel_faster_alone_and_slower_in_the_model_is_dropped_with_the_reason():
+    helps, hurts, small = _kernel("helps", 2.0, -12.0), _kernel("hurts", 1.6, +15.0), _kernel("small", 1.2, -1.0)
+    trials: list[list[str]] = []
+    again: list[list[str]] = []
+
+    def trial(subset, fresh):
+        (again if fresh else trials).append(sorted(k.name for k in subset))
+        return _measured(subset)
+
+    full = _measured([helps, hurts, small])
+    assert not faster(full.times)  # together they lose: 104 ms against 100
+    gated = never_slower([helps, hurts, small], full, trial)
+    assert [k.name for k in gated.kept] == ["helps", "small"]
+    (dropped, why), = gated.dropped
+    assert dropped is hurts and why.startswith("faster alone (1.60x), slower in the model")
+    assert faster(gated.measured.times) and ratio(gated.measured.times) > 1.1
+    assert sorted(trials) == [["helps", "hurts"], ["helps", "small"], ["hurts", "small"]]  # leave one out, once
+    assert again == [["helps", "small"]]  # the subset kept, timed again: the best of noisy trials is biased upward
+    assert "timed again" in why
+
+
+def test_the_rounds_that_decide_are_the_kept_subsets_own_not_the_luckiest_trials():
+    a, b = _kernel("a", 1.5, +1.0), _kernel("b", 1.3, +2.0)
+
+    def trial(subset, fresh):  # a trial that drew lucky rounds, undone when the subset is timed again
+        lucky = [e - 10.0 for e in EAGER]
+        measured = _measured(subset)
+        return measured if fresh else measured.model_copy(update={"times": EndToEndTimes(eager=list(EAGER),
+                                                                                          kernelbot=lucky)})
+
+    gated = never_slower([a, b], _measured([a, b]), trial)
+    assert gated.kept == []  # the lucky trial chose a subset; its own rounds showed it was not faster
+
+
+def test_a_pack_that_is_not_faster_as_a_whole_ships_nothing_and_reports_the_baseline():
+    a, b = _kernel("a", 1.5, +1.0), _kernel("b", 1.3, +2.0)
+    gated = never_slower([a, b], _measured([a, b]), lambda subset, fresh: _measured(subset))
+    assert gated.kept == [] and {k.name for k, _ in gated.dropped} == {"a", "b"}
+    assert gated.measured.times.kernelbot == gated.measured.times.eager and ratio(gated.measured.times) == 1.0
+
+
+def test_a_pack_faster_beyond_noise_is_left_alone():
+    a = _kernel("a", 1.5, -20.0)
+    measured = _measured([a])
+
+    def no_trials(subset, fresh):
+        raise AssertionError("a faster pack is not taken apart")
+
+    gated = never_slower([a], measured, no_trials)
+    assert gated.kept == [a] and gated.dropped == [] and gated.measured is measured
