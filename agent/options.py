@@ -8,6 +8,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from kernelbot.agent.llm.loop import LLMOptions
+from kernelbot.engine.serving.served import ServeOptions
 
 
 class OptimizeOptions(BaseModel):
@@ -34,4 +35,7 @@ class OptimizeOptions(BaseModel):
     store: Path | None = None  # kernel store to reuse from and add to (None: none)
     device: str = "auto"  # auto: a GPU when one is visible, else the CPU (engine/device.py)
     cluster: str | None = None  # a Ray cluster's address: candidates are evaluated there (agent/cluster.py)
+    serve: ServeOptions | None = None  # the model served by vLLM or SGLang (None: in this process)
+    peak_tflops: float | None = None  # the device's peaks as given, instead of measured (--peak-tflops, --peak-gbps)
+    peak_gbps: float | None = None
 

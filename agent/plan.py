@@ -1,8 +1,8 @@
 """Hotspots → tasks, most headroom first: the one planner of both loops (in-process and served).
 
 The planner decides which hotspots get a task (share, --families, --max-tasks, ops tried already) and notes why
-the others get none; where a task comes from is the loop's: `ModelTasks` extracts it from the live model in this
-process, agent/serve.py's `ServedTasks` builds it from a served model's config.
+the others get none; where a task comes from is the engine's: `ModelTasks` extracts it from the live model in this
+process, `ServedTasks` builds it from the layer variants a served engine's plugin captured in its own processes.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from typing import Protocol
 
 from kernelbot.agent.extract import NotExtractable
 from kernelbot.agent.options import OptimizeOptions
-from kernelbot.agent.tasks import make_generic_task, make_task, module_labels, skip_reason, write_task
+from kernelbot.agent.tasks import make_generic_task, make_task, module_labels, skip_reason, task_for, write_task
 from kernelbot.engine import TorchEngine
 from kernelbot.kernel_library.base import GENERIC
-from kernelbot.records import Hotspot, Task
+from kernelbot.records import Hotspot, LayerCapture, Task
 
 
 @dataclass(frozen=True)
@@ -136,3 +136,43 @@ class ModelTasks:
 def _inside(h: Hotspot, labels: dict[str, str], covered: list[str]) -> bool:
     names = [labels.get(p.rsplit("/", 1)[-1], "") for p in h.module_paths]
     return bool(names) and all(any(n.startswith(c + ".") for c in covered) for n in names)
+
+
+@dataclass
+class ServedTasks:
+    """Tasks for a served model: one per layer variant the engine's plugin captured (engine/served_layers.py), with
+    the arguments its layers were built with and the most rows the engine ran; only variants whose own outputs the
+    family's reference reproduced on a live call. Anything else is reported as not integrable, with the reason."""
+
+    engine: str
+    captures: list[LayerCapture]
+
+    def _capture(self, hotspot: Hotspot) -> LayerCapture | None:
+        """The captured variant this hotspot is a row bucket of: same class, family, dtype and fixed dims."""
+        from kernelbot.engine.served_layers import fixed_dims
+
+        family = hotspot.family or ""
+        want = (hotspot.module_class, family, hotspot.dtype)
+        for c in self.captures:
+            if (c.module_class or c.engine_class, c.family, c.dtype) != want:
+                continue
+            if fixed_dims(family, hotspot.input_dims[:len(c.input_shapes)]) == fixed_dims(family, c.input_shapes):
+                return c
+        return None
+
+    def refuse(self, hotspot: Hotspot) -> str | None:
+        if hotspot.family is None:
+            return (f"not integrable: no seam of {self.engine} carries a kernel for {hotspot.module_class} into the "
+                    "server (kernelbot's plugin routes its norms, activations, rotary embeddings and linear layers)")
+        capture = self._capture(hotspot)
+        if capture is None:
+            return f"not integrable: the plugin captured no {hotspot.family} call of {hotspot.module_class}"
+        if capture.why or not capture.agrees:
+            return f"not integrable: {capture.why or 'the engine ran no call of this variant through its own path'}"
+        return None
+
+    def build(self, hotspot: Hotspot, planned: list[Task]) -> Planned | NoTask:
+        capture = self._capture(hotspot)
+        assert capture is not None  # refuse() said so otherwise
+        task = task_for(hotspot, capture.init_args)  # routed by the engine's class (the hooked one)
+        return Planned(task.model_copy(update={"module_class": capture.engine_class}))

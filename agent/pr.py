@@ -22,7 +22,6 @@ from kernelbot.records import (
     KernelResult,
     Pack,
     Report,
-    ServedReport,
     Verdict,
 )
 
@@ -148,9 +147,6 @@ def describe(run_dir: Path) -> tuple[str, str, Report, Pack]:
     """(title, markdown description, report, pack) for a finished run."""
     report: Report = _read(run_dir / "report.json", Report)
     pack: Pack = _read(run_dir / "pack" / "manifest.json", Pack)
-    if report is None and _read(run_dir / "report.json", ServedReport) is not None:
-        raise KernelbotError(f"{run_dir} is a served run (--engine sglang): kernelbot pr covers in-process runs; "
-                             "its evidence is report.md, and `kernelbot promote` ships it")
     if report is None or pack is None:
         raise KernelbotError(f"{run_dir}: no report.json or pack/manifest.json; finish the run first "
                              f"(kernelbot optimize --resume {run_dir})")

@@ -8,7 +8,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from kernelbot.records import Hotspot, KernelResult, LLMUsage, Report, ServedReport, ServingMetrics
+from kernelbot.records import Hotspot, KernelResult, LLMUsage, Report, ServedComparison, ServingMetrics
 from kernelbot.rundir import write_record
 
 
@@ -89,27 +89,21 @@ def render_markdown(r: Report, figures: Iterable[str] = ()) -> str:
     lines = [
         f"# kernelbot run {r.run_id}",
         "",
-        f"Model **{r.model.name}** ({r.model.summary()}); workload: "
-        f"batch {r.model.batch}, {r.model.prompt_len}-token prompts, {r.model.decode_steps} greedy decode steps. "
+        f"Model **{r.model.name}** ({r.model.summary()}), "
+        f"{'in-process' if r.serving is None else 'served by ' + r.engine}; workload: batch {r.model.batch}, "
+        f"{r.model.prompt_len}-token prompts, {r.model.decode_steps} greedy decode steps. "
         f"Device: {r.device.name}, {r.device.threads} threads ({r.device.peak_gflops} GFLOP/s, "
         f"{r.device.peak_gbps} GB/s, {r.device.peaks_source}).",
         "",
         *_contended_banner(r),
         "## End to end",
         "",
-        f"Medians of {r.timing_rounds} rounds, eager / kernelbot / torch.compile interleaved in each round.",
+        *_end_to_end(r),
         "",
-        "| variant | workload ms | vs eager |",
-        "|---|---:|---:|",
-        f"| eager | {_ms(r.baseline_ms)} | 1.00x |",
-        f"| kernelbot | {_ms(r.optimized_ms)} | {r.speedup:.2f}x |",
-        f"| torch.compile (dynamic) | {_ms(r.compiled_ms)} | "
-        f"{(r.baseline_ms / r.compiled_ms if r.compiled_ms else 0):.2f}x |",
-        *([f"| CUDA-graph decode (static cache) | {_ms(r.graph_decode_ms)} | "
-           f"{r.baseline_ms / r.graph_decode_ms:.2f}x |"] if r.graph_decode_ms else []),
-        "",
-        f"kernelbot vs torch.compile: {r.speedup_vs_compiled or 0:.2f}x. Fidelity: {r.fidelity.summary()}; "
-        f"passed: **{r.fidelity.passed}**.",
+        *([r.floor.summary() + ".", ""] if r.floor is not None else []),
+        *(_served_section(r.serving) if r.serving is not None else []),
+        (f"kernelbot vs torch.compile: {r.speedup_vs_compiled or 0:.2f}x. " if r.serving is None else "")
+        + f"Fidelity: {r.fidelity.summary()}; passed: **{r.fidelity.passed}**.",
         "",
         f"## Kernels ({len(accepted)} accepted of {len(r.kernels)} candidates)",
         "",
@@ -165,8 +159,10 @@ def write_report(report: Report, run_dir: Path, console: Console | None = None) 
 
 
 def summary_table(r: Report) -> Table:
-    table = Table(title=f"kernelbot {r.run_id}: {r.speedup:.2f}x over eager "
-                        f"({_ms(r.baseline_ms)} → {_ms(r.optimized_ms)} ms; torch.compile {_ms(r.compiled_ms)} ms)")
+    baseline = "eager" if r.serving is None else f"stock {r.engine}"
+    compiled = f"; torch.compile {_ms(r.compiled_ms)} ms" if r.serving is None else ""
+    table = Table(title=f"kernelbot {r.run_id}: {r.speedup:.2f}x over {baseline} "
+                        f"({_ms(r.baseline_ms)} → {_ms(r.optimized_ms)} ms{compiled})")
     for col in ("candidate", "backend", "status", "speedup", "calls", "reason"):
         table.add_column(col, overflow="fold")
     # One line per candidate that decided something: the winners, and the failures worth reading.
@@ -178,55 +174,63 @@ def summary_table(r: Report) -> Table:
     return table
 
 
-def _serving_row(name: str, m: ServingMetrics | None) -> str:
-    if m is None:
-        return f"| {name} | — | — | — | — |"
-    return (f"| {name} | {m.output_throughput:.1f} | {m.mean_ttft_ms:.1f} | {m.mean_itl_ms:.2f} | "
-            f"{m.requests} × {m.output_tokens // max(m.requests, 1)} |")
+def _serving_row(name: str, m: ServingMetrics) -> str:
+    p99 = lambda x: "—" if x is None else f"{x:.1f}"  # noqa: E731
+    return (f"| {name} | {m.output_throughput:.1f} | {m.median_ttft_ms:.1f} | {p99(m.p99_ttft_ms)} | "
+            f"{m.median_itl_ms:.2f} | {p99(m.p99_itl_ms)} | {m.requests} × {m.output_tokens // max(m.requests, 1)} |")
 
 
-def _rounds(m: ServingMetrics | None) -> str:
-    return "—" if m is None else ", ".join(f"{t:.1f}" for t in m.round_throughputs)
-
-
-def render_served_markdown(r: ServedReport) -> str:
-    accepted = [k for k in r.kernels if k.status == "accepted"]
-    gain = "not claimed" if r.throughput_gain is None else (
-        f"{r.throughput_gain:.2f}x" + ("" if r.beyond_noise else " (within the rounds' noise)"))
-    f = r.fidelity
-    fidelity = ("not checked (no pack)" if f is None else
-                f"greedy tokens identical: **{f.greedy_match}** ({f.token_agreement:.1%} agreement), max |Δ logprob| "
-                f"{f.max_abs_logit_diff:.2e}, distinct 3-grams {f.distinct_3grams_before:.2f} → "
-                f"{f.distinct_3grams_after:.2f}{' (repetition collapse)' if f.repetition_collapse else ''}")
-    lines = [f"# kernelbot run {r.run_id} ({r.engine})", "",
-             f"Model `{r.model_path}`, tp {r.tp}, on {r.device.name}. Server: `{' '.join(r.server_command)}`.", "",
-             "## Serving", "", "Median round of each server (same workload, same seeds); every round's tok/s: "
-             f"baseline {_rounds(r.before)}, with the pack {_rounds(r.after)}.", "",
-             "| server | output tok/s | mean TTFT ms | mean ITL ms | requests × tokens |", "|---|---:|---:|---:|---|",
-             _serving_row("baseline", r.before), _serving_row("with the pack", r.after), "",
-             f"Throughput gain: **{gain}**; pack engaged in every rank: **{r.engaged}**. Fidelity: {fidelity}.", "",
-             "## Engagement per rank", "", "| rank | pack calls | at graph capture | fallbacks | why |",
-             "|---|---:|---:|---:|---|"]
-    for rank, e in r.per_rank.items():
-        why = "; ".join(f"{cls}: {reason} × {n}" for cls, reasons in e["fallback_reasons"].items()
+def _served_section(s: ServedComparison) -> list[str]:
+    """The A/B on the server: serving numbers of both servers, and where the pack's kernels ran."""
+    gain = "not claimed" if s.throughput_gain is None else (
+        f"{s.throughput_gain:.2f}x" + ("" if s.beyond_noise else " (within the rounds' noise)"))
+    rounds = lambda ms: ", ".join(f"{m.output_throughput:.1f}" for m in ms)  # noqa: E731
+    lines = ["## Serving", "",
+             f"{s.engine} {s.version}, both servers up, started the same way; {len(s.stock_rounds)} interleaved "
+             f"rounds of the same seeded load, the order alternating. Every round's tok/s: stock "
+             f"{rounds(s.stock_rounds)}; with the pack {rounds(s.pack_rounds)}"
+             + (f"; host: {s.host.summary()}" if s.host is not None else "") + ".", "",
+             "| server | output tok/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | requests × tokens |",
+             "|---|---:|---:|---:|---:|---:|---|",
+             _serving_row("stock", s.stock), _serving_row("with the pack", s.with_pack), "",
+             f"Throughput gain: **{gain}**; the pack ran in every engine process that ran layers: **{s.engaged}**. "
+             f"The packed server: `{s.command}`.", "",
+             "| process | rank | pack kernel calls | fallbacks | why |", "|---|---|---:|---:|---|"]
+    for p in s.processes:
+        if not (p.custom or p.fallback):
+            continue
+        why = "; ".join(f"{cls}: {reason} × {n}" for cls, reasons in p.fallback.items()
                         for reason, n in reasons.items()) or "—"
-        lines.append(f"| {rank} | {e['custom_calls']} | {e['captured_calls']} | {e['fallback_calls']} | {why} |")
-    if r.trace_hits:
-        lines += ["", "Pack kernel launches in each rank's trace: "
-                  + ", ".join(f"{k}: {v}" for k, v in r.trace_hits.items())]
-    lines += ["", f"## Kernels ({len(accepted)} accepted of {len(r.kernels)} candidates; pack {r.pack_version})", "",
-              *_kernel_rows(r.kernels)]
-    lines += ["", "## Hotspots before (rank 0)", "", *_hotspot_rows(r.hotspots_before),
-              "", "## Hotspots with the pack (rank 0)", "", *_hotspot_rows(r.hotspots_after)]
-    return "\n".join(lines + _closing(r.notes, r.seconds))
+        calls = sum(c.calls + c.captured for c in p.custom.values())
+        fallbacks = sum(n for reasons in p.fallback.values() for n in reasons.values())
+        lines.append(f"| {p.pid} | {p.rank} | {calls} | {fallbacks} | {why} |")
+    timed = [(cid, c) for p in s.processes for cid, c in p.custom.items() if c.timed]
+    if timed:
+        lines += ["", "Each kernel's first calls in the server ran the engine's own path too, on the same inputs, both "
+                  "timed (the op it replaces, benchmarked where it runs); a kernel slower there stops taking calls.",
+                  "", "| kernel | calls | timed | kernel µs | engine's own µs | stopped |",
+                  "|---|---:|---:|---:|---:|---|"]
+        lines += [f"| {cid} | {c.calls} | {c.timed} | {c.kernel_us} | {c.engine_us} | {c.disabled or '—'} |"
+                  for cid, c in timed]
+    unrouted = [u for p in s.processes for u in p.unrouted]
+    if unrouted:
+        lines += ["", "Not integrable: " + "; ".join(f"{u['candidate_id']} ({u['reason']})"
+                                                     for u in {u["candidate_id"]: u for u in unrouted}.values())]
+    return lines + [""]
 
 
-def write_served_report(report: ServedReport, run_dir: Path, console: Console | None = None) -> None:
-    write_record(run_dir / "report.json", report)
-    (run_dir / "report.md").write_text(render_served_markdown(report))
-    if console is not None:
-        gain = ("no gain claimed" if report.throughput_gain is None else f"{report.throughput_gain:.2f}x throughput"
-                + ("" if report.beyond_noise else ", within noise"))
-        after = f"{report.after.output_throughput:.1f}" if report.after else "—"
-        console.print(f"kernelbot {report.run_id}: {report.before.output_throughput:.1f} → {after} tok/s ({gain}; "
-                      f"engaged: {report.engaged}); report: {run_dir / 'report.md'}", highlight=False)
+def _end_to_end(r: Report) -> list[str]:
+    if r.serving is not None:
+        return [f"Medians of {r.timing_rounds} rounds' wall time, the stock and the packed server interleaved "
+                "(the same tokens every round: the ratio of times is that of throughputs).", "",
+                "| variant | round ms | vs stock |", "|---|---:|---:|",
+                f"| stock {r.engine} | {_ms(r.baseline_ms)} | 1.00x |",
+                f"| {r.engine} + kernelbot pack | {_ms(r.optimized_ms)} | {r.speedup:.2f}x |"]
+    return [f"Medians of {r.timing_rounds} rounds, eager / kernelbot / torch.compile interleaved in each round.", "",
+            "| variant | workload ms | vs eager |", "|---|---:|---:|",
+            f"| eager | {_ms(r.baseline_ms)} | 1.00x |",
+            f"| kernelbot | {_ms(r.optimized_ms)} | {r.speedup:.2f}x |",
+            f"| torch.compile (dynamic) | {_ms(r.compiled_ms)} | "
+            f"{(r.baseline_ms / r.compiled_ms if r.compiled_ms else 0):.2f}x |",
+            *([f"| CUDA-graph decode (static cache) | {_ms(r.graph_decode_ms)} | "
+               f"{r.baseline_ms / r.graph_decode_ms:.2f}x |"] if r.graph_decode_ms else [])]

@@ -15,36 +15,29 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from kernelbot import KernelbotError
 from kernelbot.agent.compile_baseline import RegionCompile, time_region_compile
+from kernelbot.agent.engines import Measured, engine_for
+from kernelbot.agent.gate import faster, never_slower, ratio
 from kernelbot.agent.generate import Generation
 from kernelbot.agent.journal import Journal
-from kernelbot.agent.measure import (
-    apply_counts,
-    count_calls,
-    fidelity,
-    layer_routes_note,
-    median,
-    time_end_to_end,
-)
+from kernelbot.agent.measure import apply_counts, median
 from kernelbot.agent.options import OptimizeOptions
 from kernelbot.agent.pack import Accepted, build_pack
-from kernelbot.agent.plan import ModelTasks, plan_tasks, signature
+from kernelbot.agent.plan import plan_tasks, signature
 from kernelbot.agent.report import write_report
 from kernelbot.agent.run_state import Clock, RunState
 from kernelbot.agent.stages import Stages
-from kernelbot.engine import TorchEngine
-from kernelbot.engine.device import DeviceChoice, device_record, pick_device
+from kernelbot.engine.device import DeviceChoice, pick_device
 from kernelbot.engine.models import resolve_spec
-from kernelbot.kernel_library import classes_covered
+from kernelbot.engine.serving.load import Workload
+from kernelbot.engine.serving.served import Profiled
 from kernelbot.kernel_library.store import KernelStore
-from kernelbot.profiler.hotspots import op_breakdown, rank_hotspots
-from kernelbot.profiler.trace import load_trace
+from kernelbot.profiler.device import PeakOverride, device_record
 from kernelbot.records import (
     Device,
-    EndToEndTimes,
     Fidelity,
     Hotspot,
+    KernelOutcome,
     KernelResult,
     LLMUsage,
     Pack,
@@ -68,14 +61,6 @@ class Finish:
     compile: bool
 
 
-@dataclass(frozen=True)
-class Measured:
-    """What the final pack changed, as measured: the model's outputs, and the workload's time."""
-
-    fidelity: Fidelity
-    times: EndToEndTimes
-
-
 class OptimizeRun:
     """One session of a run: built from its options and journal (which starts it: the engine and the device's
     peaks), then `run()` takes it to its report."""
@@ -96,10 +81,13 @@ class OptimizeRun:
                                              opts.seed)
         self.stages = Stages(console, self.run_dir, clock.before)
         self._say_start(spec_notes)
-        self.stages.say("[1/7] engine: building the model and measuring the device's peaks")
-        self.engine = TorchEngine(self.spec, device=self.choice)
         self.state = RunState(journal, clock, KernelStore(opts.store) if opts.store else None, "")
+        serve = opts.serve
+        self.stages.say("[1/7] engine: " + ("building the model" if serve is None else
+                                           f"the model for {serve.engine.value} to serve") + " and the device's peaks")
         self.device = self._device(spec_notes)
+        self.engine = engine_for(serve, self.spec, self.device, self.choice, self.run_dir, self.workload,
+                                 self.stages.say)
         self.notes = list(spec_notes)  # the report's
         self.generation = Generation(opts, self.run_dir, self.state, self.stages, self.device, self.notes, executor)
         self.kernels: list[KernelResult] = []
@@ -112,15 +100,26 @@ class OptimizeRun:
         self.pack_dir = self.run_dir / "pack"
         self.hotspots_before: list[Hotspot] = []
         self.hotspots_now: list[Hotspot] = []
+        self.profiled = Profiled(hotspots=[], captures=[])
+        self.profiled_pack = ""  # the pack version the last profile ran with
         self.profile_s = 0.0
         self.iterations_done = 0
+
+    @property
+    def workload(self) -> Workload:
+        """A served run's load: the run's batch as requests in flight, its prompt length and decode steps, and
+        requests enough for several batches per round."""
+        o = self.opts
+        return Workload(concurrency=o.batch, input_len=o.prompt_len, output_len=max(o.decode_steps, 1),
+                        num_prompts=max(o.batch, o.serve.requests_per_round if o.serve else o.batch), seed=o.seed)
 
     def _say_start(self, spec_notes: list[str]) -> None:
         spec = self.spec
         if self.sessions > 1:
             self.stages.say(f"resuming {self.run_dir} (session {self.sessions}); recorded results are replayed, not "
                             "recomputed", style="yellow")
-        self.stages.say(f"[bold]kernelbot optimize[/bold] {spec.name} ({spec.dtype}, batch {spec.batch}, "
+        where = "in-process" if self.opts.serve is None else f"served by {self.opts.serve.engine.value}"
+        self.stages.say(f"[bold]kernelbot optimize[/bold] {spec.name} {where} ({spec.dtype}, batch {spec.batch}, "
                         f"{spec.prompt_len}-token prompts, {spec.decode_steps} decode steps) → {self.run_dir}")
         for note in spec_notes:
             self.stages.say(f"note: {note}", style="yellow")
@@ -128,7 +127,8 @@ class OptimizeRun:
     def _device(self, spec_notes: list[str]) -> Device:
         self.state.stage("engine")
         device = Device.model_validate(self.state.memo(
-            "device", "stage", lambda: device_record(self.choice, self.spec.dtype).model_dump()))
+            "device", "stage", lambda: device_record(self.choice, self.spec.dtype, PeakOverride(
+                tflops=self.opts.peak_tflops, gbps=self.opts.peak_gbps)).model_dump()))
         device.notes.extend(n for n in spec_notes if n not in device.notes)
         self.state.device_name = f"{device.kind}:{device.name}"
         write_record(self.run_dir / "model.json", self.spec)
@@ -151,7 +151,12 @@ class OptimizeRun:
         finish = self.finish_plan()
         if finish.compile:
             self.compile_regions()
-        report = self.report(self.measure(finish), finish, hotspots_after)
+        measured = self.measure(finish)
+        gated = self.gate(measured, finish)
+        if gated is not measured and self.pack.entries:  # the pack changed: profile what ships
+            hotspots_after = self._profiled(f"hotspots:final:{self.pack.version}", self.run_dir / "trace_after.json.gz")
+            write_record(self.run_dir / "hotspots_after.json", hotspots_after)
+        report = self.report(gated, finish, hotspots_after)
         self.state.journal.set_meta("state", "done")
         self.state.clock.save()
         return report
@@ -182,7 +187,8 @@ class OptimizeRun:
         self.state.stage("profile")
         trace = self.run_dir / ("trace.json.gz" if it == 0 else "trace_after.json.gz")
         self.stages.say(f"[2/7] profile + rank{f' (iteration {it + 1}, pack applied)' if it else ''}: "
-                        "torch.profiler over the workload")
+                        + ("torch.profiler over the workload" if self.opts.serve is None else
+                           "the server's own profiler under load, the plugin capturing its layers' calls"))
         t0 = time.perf_counter()
         hotspots = self._profiled(f"hotspots:{it}", trace)
         if it == 0:  # a profile's length prices the finish (a resumed run reads the first session's)
@@ -203,8 +209,9 @@ class OptimizeRun:
         generic_refused = None if self.opts.llm or "cpp" in self.generation.backends else (
             "no generic task: the built-in generator writes C++ for CPUs, and no LLM (--llm) can write a kernel for "
             f"{self.device.kind}")
-        tasks = plan_tasks(self.hotspots_now, ModelTasks(self.engine, generic_refused), self.opts, self.run_dir,
-                           self.notes, iteration=it, attempted=self.attempted, deferred=self.deferred)
+        source = self.engine.tasks(self.profiled, generic_refused)
+        tasks = plan_tasks(self.hotspots_now, source, self.opts, self.run_dir, self.notes, iteration=it,
+                           attempted=self.attempted, deferred=self.deferred)
         self.stages.say(f"      {len(tasks)} tasks: {', '.join(t.id for t in tasks)}")
         incumbents = {} if tasks else self._challenges()
         if incumbents:
@@ -239,7 +246,7 @@ class OptimizeRun:
     def final_profile(self) -> list[Hotspot]:
         """The profile with the final pack: the last iteration's when it had that pack, else a new one."""
         last = self.hotspots_now
-        if not self.accepted or any(h.kernel for h in last):
+        if not self.accepted or self.profiled_pack == self.pack.version:
             if not (self.run_dir / "trace_after.json.gz").exists() and (self.run_dir / "trace.json.gz").exists():
                 shutil.copyfile(self.run_dir / "trace.json.gz", self.run_dir / "trace_after.json.gz")
             write_record(self.run_dir / "hotspots_after.json", last)
@@ -250,8 +257,10 @@ class OptimizeRun:
 
     def _profiled(self, key: str, trace: Path) -> list[Hotspot]:
         with self.stages.working("profiling the workload and ranking its modules against the roofline"):
-            return [Hotspot.model_validate(h) for h in self.state.memo(key, "stage", functools.partial(
-                _profile_with, self.engine, self.device, self.pack, self.pack_dir, trace))]
+            self.profiled = Profiled.model_validate(self.state.memo(key, "stage", lambda: self.engine.profile(
+                trace, self.pack, self.pack_dir).model_dump()))
+        self.profiled_pack = self.pack.version
+        return self.profiled.hotspots
 
     def finish_plan(self) -> Finish:
         """The end-to-end rounds and whether to time torch.compile, within what the time budget leaves."""
@@ -287,56 +296,60 @@ class OptimizeRun:
                     row.region_compile_speedup = region.speedup
 
     def measure(self, finish: Finish) -> Measured:
-        """Calls into each kernel of the pack, the model's outputs with it, and the workload's time: eager vs
-        kernelbot vs torch.compile, interleaved."""
-        self.state.stage("fidelity")
-        self._count_calls()
-        with self.stages.working("fidelity: the pack's outputs against eager's and float64's"):
-            fid = Fidelity.model_validate(self.state.memo(f"fidelity:{self.pack.version}", "stage", lambda: fidelity(
-                self.engine, self.pack, self.pack_dir).model_dump()))
-        self.stages.say(f"      fidelity: {fid.summary()}")
+        """Calls into each kernel of the pack, the model's outputs with it, and the workload's time: eager (or the
+        stock engine) vs kernelbot (vs torch.compile in-process), interleaved."""
         self.state.stage("measure")
-        baselines = "torch.compile" + (" vs CUDA-graph decode" if self.engine.graph_decode_baseline else "")
-        self.stages.say(f"[6/7] measure: eager vs kernelbot vs {baselines}, {finish.rounds} interleaved rounds")
-        times = EndToEndTimes.model_validate(self.state.memo(
-            f"timings:{self.pack.version}", "stage", functools.partial(self._time, finish)))
-        write_record(self.run_dir / "timings.json", times)
-        if times.host is not None and times.host.contended:
-            self.stages.say(f"      the host was busy while timing ({times.host.summary()}): the ratios are "
-                            "doubtful", style="yellow")
-        return Measured(fid, times)
-
-    def _count_calls(self) -> None:
-        calls, fallbacks = self.state.memo(f"calls:{self.pack.version}", "stage",
-                                           lambda: list(count_calls(self.engine, self.pack, self.pack_dir)))
-        apply_counts(self.kernels, calls, fallbacks)
+        baselines = ("torch.compile" + (" vs CUDA-graph decode" if self.engine.graph_decode_baseline else "")
+                     if self.opts.serve is None else f"the stock {self.engine.kind} server")
+        self.stages.say(f"[6/7] measure: fidelity, then {'eager vs kernelbot vs ' if self.opts.serve is None else ''}"
+                        f"{baselines}{' vs the packed server' if self.opts.serve else ''}, {finish.rounds} interleaved "
+                        "rounds")
+        measured = Measured.model_validate(self.state.memo(f"measured:{self.pack.version}", "stage", lambda: (
+            self.engine.measure(self.pack, self.pack_dir, finish.rounds, finish.compile, self.stages).model_dump())))
+        apply_counts(self.kernels, measured.calls, measured.fallbacks)
         self.notes.extend(f"{row.candidate_id} is in the pack but never ran" for row in self.kernels
                           if row.status == "accepted" and row.calls == 0)
-        routes = layer_routes_note(self.engine, self.pack, self.pack_dir)
-        if routes is not None:
-            self.notes.append(routes)
+        self.notes.extend(measured.notes)
+        self.stages.say(f"      fidelity: {measured.fidelity.summary()}")
+        write_record(self.run_dir / "timings.json", measured.times)
+        if measured.times.host is not None and measured.times.host.contended:
+            self.stages.say(f"      the host was busy while timing ({measured.times.host.summary()}): the ratios are "
+                            "doubtful", style="yellow")
+        return measured
 
-    def _time(self, finish: Finish) -> dict[str, Any]:
-        compiled = None
-        if finish.compile:
-            t0 = time.perf_counter()
-            compiled = self.engine.compiled()
-            with self.stages.working("torch.compile warm-up (compiling the model for prefill and decode)"):
-                compiled.run_workload()
-                compiled.run_workload()
-            self.stages.say(f"      torch.compile warm-up took {time.perf_counter() - t0:.0f} s")
-        graphed = None
-        if self.engine.graph_decode_baseline:  # how serving engines run decode
-            try:
-                graphed = self.engine.static_decode(graphs=True)
-            except KernelbotError as exc:
-                self.notes.append(f"CUDA-graph decode not timed: {exc}")
-        self.engine.apply_pack(self.pack, self.pack_dir)
-        self.engine.run_workload()  # warm the kernels (weights packed on first call)
-        self.engine.remove_pack()
-        with self.stages.working(f"timing {finish.rounds} interleaved rounds"):
-            return time_end_to_end(self.engine, self.pack, self.pack_dir, finish.rounds, compiled,
-                                   graphed).model_dump()
+    def gate(self, measured: Measured, finish: Finish) -> Measured:
+        """Never ship a slower model (agent/gate.py); the kernels it drops leave the pack, with the reason."""
+        if not self.accepted or faster(measured.times):
+            return measured
+        self.stages.say(f"[6/7] gate: the pack is {ratio(measured.times):.2f}x of the baseline, not faster: looking "
+                        "for the kernels that hurt the model (leave one out)", style="yellow")
+        result = never_slower(self.accepted, measured, lambda subset, again: self._trial(subset, finish, again))
+        for a, why in result.dropped:
+            self._drop(a, why)
+        self.pack = build_pack(self.accepted, self.run_dir.name, self.device.name, self.pack_dir)
+        serving = result.measured.serving
+        if not self.accepted and serving is not None:  # its rounds are those of the pack that does not ship
+            serving = serving.model_copy(update={"throughput_gain": None, "notes": [
+                *serving.notes, "no pack ships: the rounds with the pack are those of the kernels the gate dropped"]})
+            return result.measured.model_copy(update={"serving": serving})
+        return result.measured
+
+    def _trial(self, accepted: list[Accepted], finish: Finish, again: bool) -> Measured:
+        """The model measured with a subset of the pack (journaled under the subset's pack version; `again`, a
+        second measurement of its own)."""
+        pack_dir = self.run_dir / "gate" / "pack"
+        pack = build_pack(accepted, self.run_dir.name, self.device.name, pack_dir)
+        key = f"measured:{pack.version}" + (":again" if again else "")
+        return Measured.model_validate(self.state.memo(key, "stage", lambda: (
+            self.engine.measure(pack, pack_dir, finish.rounds, False, self.stages).model_dump())))
+
+    def _drop(self, a: Accepted, why: str) -> None:
+        self.accepted = [x for x in self.accepted if x is not a]
+        for row in self.kernels:
+            if row.candidate_id == f"{a.task.id}/{a.candidate.id}":
+                row.status, row.outcome, row.reason = "rejected", KernelOutcome.SLOWER_IN_MODEL, why
+        self.notes.append(f"{a.task.id}/{a.candidate.id} dropped from the pack: {why}")
+        self.stages.say(f"      dropped {a.task.id}/{a.candidate.id}: {why}", style="yellow")
 
     def report(self, measured: Measured, finish: Finish, hotspots_after: list[Hotspot]) -> Report:
         """report.json and report.md; then, when the pack kept the model's outputs, its kernels into the store."""
@@ -358,7 +371,8 @@ class OptimizeRun:
             fidelity=fid, kernels=self.kernels, hotspots_before=self.hotspots_before, hotspots_after=hotspots_after,
             notes=self.notes, seconds=round(self.state.clock.elapsed(), 1), llm=self.usage,
             iterations=max(self.iterations_done, 1), stop_reason=self.state.stop_reason, budget=self._budget(),
-            reused=self.state.reused, sessions=self.sessions, host=times.host)
+            reused=self.state.reused, sessions=self.sessions, host=times.host, engine=self.engine.kind,
+            serving=measured.serving, floor=measured.floor)
         write_report(report, self.run_dir, self.console)
         if fid.passed:
             self._store_accepted()
@@ -393,19 +407,6 @@ class OptimizeRun:
                 "verdict": a.verdict.verdict, "checks": [c.id for c in a.verdict.checks if c.status == "pass"]})
         if self.accepted:
             self.stages.say(f"      {len(self.accepted)} kernels stored in {store.root} for later runs")
-
-
-def _profile_with(engine: TorchEngine, device: Device, pack: Pack, pack_dir: Path, trace: Path) -> list[dict]:
-    """The workload profiled (with the pack when it has kernels) and ranked, as JSON for the journal."""
-    if pack.entries:
-        engine.apply_pack(pack, pack_dir)
-    try:
-        engine.profile(trace)
-        loaded = load_trace(trace)
-        op_breakdown(loaded).to_csv(trace.with_name(trace.name.replace(".json.gz", "_ops.csv")), index=False)
-        return [h.model_dump() for h in rank_hotspots(loaded, device, classes_covered(engine.model))]
-    finally:
-        engine.remove_pack()
 
 
 def _region_compile(task: Task, reference: Path, choice: DeviceChoice) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 
 Run with the SGLang test environment's python (`.ci/sglang_env.sh`):
 
-    .venv-sglang/bin/python benchmarks/sglang_plugin.py
+    .venv-sglang/bin/python benchmarks/sglang_plugin.py [--rounds 15] [--iters 300]
 
 It writes a pack of the library's C++ kernels (RMSNorm at hidden 256, SiluAndMul at width 2048, RotaryEmbedding
 with 4 query and 2 key heads of 64, verified shapes of 4 and 32 rows), loads the plugin through SGLang's own
@@ -13,6 +13,8 @@ AMX). Medians over rounds; µs per call.
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import statistics
 import sys
@@ -59,10 +61,12 @@ def main(rounds: int = 15, iters: int = 300) -> None:
     import torch
     from sglang_child import _torchvision_ops  # the CPU wheel's torchvision needs two schemas declared
 
+    from kernelbot.engine.served_layers import COUNTS_ENV, PACK_ENV
+
     pack_dir = Path(tempfile.mkdtemp(prefix="kb-bench-")) / "pack"
     write_pack(pack_dir)
-    os.environ.update({"SGLANG_PLUGINS": "kernelbot_pack", "KERNELBOT_PACK_DIR": str(pack_dir),
-                       "SGLANG_USE_CPU_ENGINE": "1"})
+    os.environ.update({"SGLANG_PLUGINS": "kernelbot_pack", PACK_ENV: str(pack_dir),
+                       COUNTS_ENV: str(pack_dir.parent / "counts"), "SGLANG_USE_CPU_ENGINE": "1"})
     _torchvision_ops()
     from sglang.srt.plugins import load_plugins
 
@@ -98,9 +102,13 @@ def main(rounds: int = 15, iters: int = 300) -> None:
             print(f"{name:34s} {h:17.1f} {n:18.1f} {n / h:6.2f}x")
     from kernelbot.engine import sglang_plugin
 
-    custom = sglang_plugin._STATE.custom if sglang_plugin._STATE else {}
-    print("calls into the pack:", {k: v["calls"] for k, v in custom.items()})
+    custom = sglang_plugin._ROUTER.custom if sglang_plugin._ROUTER else {}
+    print("calls into the pack:", json.dumps({k: v.calls for k, v in custom.items()}))
 
 
 if __name__ == "__main__":
-    main()
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--iters", type=int, default=300, help="calls per round and variant")
+    args = parser.parse_args()
+    main(args.rounds, args.iters)

@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from kernelbot import KernelbotError, __version__
-from kernelbot.engine.sglang_plugin import PACK_ENV, PLUGIN_NAME
+from kernelbot.engine.served_layers import PACK_ENV
+from kernelbot.engine.serving.apis import PLUGIN_NAME
 from kernelbot.records import Fidelity, Pack
 
 PACK_PATH = "/opt/kernelbot/pack"
@@ -109,6 +110,7 @@ class RunInfo:
     model: str
     verification: str
     problems: list[str]  # why the run may not be promoted; empty when it may
+    engine: str = "sglang"  # the engine whose Python the pack installs into: the run's served engine, else SGLang
 
 
 def pack_digest(pack_dir: Path) -> str:
@@ -135,6 +137,7 @@ def read_run(run_dir: Path) -> RunInfo:
         if not (run_dir / "pack" / e.source_file).is_file():
             problems.append(f"kernel {e.candidate_id}: {e.source_file} is missing from the pack")
     fidelity = "fidelity not checked"
+    engine = "sglang"
     report = run_dir / "report.json"
     if report.is_file():
         data = json.loads(report.read_text())
@@ -143,16 +146,17 @@ def read_run(run_dir: Path) -> RunInfo:
                     f"token_agreement={fid.get('token_agreement')} within_dtype_noise={fid.get('within_noise')}")
         if not fid or not Fidelity.model_validate(fid).passed:
             problems.append(f"fidelity check failed: {fidelity} repetition_collapse={fid.get('repetition_collapse')}")
-        if data.get("engaged") is False:  # a served run whose engine never ran the pack proves nothing
-            problems.append("the pack did not engage in every rank of the served model (see report.json notes)")
-        model = data.get("model_path", model)
+        engine = "vllm" if data.get("engine") == "vllm" else engine
+        serving = data.get("serving") or {}
+        if serving.get("engaged") is False:  # a served run whose engine never ran the pack proves nothing
+            problems.append("the pack did not run in every process of the served model (see report.md, Serving)")
     else:
         problems.append("no report.json: fidelity was never checked")
     if not pack.entries:
         problems.append("the pack has no kernels")
     verified = sum(e.verification.startswith("pass") for e in pack.entries)
     summary = f"{verified}/{len(pack.entries)} kernels verified; {fidelity}"
-    return RunInfo(run_dir, pack, pack_digest(run_dir / "pack"), model, summary, problems)
+    return RunInfo(run_dir, pack, pack_digest(run_dir / "pack"), model, summary, problems, engine)
 
 
 def labels(info: RunInfo) -> dict[str, str]:
@@ -172,9 +176,10 @@ def dockerfile(base: str, info: RunInfo, wheel: str | None, install: bool) -> st
             # no deps: the engine image brings torch and the rest; the plugin needs only those and pydantic
             lines.append(f"COPY install.sh {INSTALL_DIR}/install.sh")
             lines.append(f"ARG {PYTHON_ARG}=")
+            lines.append(f"ENV KERNELBOT_ENGINE_MODULE={info.engine}")
             lines.append(f"RUN sh {INSTALL_DIR}/install.sh {INSTALL_DIR}/{wheel}")
-    # the activation: SGLang loads the kernelbot plugin in every rank and it reads the pack from here
-    lines.append(f"ENV SGLANG_PLUGINS={PLUGIN_NAME} {PACK_ENV}={PACK_PATH}")
+    # the activation: vLLM and SGLang load the kernelbot plugin in every process; it reads the pack from here
+    lines.append(f"ENV SGLANG_PLUGINS={PLUGIN_NAME} VLLM_PLUGINS={PLUGIN_NAME} {PACK_ENV}={PACK_PATH}")
     return "\n".join(lines) + "\n"
 
 

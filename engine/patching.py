@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -15,10 +14,9 @@ from torch.utils import _pytree as pytree
 
 from kernelbot.engine.layer_route import PARTS, LeanLayer, has_parts, probe_agrees
 from kernelbot.kernel_library import FAMILIES
-from kernelbot.kernel_library.base import GENERIC
+from kernelbot.kernel_library.base import GENERIC, hot_path
 from kernelbot.loading import load_module
-from kernelbot.profiler.trace import KERNEL_LABEL
-from kernelbot.records import CallSignature, Pack, PackEntry
+from kernelbot.records import KERNEL_LABEL, CallSignature, Pack, PackEntry
 
 
 @dataclass
@@ -64,19 +62,6 @@ class GenericCall:
     def output(self, result: torch.Tensor | tuple) -> object:
         produced = iter(result if isinstance(result, tuple | list) else (result,))
         return pytree.tree_unflatten([None if none else next(produced) for none in self.none], self.out_spec)
-
-
-def _bound(kernel: torch.nn.Module, dtype: str) -> Any:
-    """The kernel's hot path bound for this dtype (forward or step with weights packed once), where its class takes
-    `bound` and the forward (and step) that call it from one kernel_library class, none overridden: a candidate's
-    own methods are what was verified, so a candidate that redefines any of them runs through its forward."""
-    owners = {next((c for c in type(kernel).__mro__ if name in vars(c)), None)
-              for name in ("bound", "forward", "step") if hasattr(kernel, name)}
-    owner = owners.pop() if len(owners) == 1 else None
-    if owner is None or not owner.__module__.startswith("kernelbot.kernel_library.") or getattr(
-            sys.modules.get(owner.__module__), owner.__name__, None) is not owner:
-        return None
-    return kernel.bound(getattr(torch, dtype))
 
 
 def _generic_run(call: GenericCall, kernel: torch.nn.Module, inputs: list[torch.Tensor]) -> object:
@@ -147,11 +132,11 @@ class PackPatcher:
                     continue
                 engine_call = FAMILIES[entry.family].engine_call
                 if engine_call is not None:
-                    stepper = _bound(kernel, entry.dtype) or kernel
+                    stepper = hot_path(kernel, entry.dtype) or kernel
                     route.engine.append((engine_call, stepper, counts, kernel_label(entry), entry.input_shapes))
                     continue
                 sig = tuple((tuple(s), getattr(torch, entry.dtype)) for s in entry.input_shapes)
-                route.kernels[sig] = (_bound(kernel, entry.dtype) or kernel.forward, counts, kernel_label(entry))
+                route.kernels[sig] = (hot_path(kernel, entry.dtype) or kernel.forward, counts, kernel_label(entry))
         for module in self.model.modules():
             if id(module) in routes:
                 self._wrap(module, routes[id(module)])

@@ -4,6 +4,7 @@ kernels per backend + wrapper + test + benchmark)."""
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,7 +12,8 @@ from typing import Any, NamedTuple
 
 import torch
 
-ROOT = Path(__file__).parent
+from kernelbot.kernel_library.identity import ROOT  # the library root, defined once
+
 GENERIC = "generic"  # the family of tasks whose reference is extracted from the model, not written by hand
 
 
@@ -93,3 +95,18 @@ def rows(shape: list[int]) -> int:
 def dtype_name(dtype: torch.dtype) -> str:
     """'bfloat16' for torch.bfloat16: how records and init args name a dtype."""
     return str(dtype).removeprefix("torch.")
+
+
+def hot_path(kernel: torch.nn.Module, dtype: str) -> Any:
+    """The kernel's hot path bound for this dtype (forward or step with weights packed once), where its class takes
+    `bound` and the forward (and step) that call it from one kernel_library class, none overridden: a candidate's
+    own methods are what was verified, so a candidate that redefines any of them runs through its forward (None)."""
+    if not hasattr(kernel, "bound"):  # a kernel with no bound hot path (Triton wrappers, some C++ ones)
+        return None
+    owners = {next((c for c in type(kernel).__mro__ if name in vars(c)), None)
+              for name in ("bound", "forward", "step") if hasattr(kernel, name)}
+    owner = owners.pop() if len(owners) == 1 else None
+    if owner is None or not owner.__module__.startswith("kernelbot.kernel_library.") or getattr(
+            sys.modules.get(owner.__module__), owner.__name__, None) is not owner:
+        return None
+    return kernel.bound(getattr(torch, dtype))

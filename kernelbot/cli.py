@@ -13,7 +13,7 @@ from kernelbot.agent.llm.options import add_llm_arguments
 from kernelbot.cli_runs import add_run_arguments, add_run_parsers, run_optimize
 
 if TYPE_CHECKING:
-    from kernelbot.agent.options import OptimizeOptions
+    from kernelbot.engine.serving.served import ServeOptions
 
 
 def _optimize(args: argparse.Namespace) -> int:
@@ -24,12 +24,11 @@ def _optimize(args: argparse.Namespace) -> int:
                            prompt_len=args.prompt_len, decode_steps=args.decode_steps, seed=args.seed,
                            run_dir=args.run_dir, max_tasks=args.max_tasks, timeout=args.timeout, e2e_rounds=args.rounds,
                            compile=not args.no_compile, families=args.families.split(",") if args.families else None,
-                           device=args.device, cluster=args.cluster)
-    if args.engine == "sglang":
-        if args.cluster:
-            raise KernelbotError("--cluster evaluates candidates of the in-process engine; drop it with --engine "
-                                 "sglang")
-        return _optimize_served(args, opts)
+                           device=args.device, cluster=args.cluster, serve=_serve_options(args),
+                           peak_tflops=args.peak_tflops, peak_gbps=args.peak_gbps)
+    from kernelbot.profiler.device import PeakOverride
+
+    PeakOverride(tflops=args.peak_tflops, gbps=args.peak_gbps).check()  # a bad peak: one line before any run
     if args.cluster is not None:
         from kernelbot.agent.cluster import require_ray
 
@@ -45,6 +44,31 @@ def _optimize(args: argparse.Namespace) -> int:
     return run_optimize(args, opts.model_copy(update={"model": model_argument(opts.model), "llm": llm_options(args)}))
 
 
+def _serve_options(args: argparse.Namespace) -> ServeOptions | None:
+    """--engine vllm|sglang: how kernelbot starts the engine's servers (None: the model runs in this process)."""
+    if args.engine == "torch":
+        return None
+    from pydantic import ValidationError
+
+    from kernelbot.engine.serving.apis import EngineKind
+    from kernelbot.engine.serving.served import ServeOptions
+
+    if args.rounds < 5:
+        raise KernelbotError(f"--rounds {args.rounds}: a served A/B needs at least 5 interleaved rounds")
+    fields = {"engine": EngineKind(args.engine), "server_args": list(args.server_arg), "port": args.port,
+              "tp": args.tp, "requests_per_round": args.requests_per_round}
+    if args.engine_python:
+        fields["python"] = shlex.split(args.engine_python)
+    if args.launch_cmd:
+        fields["launch"] = shlex.split(args.launch_cmd)
+    try:
+        return ServeOptions(**fields)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        flag = "--" + str(err["loc"][0]).replace("_", "-")
+        raise KernelbotError(f"{flag}: {err['msg']}") from None
+
+
 def _point_run_at_cluster(run_dir: Path, address: str) -> None:
     """`--resume RUN_DIR --cluster ADDRESS`: the run continues on this cluster (say, the head moved); the journal's
     options are what a resumed run reads."""
@@ -56,33 +80,6 @@ def _point_run_at_cluster(run_dir: Path, address: str) -> None:
         options = journal.meta("options")
         if options is not None:
             journal.set_meta("options", {**options, "cluster": address})
-
-
-def _optimize_served(args: argparse.Namespace, candidate_opts: OptimizeOptions) -> int:
-    from kernelbot.agent.serve import ServeOptions, optimize_served
-    from kernelbot.engine.sglang_adapter import Workload, require_gpu_node
-
-    if args.model is None:
-        raise KernelbotError("--engine sglang needs --model: the served model's path (a directory with config.json)")
-    if args.llm is not None or args.resume is not None:
-        raise KernelbotError("--engine sglang runs the built-in proposer in one session: drop --llm / --resume")
-    if not args.launch_cmd:
-        require_gpu_node()  # SGLang's own server: CUDA GPUs only
-    sizes = {"--num-prompts": args.num_prompts, "--input-len": args.input_len, "--output-len": args.output_len,
-             "--concurrency": args.concurrency, "--serving-rounds": args.serving_rounds, "--tp": args.tp}
-    for name, value in sizes.items():
-        if value < 1:
-            raise KernelbotError(f"{name} must be at least 1, got {value}")
-    if args.min_share is not None:
-        candidate_opts = candidate_opts.model_copy(update={"min_share": args.min_share})
-    opts = ServeOptions(model_path=args.model, run_dir=args.run_dir, tp=args.tp, port=args.port,
-                        launch_cmd=shlex.split(args.launch_cmd) if args.launch_cmd else None,
-                        server_args=list(args.server_arg), serving_rounds=args.serving_rounds,
-                        workload=Workload(num_prompts=args.num_prompts, input_len=args.input_len,
-                                          output_len=args.output_len, concurrency=args.concurrency, seed=args.seed),
-                        candidate=candidate_opts)
-    optimize_served(opts)
-    return 0
 
 
 def _rank(args: argparse.Namespace) -> int:
@@ -178,9 +175,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("optimize", help="profile, rank, generate, verify, benchmark and integrate kernels")
     p.add_argument("--model", default=None, help="built-in model (llama-tiny, the default; llama-micro) or a local "
                    "Hugging Face causal-LM directory (config.json, and *.safetensors when present; without them, "
-                   "seeded random weights); with --engine sglang, the served model's path")
-    p.add_argument("--engine", choices=["torch", "sglang"], default="torch",
-                   help="torch: in-process transformers (default); sglang: a served model on a GPU node")
+                   "seeded random weights); served engines load the same model (written into the run when it has no "
+                   "weights)")
+    p.add_argument("--engine", choices=["torch", "vllm", "sglang"], default="torch",
+                   help="torch: the model in this process (transformers; default); vllm, sglang: the model served by "
+                        "that engine, whose servers kernelbot starts on loopback, loads, profiles and stops")
     p.add_argument("--dtype", default="auto", help="auto (bf16 where the CPU has it, else fp32), float32, bfloat16")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--prompt-len", type=int, default=32)
@@ -195,22 +194,25 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where the model runs and candidates are verified and timed: auto (a GPU when one is visible, "
                         "else the CPU), cpu (C++ kernels), cuda (a GPU; Triton kernels)")
     p.add_argument("--families", default=None, help="comma-separated kernel families to try (default: all)")
+    p.add_argument("--peak-tflops", type=float, default=None,
+                   help="the device's peak TFLOP/s at the run's dtype, instead of measuring it")
+    p.add_argument("--peak-gbps", type=float, default=None,
+                   help="the device's peak memory GB/s, instead of measuring it")
     p.add_argument("--cluster", default=None, metavar="ADDRESS",
                    help="evaluate candidates on a Ray cluster: auto, host:port or ray://host:port (what ray.init "
                         "takes); one GPU (or CPU) per candidate, as many at once as it holds; needs "
                         "pip install 'kernelbot[ray]'. With --resume: continue the run on this cluster")
-    g = p.add_argument_group("--engine sglang (the server is started, measured and stopped by kernelbot)")
-    g.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks")
-    g.add_argument("--port", type=int, default=30000)
+    g = p.add_argument_group("--engine vllm|sglang (the model served: --batch requests in flight, each of "
+                             "--prompt-len prompt and --decode-steps generated tokens; --rounds A/B rounds)")
+    g.add_argument("--engine-python", default=None, metavar="PYTHON",
+                   help="the Python of the environment where the engine is installed (default: this one)")
+    g.add_argument("--launch-cmd", default=None, help="the server command instead of `PYTHON -m <engine's server "
+                   "module>` (a wrapper that takes the same arguments)")
     g.add_argument("--server-arg", action="append", default=[], metavar="ARG",
-                   help="passed to the server as is (repeat it), e.g. --server-arg=--mem-fraction-static=0.8")
-    g.add_argument("--launch-cmd", default=None, help="the server command instead of `python -m "
-                   "sglang.launch_server` (a wrapper taking the same arguments)")
-    g.add_argument("--num-prompts", type=int, default=64)
-    g.add_argument("--input-len", type=int, default=512)
-    g.add_argument("--output-len", type=int, default=128)
-    g.add_argument("--concurrency", type=int, default=16)
-    g.add_argument("--serving-rounds", type=int, default=3, help="workload runs per server; the median is reported")
+                   help="passed to every server as is (repeat it), e.g. --server-arg=--max-num-seqs=64")
+    g.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks")
+    g.add_argument("--port", type=int, default=8100, help="the first server's port (a port in use is skipped)")
+    g.add_argument("--requests-per-round", type=int, default=32, help="requests per load round (default 32)")
     add_llm_arguments(p)
     add_run_arguments(p)
     p.set_defaults(func=_optimize)

@@ -13,6 +13,8 @@ from pydantic import BaseModel, Field, computed_field, model_validator
 
 from kernelbot.profiler.host import HostLoad
 
+KERNEL_LABEL = "kernelbot::"  # names a pack kernel's calls in traces (the engines label them, the profiler reads them)
+
 
 class Device(BaseModel):
     kind: Literal["cpu", "cuda"]
@@ -138,6 +140,21 @@ class Verdict(BaseModel):
     notes: list[str] = Field(default_factory=list)
 
 
+class GpuState(BaseModel):
+    """One NVML reading of the GPU a run uses; every field None (and `note` saying why) where NVML is absent."""
+
+    available: bool
+    nvml_index: int | None = None
+    sm_clock_mhz: int | None = None
+    mem_clock_mhz: int | None = None
+    max_sm_clock_mhz: int | None = None
+    temperature_c: int | None = None
+    throttle_reasons: list[str] = Field(default_factory=list)
+    throttled: bool | None = None  # clocks held down for a reason other than idling
+    other_processes: list[int] | None = None  # pids on this GPU outside our own process tree
+    note: str = ""
+
+
 class Bench(BaseModel):
     candidate_id: str
     rounds: int
@@ -148,6 +165,8 @@ class Bench(BaseModel):
     speedup: float
     significant: bool  # faster beyond the measured noise
     host: HostLoad | None = None  # over the benchmark: other processes' CPU time makes its ratio doubtful
+    gpu_before: GpuState | None = None  # NVML on the benchmark's GPU before and after: clocks, temperature, throttling
+    gpu_after: GpuState | None = None
 
 
 class PackEntry(BaseModel):
@@ -252,6 +271,7 @@ class KernelOutcome(str, Enum):
     FASTER = "faster"  # verified and faster beyond noise, not yet weighed against its task's other candidates
     OUTPACED = "outpaced"  # verified and faster beyond noise, but another candidate was faster (or won the duel)
     NOT_FASTER = "not_faster"  # verified, not faster beyond the measured noise
+    SLOWER_IN_MODEL = "slower_in_model"  # faster alone, but the model end to end was faster without it (the gate)
     NOT_TIMED = "not_timed"  # verified, but its backend cannot be timed on this device
     NOT_VERIFIED = "not_verified"  # correctness could not run here, or the candidate was not run at all
     FAILED = "failed"  # a verification check failed
@@ -265,7 +285,7 @@ class KernelOutcome(str, Enum):
 
 
 VERIFIED_OUTCOMES = frozenset({KernelOutcome.ACCEPTED, KernelOutcome.FASTER, KernelOutcome.OUTPACED,
-                               KernelOutcome.NOT_FASTER, KernelOutcome.NOT_TIMED})
+                               KernelOutcome.NOT_FASTER, KernelOutcome.NOT_TIMED, KernelOutcome.SLOWER_IN_MODEL})
 # How rows written before outcomes were recorded said them: the start of their reason (first match wins).
 LEGACY_REASONS = (("verified; ", KernelOutcome.FASTER), ("verified and faster", KernelOutcome.OUTPACED),
                   ("verified but not faster", KernelOutcome.NOT_FASTER), ("verified (", KernelOutcome.NOT_TIMED),
@@ -403,6 +423,9 @@ class Report(BaseModel):
     reused: list[str] = Field(default_factory=list)  # candidates taken from the kernel store
     sessions: int = 1  # 1 + how many times the run was resumed
     host: HostLoad | None = None  # over the end-to-end rounds: a contended host makes every ratio above doubtful
+    engine: str = "in-process"  # or the served engine: "vllm", "sglang"
+    serving: ServedComparison | None = None  # served runs: the A/B on the server (its rounds are baseline/optimized)
+    floor: WorkloadFloor | None = None
 
 
 class KernelStat(BaseModel):
@@ -455,6 +478,52 @@ class RankReport(BaseModel):
     notes: list[str] = Field(default_factory=list)
 
 
+class KernelCalls(BaseModel):
+    """Calls into one pack kernel in one engine process."""
+
+    calls: int = 0  # eager calls (each one ran the kernel)
+    captured: int = 0  # calls during CUDA-graph capture (replays run the kernel without calling Python)
+    # the first calls run both the kernel and the engine's own path on the same inputs, in the engine's process
+    timed: int = 0
+    kernel_us: float | None = None  # median per call over the timed calls
+    engine_us: float | None = None
+    disabled: str = ""  # why the kernel stopped taking calls in this process (slower than the engine's own path)
+
+
+class LayerCapture(BaseModel):
+    """One variant of an engine layer as the engine really ran it (engine/served_layers.py, capture mode): which
+    family stands in for it, built how, at which shapes; and whether the family's reference gave the layer's own
+    outputs on a live call."""
+
+    engine_class: str  # the engine's layer class, e.g. "RMSNorm" (vLLM) or "QKVParallelLinear"
+    module_class: str = ""  # the module whose calls a trace shows for it, when another ("Attention" for its backend)
+    family: str
+    init_args: list[Any]
+    dtype: str
+    input_shapes: list[list[int]]  # the kernel's inputs at the most rows the engine ran
+    calls: int
+    rows: dict[str, int] = Field(default_factory=dict)  # rows (tokens) → calls, as continuous batching produced them
+    shapes: dict[str, list[list[int]]] = Field(default_factory=dict)  # rows → the inputs' largest dims at those rows
+    agrees: bool | None = None  # None: not checked (the variant is refused, or no call ran the engine's path)
+    why: str = ""  # why the variant cannot take a kernel, or why the reference did not agree
+
+
+class PluginReport(BaseModel):
+    """What kernelbot's plugin saw in one engine process: hooks installed, calls into each pack kernel, fallbacks by
+    reason, pack entries no layer takes, and (capturing) the layer variants the engine ran."""
+
+    pid: int
+    rank: int | None
+    engine: str
+    run_id: str = ""
+    pack_dir: str = ""
+    hooked: list[str] = Field(default_factory=list)
+    custom: dict[str, KernelCalls] = Field(default_factory=dict)  # candidate id → calls
+    fallback: dict[str, dict[str, int]] = Field(default_factory=dict)  # layer class → reason → calls
+    unrouted: list[dict[str, str]] = Field(default_factory=list)
+    captures: list[LayerCapture] = Field(default_factory=list)
+
+
 class ServingMetrics(BaseModel):
     """One serving workload against a running engine."""
 
@@ -467,31 +536,44 @@ class ServingMetrics(BaseModel):
     median_ttft_ms: float
     mean_itl_ms: float
     median_itl_ms: float
+    p99_ttft_ms: float | None = None
+    p99_itl_ms: float | None = None
     telemetry: dict[str, Any] = Field(default_factory=dict)  # GPU clocks/temperature/power/throttling, or absent
     round_throughputs: list[float] = Field(default_factory=list)  # every round's tok/s, when this is the median one
 
 
-class ServedReport(BaseModel):
-    """What `kernelbot optimize --engine sglang` found: the served model before and with the pack."""
+class ServedComparison(BaseModel):
+    """The served A/B: the stock engine and the engine with the pack, the same model and load, both servers started
+    the same way and up together, interleaved rounds (the order alternating)."""
 
-    run_id: str
     engine: str
-    model_path: str
-    tp: int
-    device: Device
-    server_command: list[str]
-    before: ServingMetrics  # the median round of the baseline server
-    after: ServingMetrics | None  # the median round with the pack, None when no kernel was accepted
-    throughput_gain: float | None  # claimed only when the pack engaged in every rank
-    itl_gain: float | None
-    beyond_noise: bool = False  # every round with the pack beat (or lost to) every baseline round
+    version: str
+    command: str  # how the packed server was started, its kernelbot environment included
+    stock: ServingMetrics  # the median round of each
+    with_pack: ServingMetrics
+    stock_rounds: list[ServingMetrics]
+    pack_rounds: list[ServingMetrics]
+    throughput_gain: float | None  # claimed only when the pack ran in every engine process that ran layers
+    beyond_noise: bool  # every round of one server beat every round of the other
     engaged: bool
-    per_rank: dict[str, dict[str, Any]]  # custom, graph-captured and fallback calls by reason, per rank
-    trace_hits: dict[str, int] = Field(default_factory=dict)  # pack kernel names found in each rank's trace
-    fidelity: Fidelity | None
-    kernels: list[KernelResult]
-    hotspots_before: list[Hotspot]
-    hotspots_after: list[Hotspot]
-    pack_version: str
+    processes: list[PluginReport]  # each engine process's plugin counters
     notes: list[str] = Field(default_factory=list)
-    seconds: float = 0.0
+    host: HostLoad | None = None  # over the rounds
+
+
+class WorkloadFloor(BaseModel):
+    """The workload's roofline floor on this device from its measured peaks: every decode step streams the weights
+    (the embedding's rows aside) and the KV cache read so far; prefill does 2 FLOPs per weight per prompt token, plus
+    attention. Each variant's share is floor / its measured time (1.0 would be the roofline)."""
+
+    weight_bytes: float
+    kv_bytes_per_token: float  # per sequence, all layers, K and V
+    prefill_gflop: float
+    decode_gb: float  # bytes streamed over all decode steps, in GB
+    floor_ms: float
+    shares: dict[str, float] = Field(default_factory=dict)  # variant → floor_ms / its median time
+
+    def summary(self) -> str:
+        shares = ", ".join(f"{k} {v:.1%}" for k, v in self.shares.items())
+        return (f"roofline floor {self.floor_ms:.2f} ms ({self.prefill_gflop:.2f} GFLOP prefill, {self.decode_gb:.3f} "
+                f"GB streamed over decode); share of the floor reached: {shares}")

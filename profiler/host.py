@@ -102,6 +102,17 @@ def own_tree(parents: dict[int, int], root: int) -> set[int]:
     return tree
 
 
+def tree_cores(root: int, window_s: float = 0.2) -> float | None:
+    """Cores that `root` and its descendants used over the next `window_s` seconds; None where there is no /proc."""
+    before = sample()
+    time.sleep(window_s)
+    after = sample()
+    if before is None or after is None:
+        return None
+    used = sum(after.ticks.get(p, 0) - before.ticks.get(p, 0) for p in own_tree(after.parents, root))
+    return used / os.sysconf("SC_CLK_TCK") / ((after.at_ns - before.at_ns) / 1e9)
+
+
 def is_contended(load_1m: float | None, cpu_count: int, own_cores: float | None,
                  others_cores: float | None) -> bool:
     limit = CONTENDED_SHARE * cpu_count

@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
+import functools
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 import pandas as pd
 
 from kernelbot.kernel_library import family_for
-from kernelbot.kernel_library.base import OpCall
+from kernelbot.kernel_library.base import Family, OpCall
 from kernelbot.profiler.roofline import DTYPE_NAMES
-from kernelbot.profiler.trace import KERNEL_LABEL, Trace
-from kernelbot.records import Device, Hotspot
+from kernelbot.profiler.trace import Trace
+from kernelbot.records import KERNEL_LABEL, Device, Hotspot
 
 ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
 
@@ -21,12 +22,12 @@ def _class_of(label: str) -> str:
     return label.rsplit("_", 1)[0] if label.rsplit("_", 1)[-1].isdigit() else label
 
 
-def _is_unit(path: str, has_children: set[str], covered: Mapping[str, str] | None) -> bool:
+def _is_unit(path: str, has_children: set[str], family: Callable[[str], Family | None]) -> bool:
     """A fusion unit is the outermost module a family can replace, or a leaf no family covers."""
     labels = path.split("/")
-    if any(family_for(_class_of(a), covered) for a in labels[:-1]):
+    if any(family(_class_of(a)) for a in labels[:-1]):
         return False  # an enclosing module is replaced whole
-    return family_for(_class_of(labels[-1]), covered) is not None or path not in has_children
+    return family(_class_of(labels[-1])) is not None or path not in has_children
 
 
 def _ops_within(ops: pd.DataFrame, ts: np.ndarray, start: float, end: float, tid, limit: int) -> list[OpCall]:
@@ -64,20 +65,23 @@ def _fits(family, dims: list[list[int]]) -> bool:
         return False
 
 
-def rank_hotspots(trace: Trace, device: Device, covered: Mapping[str, str] | None = None) -> list[Hotspot]:
-    """`covered`: class name → family for classes a family covers structurally in the live model."""
+def rank_hotspots(trace: Trace, device: Device, covered: Mapping[str, str] | None = None,
+                  by_name: bool = True) -> list[Hotspot]:
+    """`covered`: class name → family for classes a family covers structurally in the live model; `by_name`: also
+    the families' known class names (not for a served engine's classes: see family_for)."""
+    family_of = functools.partial(family_for, covered=covered, by_name=by_name)
     mods, ops = trace.modules, trace.ops
     if mods.empty:
         return []
     roots = mods[~mods["path"].str.contains("/")]
     total_us = float(roots["dur"].sum()) or float(mods["dur"].max())
     has_children = {p.rsplit("/", 1)[0] for p in mods["path"] if "/" in p}
-    units = mods[[_is_unit(p, has_children, covered) for p in mods["path"]]]
+    units = mods[[_is_unit(p, has_children, family_of) for p in mods["path"]]]
     ts = ops["ts"].to_numpy()
     groups: dict[tuple, dict] = {}
 
     def add(cls: str, dims: list, dtype: str, us: float, path: str, kernel: str | None = None) -> None:
-        family = family_for(cls, covered)
+        family = family_of(cls)
         key = family.group_dims(dims) if family and family.group_dims and dims else dims
         g = groups.setdefault((cls, json.dumps(key), dtype, kernel), {"calls": 0, "us": 0.0, "paths": [],
                                                                        "dims": dims})
@@ -87,19 +91,19 @@ def rank_hotspots(trace: Trace, device: Device, covered: Mapping[str, str] | Non
             g["paths"].append(path)
 
     for row in units.itertuples():
-        name, dims, types = _describe(ops, ts, row, family_for(row.cls, covered))
+        name, dims, types = _describe(ops, ts, row, family_of(row.cls))
         kernel = name.removeprefix(KERNEL_LABEL) if name.startswith(KERNEL_LABEL) else None
         dtype = next((DTYPE_NAMES[t] for t in types if t in DTYPE_NAMES), types[0] if types else "unknown")
         add(row.cls, dims, dtype, row.dur, row.path, kernel)
     # Glue: what enclosing modules (attention, decoder layer) spend outside their child modules.
     own = self_time(mods)
     for row in mods[mods["path"].isin(has_children) & ~mods["path"].isin(units["path"])].itertuples():
-        if "/" in row.path and not any(family_for(_class_of(a), covered) for a in row.path.split("/")):
+        if "/" in row.path and not any(family_of(_class_of(a)) for a in row.path.split("/")):
             add(f"{row.cls} (own ops)", [], "", float(own[row.Index]), row.path)
     hotspots = []
     for (cls, _key, dtype, kernel), g in groups.items():
         dims = g["dims"]  # the group's first call's: a task's observed shapes
-        family = family_for(cls, covered)
+        family = family_of(cls)
         flops = nbytes = floor = 0.0
         if family and _fits(family, dims):
             flops, nbytes = family.cost(dims, ITEMSIZE.get(dtype, 4))

@@ -14,12 +14,12 @@ import simdjson
 
 from kernelbot import KernelbotError
 from kernelbot.profiler import cscan
+from kernelbot.records import KERNEL_LABEL
 
 if TYPE_CHECKING:
     import pandas as pd
 
 MODULE_PREFIX = "nn.Module: "
-KERNEL_LABEL = "kernelbot::"  # names pack kernels in traces (engine/patching.py)
 
 
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")

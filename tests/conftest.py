@@ -59,3 +59,14 @@ def docker_env(docker_daemon):
         yield client, registry, tmp
     finally:
         stop(proc)
+
+
+@pytest.fixture
+def one_cpp_candidate(monkeypatch):
+    """Candidate generation cut to the first C++ candidate of each task (the proposer has tests of its own)."""
+    from kernelbot.agent import proposer
+
+    real = proposer.propose
+    monkeypatch.setattr("kernelbot.agent.generate.propose",
+                        lambda task, backends, reference: [c for c in real(task, backends, reference)
+                                                           if c[0].backend == "cpp"][:1])

@@ -45,3 +45,9 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def port_closed(port: int) -> bool:
+    """Nothing listens on the loopback port (a server the test started has stopped)."""
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) != 0

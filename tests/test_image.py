@@ -61,11 +61,20 @@ def test_dockerfile_has_pack_activation_and_labels(tmp_path):
     assert text.startswith("FROM lmsysorg/sglang:v0.5.23\n")
     assert f"COPY pack/ {image.PACK_PATH}/" in text
     assert "COPY install.sh /opt/kernelbot/install.sh\nARG KERNELBOT_PYTHON=\n" in text
+    assert "ENV KERNELBOT_ENGINE_MODULE=sglang\nRUN sh /opt/kernelbot/install.sh " in text  # not a vLLM run's pack
     assert "RUN sh /opt/kernelbot/install.sh /opt/kernelbot/kernelbot-0.1.0-py3-none-any.whl\n" in text
     assert "install.sh" not in image.dockerfile("b:1", info, "kernelbot-0.1.0-py3-none-any.whl", install=False)
-    assert f"ENV SGLANG_PLUGINS=kernelbot_pack KERNELBOT_PACK_DIR={image.PACK_PATH}" in text
+    assert f"ENV SGLANG_PLUGINS=kernelbot_pack VLLM_PLUGINS=kernelbot_pack KERNELBOT_PACK_DIR={image.PACK_PATH}" in text
     assert f'LABEL org.kernelbot.pack-digest="{info.digest}"' in text
     assert 'org.kernelbot.verification="1/1 kernels verified; greedy_match=True' in text
+
+
+def test_a_vllm_runs_image_installs_kernelbot_into_the_python_that_imports_vllm(tmp_path):
+    run = _run_dir(tmp_path)
+    report = json.loads((run / "report.json").read_text())
+    (run / "report.json").write_text(json.dumps({**report, "engine": "vllm"}))
+    text = image.dockerfile("vllm/vllm-openai:v0.32.0", image.read_run(run), "kernelbot.whl", install=True)
+    assert "ENV KERNELBOT_ENGINE_MODULE=vllm\nRUN sh /opt/kernelbot/install.sh " in text
 
 
 # ---- with a real Docker engine and registry ----
@@ -140,3 +149,12 @@ def test_pip_install_in_a_python_base_registers_the_plugin(docker_env, tmp_path)
     out = client.containers.run(pulled.id, ["python3", "-c", probe], network_mode="none", remove=True).decode()
     assert "['kernelbot.engine.sglang_plugin:register']" in out
     assert "kernelbot_pack ['kernels', 'manifest.json']" in out
+
+
+def test_a_served_run_whose_pack_never_ran_in_the_engine_is_not_promoted(tmp_path):
+    run = _run_dir(tmp_path)
+    report = json.loads((run / "report.json").read_text())
+    (run / "report.json").write_text(json.dumps({**report, "engine": "vllm", "serving": {"engaged": False}}))
+    assert any("did not run in every process" in p for p in image.read_run(run).problems)
+    (run / "report.json").write_text(json.dumps({**report, "engine": "vllm", "serving": {"engaged": True}}))
+    assert image.read_run(run).problems == []

@@ -152,3 +152,83 @@ def test_family_lookup_by_module_class():
     assert family_for("SiluAndMul").name == "silu_and_mul"  # SGLang's layer
     assert family_for("RotaryEmbedding").name == "rotary_embedding"
     assert family_for("LlamaAttention") is None
+
+
+@pytest.mark.parametrize("weight_in_fp32", [False, True])
+@pytest.mark.parametrize(("backend", "dtype"), [("cpp", torch.float32), ("cpp", torch.bfloat16),
+                                              ("triton", torch.float32)])  # the interpreter's bf16 casts truncate
+def test_fused_add_rmsnorm_normalises_the_unrounded_sum_and_returns_the_rounded_residual(backend, dtype,
+                                                                                       weight_in_fp32):
+    """Both outputs of the serving engines' fused add + RMSNorm, at decode, prefill and odd sizes. In bf16 the
+    normalised value comes from the fp32 sum, not from the rounded residual: a kernel normalising the rounded residual
+    differs from the reference well beyond bf16's rounding on rows whose sum rounds far."""
+    family = FAMILIES["add_rmsnorm"]
+    torch.manual_seed(0)
+    args = (96, 1e-6, str(dtype).removeprefix("torch."), weight_in_fp32)
+    reference = load_reference(family.reference_path).Model(*args).eval()
+    with torch.no_grad():
+        reference.weight.normal_()
+    kernel = _wrapper(family, backend)(*args).eval()
+    kernel.load_state_dict(reference.state_dict())
+    tol = {"rtol": 1e-4, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 1.6e-2, "atol": 1e-2}
+    for lead in SHAPES:
+        x, residual = torch.randn(*lead, 96, dtype=dtype), torch.randn(*lead, 96, dtype=dtype) * 100
+        with torch.inference_mode():
+            (out, new_residual), (want, want_residual) = kernel(x, residual), reference(x, residual)
+        torch.testing.assert_close(new_residual, want_residual, rtol=0, atol=0)
+        torch.testing.assert_close(out, want, **tol)
+        if dtype == torch.bfloat16:  # the two weight orders round apart: the kernel follows the one it was given
+            other = load_reference(family.reference_path).Model(*args[:3], not weight_in_fp32).eval()
+            other.load_state_dict(reference.state_dict())
+            with torch.inference_mode():
+                elsewise = other(x, residual)[0]
+            assert (out.double() - want.double()).abs().sum() < (out.double() - elsewise.double()).abs().sum()
+
+
+def _paged_batch(lens: list[int], new: list[int], heads: int, kv_heads: int, d: int, bs: int, dtype: torch.dtype):
+    """Dense keys and values per request, written into a shuffled paged cache in vLLM's CPU layout by hand (keys
+    transposed per block, then values): (dense, inputs of the paged attention family)."""
+    per_request = max(-(-n // bs) for n in lens)
+    blocks = torch.randperm(len(lens) * per_request + 3)
+    cache = torch.randn(len(blocks), kv_heads, bs, 2 * d, dtype=dtype)  # garbage everywhere no request writes
+    table = blocks[:len(lens) * per_request].view(len(lens), per_request).to(torch.int32)
+    dense = []
+    for r, n in enumerate(lens):
+        k, v = torch.randn(kv_heads, n, d, dtype=dtype), torch.randn(kv_heads, n, d, dtype=dtype)
+        for t in range(n):
+            flat = cache[table[r, t // bs]].view(kv_heads, 2 * bs * d)
+            flat[:, :bs * d].view(kv_heads, d, bs)[:, :, t % bs] = k[:, t]
+            flat[:, bs * d:].view(kv_heads, bs, d)[:, t % bs] = v[:, t]
+        dense.append((k, v))
+    query = torch.randn(sum(new), heads, d, dtype=dtype)
+    starts = torch.tensor([0, *torch.tensor(new).cumsum(0).tolist()], dtype=torch.int32)
+    return dense, [query, cache, table, torch.tensor(lens, dtype=torch.int32), starts]
+
+
+def test_the_paged_attention_reference_reads_the_cache_as_vllm_lays_it_out():
+    torch.manual_seed(0)
+    lens, new, heads, kv_heads, d = [5, 40, 1], [1, 3, 1], 4, 2, 32
+    dense, inputs = _paged_batch(lens, new, heads, kv_heads, d, 16, torch.float32)
+    got = load_reference(FAMILIES["paged_attention"].reference_path).Model(heads, kv_heads, d, d ** -0.5)(*inputs)
+    query, starts = inputs[0], inputs[4]
+    for r, (k, v) in enumerate(dense):
+        q = query[starts[r]:starts[r + 1]].transpose(0, 1)  # [heads, new, d]
+        k, v = k.repeat_interleave(heads // kv_heads, 0), v.repeat_interleave(heads // kv_heads, 0)
+        mask = torch.ones(new[r], lens[r], dtype=torch.bool).tril(lens[r] - new[r])
+        want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=d ** -0.5)
+        torch.testing.assert_close(got[starts[r]:starts[r + 1]], want.transpose(0, 1), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(("backend", "dtype", "d"), [("cpp", torch.float32, 32), ("cpp", torch.bfloat16, 64),
+                                                     ("cpp", torch.bfloat16, 40), ("triton", torch.float32, 32)])
+def test_paged_attention_kernels_match_the_reference_at_decode_and_prefill(backend, dtype, d):
+    """bf16 with a head size of 16 * n takes the AVX-512 path where the CPU has it, 40 the generic one."""
+    family = FAMILIES["paged_attention"]
+    torch.manual_seed(1)
+    for lens, new, heads, kv_heads in (([7, 33, 2, 64], [1, 1, 1, 1], 8, 2), ([9, 20], [9, 4], 4, 4)):
+        _, inputs = _paged_batch(lens, new, heads, kv_heads, d, 16, dtype)
+        args = (heads, kv_heads, d, d ** -0.5)
+        want = load_reference(family.reference_path).Model(*args)(*inputs)
+        got = _wrapper(family, backend)(*args)(*inputs)
+        tol = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 1.6e-2, "atol": 1e-2}
+        torch.testing.assert_close(got, want, **tol)

@@ -12,8 +12,8 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
 from kernelbot.engine import TorchEngine
 from kernelbot.engine.models import resolve_spec
-from kernelbot.engine.patching import _bound
 from kernelbot.kernel_library import FAMILIES
+from kernelbot.kernel_library.base import hot_path as _bound
 from kernelbot.kernel_library.gated_mlp.cpp import GatedMLPCpp
 from kernelbot.kernel_library.linear.cpp import LinearCpp
 from kernelbot.kernel_library.rmsnorm.cpp import RMSNormCpp

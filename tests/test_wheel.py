@@ -176,7 +176,8 @@ def test_every_module_of_the_installed_wheel_imports_from_the_new_venv(installed
     modules = _module_names(installed.wheel)
     assert {"kernelbot", "kernelbot.kernel_library", "kernelbot.cli"} <= set(modules)
     result = _last_json(_python(installed, script, *modules))
-    assert result["failed"] == {}
+    # the one module that runs only inside vLLM's processes subclasses vLLM's attention backend at import
+    assert result["failed"] == {"kernelbot.engine.vllm_attention": "ModuleNotFoundError: No module named 'vllm'"}
     outside = {m: f for m, f in result["files"].items() if not Path(f).is_relative_to(installed.purelib)}
     assert not outside, f"imported from outside the installed wheel: {outside}"
 
@@ -265,7 +266,7 @@ def _pack(pack_dir: Path) -> Path:
                          verification="pass", speedup=1.2)
 
     pack = Pack(version="0.1.0", run_id="wheel-test", device="cpu",
-                entries=[entry("rmsnorm", "LlamaRMSNorm", [[8, 32, 512]]),
+                entries=[entry("rmsnorm", "RMSNorm", [[8, 32, 512]]),
                          entry("gated_mlp", "LlamaMLP", [[8, 32, 512]])])
     pack_dir.mkdir()
     (pack_dir / "manifest.json").write_text(pack.model_dump_json())
@@ -294,7 +295,7 @@ def test_the_plugin_register_without_sglang_fails_only_for_want_of_sglang(
 def test_the_plugin_register_without_a_pack_named_hooks_nothing_and_says_so(plugin_run: PluginRun) -> None:
     seen, stderr, _ = plugin_run
     assert seen["no_pack_returned"] == "None" and seen["no_pack_hooks"] == []
-    assert "KERNELBOT_PACK_DIR is not set; no pack applied" in stderr
+    assert "neither KERNELBOT_PACK_DIR nor KERNELBOT_CAPTURE_DIR is set; nothing to do" in stderr
 
 
 def test_the_plugin_register_with_a_pack_hooks_the_layers_its_kernels_cover(plugin_run: PluginRun) -> None:

