@@ -40,6 +40,7 @@ def _check_run(run_dir, report: dict) -> list[dict]:
     return accepted
 
 
+@pytest.mark.slow  # 2.7 min (Triton candidates through the interpreter); the fast suite runs the loop in other tests
 def test_optimize_micro_rmsnorm(tmp_path):
     run_dir = tmp_path / "run"
     report = optimize(OptimizeOptions(model="llama-micro", batch=4, prompt_len=8, decode_steps=4, run_dir=run_dir,
