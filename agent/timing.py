@@ -1,6 +1,7 @@
 """The one timing protocol for a callable on a device, and the telemetry that says whether the numbers can be trusted.
 
-`timed_call`: one call of the protocol, for whatever times calls one at a time: the L2 flush queued first (on a GPU),
+`timed_call` (engine/device.py, beside the stopwatches; the sandboxed benchmark uses it too): one call of the
+protocol, for whatever times calls one at a time: the L2 flush queued first (on a GPU),
 then the call between the device's own stopwatch marks (device events on a GPU: the kernels' time, not their launch
 and a host synchronisation).
 

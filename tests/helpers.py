@@ -1,5 +1,7 @@
 import contextlib
+import json
 import socket
+import sqlite3
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -51,3 +53,16 @@ def port_closed(port: int) -> bool:
     """Nothing listens on the loopback port (a server the test started has stopped)."""
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) != 0
+
+
+def recorded_candidates(run_dir: Path) -> dict[str, dict]:
+    """The candidate records a run's journal holds (read-only; none while the journal does not exist yet)."""
+    if not (run_dir / "journal.sqlite").exists():
+        return {}
+    db = sqlite3.connect(f"file:{run_dir / 'journal.sqlite'}?mode=ro", uri=True)
+    try:
+        return {k: json.loads(d) for k, d in db.execute("SELECT key, data FROM records WHERE kind = 'candidate'")}
+    except sqlite3.OperationalError:
+        return {}
+    finally:
+        db.close()

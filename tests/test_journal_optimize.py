@@ -7,25 +7,15 @@ import json
 import os
 import random
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
 
 import pytest
+from helpers import recorded_candidates
 
 ARGS = ["--model", "llama-micro", "--batch", "4", "--prompt-len", "8", "--decode-steps", "4", "--families",
         "rmsnorm", "--no-compile", "--rounds", "3", "--min-share", "0", "--max-tasks", "1", "--iterations", "2"]
-
-
-def _candidates(run_dir) -> dict[str, dict]:
-    db = sqlite3.connect(f"file:{run_dir / 'journal.sqlite'}?mode=ro", uri=True)
-    try:
-        return {k: json.loads(d) for k, d in db.execute("SELECT key, data FROM records WHERE kind = 'candidate'")}
-    except sqlite3.OperationalError:
-        return {}
-    finally:
-        db.close()
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
@@ -41,13 +31,13 @@ def test_kill_9_mid_run_then_resume(tmp_path):
                             start_new_session=True)
     deadline = time.monotonic() + 900
     while proc.poll() is None and time.monotonic() < deadline:
-        if (run_dir / "journal.sqlite").exists() and len(_candidates(run_dir)) >= kill_after:
+        if (run_dir / "journal.sqlite").exists() and len(recorded_candidates(run_dir)) >= kill_after:
             break
         time.sleep(0.5)
     assert proc.poll() is None, f"the run ended before its candidate {kill_after}: {proc.stderr.read()[-1500:]}"
     os.killpg(proc.pid, signal.SIGKILL)  # the group this test started, nothing else
     proc.wait()
-    recorded = _candidates(run_dir)
+    recorded = recorded_candidates(run_dir)
     assert len(recorded) >= kill_after and not (run_dir / "report.json").exists()
 
     status = _cli("status", str(run_dir))
@@ -55,7 +45,7 @@ def test_kill_9_mid_run_then_resume(tmp_path):
 
     resumed = _cli("optimize", "--resume", str(run_dir))
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    final = _candidates(run_dir)
+    final = recorded_candidates(run_dir)
     for key, value in recorded.items():  # kept exactly: same verdict (seed included), benchmark, row
         assert final[key] == value, key
     report = json.loads((run_dir / "report.json").read_text())
@@ -70,4 +60,4 @@ def test_kill_9_mid_run_then_resume(tmp_path):
     report_2 = json.loads((run_dir / "report.json").read_text())
     for key in ("kernels", "baseline_ms", "optimized_ms", "fidelity", "hotspots_before", "hotspots_after"):
         assert report_2[key] == report[key], key
-    assert _candidates(run_dir) == final
+    assert recorded_candidates(run_dir) == final

@@ -8,17 +8,15 @@ killed and resumed against an uninterrupted run."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from helpers import free_port, port_closed
+from helpers import free_port, port_closed, recorded_candidates
 from llm_scripted import Script, ScriptedServer, rmsnorm_conversation
 
 from kernelbot.cli import main
@@ -66,18 +64,6 @@ def test_the_served_loop_runs_its_kernels_inside_vllms_worker_and_measures_both_
     assert port_closed(port) and port_closed(port + 1)  # every server stopped
 
 
-def _candidates(run_dir: Path) -> dict[str, dict]:
-    if not (run_dir / "journal.sqlite").exists():
-        return {}
-    db = sqlite3.connect(f"file:{run_dir / 'journal.sqlite'}?mode=ro", uri=True)
-    try:
-        return {k: json.loads(d) for k, d in db.execute("SELECT key, data FROM records WHERE kind = 'candidate'")}
-    except sqlite3.OperationalError:
-        return {}
-    finally:
-        db.close()
-
-
 def _outcomes(run_dir: Path) -> list[tuple]:
     report = Report.model_validate_json((run_dir / "report.json").read_text())
     return sorted((k.candidate_id, k.status, k.outcome.value) for k in report.kernels)
@@ -98,16 +84,16 @@ def test_an_llm_served_run_killed_and_resumed_ends_as_an_uninterrupted_run_does(
         proc = subprocess.Popen([*args, "--run-dir", str(killed)], stdout=subprocess.DEVNULL,
                                 stderr=subprocess.PIPE, start_new_session=True)
         deadline = time.monotonic() + 1200
-        while proc.poll() is None and time.monotonic() < deadline and not _candidates(killed):
+        while proc.poll() is None and time.monotonic() < deadline and not recorded_candidates(killed):
             time.sleep(0.5)
         assert proc.poll() is None, proc.stderr.read()[-1500:]
         os.killpg(proc.pid, signal.SIGKILL)  # the group this test started; its servers follow their parent
         proc.wait()
-        recorded = _candidates(killed)
+        recorded = recorded_candidates(killed)
         resumed = subprocess.run([sys.executable, "-m", "kernelbot.cli", "optimize", "--resume", str(killed)],
                                  capture_output=True, text=True, timeout=1800)
         assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert all(_candidates(killed)[k] == v for k, v in recorded.items())  # nothing recorded was recomputed
+    assert all(recorded_candidates(killed)[k] == v for k, v in recorded.items())  # nothing recorded was recomputed
     assert _outcomes(killed) == _outcomes(tmp_path / "whole")
     packs = [Pack.model_validate_json((d / "pack" / "manifest.json").read_text()) for d in (killed, tmp_path / "whole")]
     assert [sorted((e.candidate_id, e.source_hash) for e in p.entries) for p in packs][0] == \
