@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The prepared GPU check: on one GPU node, in at most 7 minutes of steps (after a preflight of seconds), with the
-# node's own torch and Triton and nothing downloaded: a 20-second smoke step (CUDA inside the sandbox, and under
+# The prepared GPU check: on one GPU node, in at most 7.5 minutes of steps (after a preflight of seconds), with the
+# node's own torch and Triton and nothing downloaded: a 50-second smoke step (CUDA inside the sandbox, and under
 # compute-sanitizer), then a correct and a racy Triton kernel verified under compute-sanitizer, then
 # `kernelbot optimize --device cuda --dtype bfloat16` on the built-in model; smoke.json, report.json, the verdicts,
 # the logs and summary.json (rewritten after every step) go into OUTDIR. Exit 0: every expectation met; 1: not;

@@ -178,10 +178,12 @@ def install_audit(record: Recorder, trusted: Iterable[CodeType] = ()) -> None:
             if args and args[0] not in (0, os.getpid()):
                 raise PermissionError(f"kernelbot sandbox: {event} refused")
         elif event in ("os.fork", "os.forkpty", "os.system", "os.posix_spawn", "os.spawn", "os.exec"):
-            record("process", f"{event} {str(args)[:200]}")
+            # subprocess starts a program by posix_spawn where it can (Triton's ptxas on a GPU node, 2026-12-04)
+            if not (event in ("os.posix_spawn", "os.exec") and args and build_tool(args[0], record)):
+                record("process", f"{event} {str(args)[:200]}")
         elif event == "subprocess.Popen":
-            exe = os.path.basename(os.fsdecode(args[0])) if args and args[0] else ""
-            if exe not in BUILD_TOOLS and not inductor_isa_probe(args, sys._getframe(1), sites, stdlib):
+            if not (args and build_tool(args[0], record)) and \
+                    not inductor_isa_probe(args, sys._getframe(1), sites, stdlib):
                 record("process", f"subprocess {str(args[1])[:200]}")
         elif event in ("gc.get_objects", "gc.get_referrers", "gc.get_referents", "sys._current_frames"):
             record("introspection", f"{event}: looking through the harness's objects")
@@ -190,6 +192,15 @@ def install_audit(record: Recorder, trusted: Iterable[CodeType] = ()) -> None:
                 record("write_outside_workdir", f"{event} {os.fsdecode(args[0])!r}")
 
     sys.addaudithook(hook)
+
+
+def build_tool(program: object, record: Recorder) -> bool:
+    """Whether `program` (a name or path) is one of the BUILD_TOOLS and not a file in the box, where a candidate
+    could have written one of that name."""
+    if not isinstance(program, (str, bytes, os.PathLike)):
+        return False
+    name = os.fsdecode(program)
+    return os.path.basename(name) in BUILD_TOOLS and (os.sep not in name or record.outside_box(name))
 
 
 def _installed_code() -> tuple[tuple[str, ...], str]:

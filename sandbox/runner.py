@@ -64,7 +64,8 @@ def namespaces_available() -> bool:
 def _can_unshare() -> bool:
     if os.geteuid() != 0 or not shutil.which("unshare"):
         return False
-    probe = subprocess.run(["unshare", "--pid", "--fork", "--net", "--mount", "true"], capture_output=True)
+    probe = subprocess.run(["unshare", "--pid", "--fork", "--net", "--mount", "--mount-proc", "true"],
+                           capture_output=True)
     return probe.returncode == 0
 
 
@@ -153,7 +154,11 @@ def run_job(job: dict[str, Any], workdir: Path, timeout: float, env: dict[str, s
                            "unshare), so compute-sanitizer cannot reach its target here")
     command = [*(wrapper or []), sys.executable, "-m", HARNESS, "job.json"]
     if isolated:  # with loopback, the child makes its network namespace itself (_limit_child), with lo up
-        command = ["unshare", "--pid", "--fork", *([] if loopback else ["--net"]), "--mount", "--kill-child", *command]
+        # --mount-proc: under a wrapper the harness is not pid 1 and mounts no /proc itself, and the CUDA driver names
+        # its threads through /proc/self/task/<tid>/comm with this namespace's tids (on an H200 node, 2026-12-04:
+        # cuInit's error 304 under compute-sanitizer while the host's /proc was left)
+        command = ["unshare", "--pid", "--fork", *([] if loopback else ["--net"]), "--mount", "--mount-proc",
+                   "--kill-child", *command]
         protections += ["own network namespace with loopback only (for compute-sanitizer)"] if loopback else []
     ecc_before = ecc_errors(gpu) if gpu is not None else None
     t0 = time.perf_counter()

@@ -1,4 +1,4 @@
-"""The prepared GPU check (benchmarks/gpu_check.sh) must work the first time a GPU is lent: it fits its 7 minutes with
+"""The prepared GPU check (benchmarks/gpu_check.sh) must work the first time a GPU is lent: it fits its 7.5 minutes with
 a smoke step first, a step past its limit still leaves a summary, the summary is rewritten after every step, the
 CUDA-graph comparison is a figure and not part of the exit code, and missing wheels are refused in one line that
 says how to fetch them."""
@@ -31,10 +31,10 @@ def _load(name: str) -> ModuleType:
 driver = _load("driver")
 
 
-def test_the_plan_fits_seven_minutes_with_a_short_smoke_step_first(tmp_path: Path) -> None:
+def test_the_plan_fits_seven_and_a_half_minutes_with_a_short_smoke_step_first(tmp_path: Path) -> None:
     batches = driver.plan("python3", tmp_path / "work", tmp_path / "out")
-    assert [s.name for s in batches[0]] == ["smoke"] and batches[0][0].timeout_s <= 20
-    assert sum(max(s.timeout_s for s in batch) for batch in batches) <= 7 * 60 == driver.BUDGET_S
+    assert [s.name for s in batches[0]] == ["smoke"] and batches[0][0].timeout_s <= 50
+    assert sum(max(s.timeout_s for s in batch) for batch in batches) <= 7.5 * 60 == driver.BUDGET_S
     for batch in batches:
         for step in batch:
             if "kernelbot.cli" in step.argv:  # every candidate job has a limit the step's own limit covers

@@ -17,8 +17,9 @@ import pytest
 
 from kernelbot.agent.verify.messages import NoopJob
 from kernelbot.sandbox import run_job
+from kernelbot.sandbox.box import STDERR
 from kernelbot.sandbox.landlock import abi_version
-from kernelbot.sandbox.runner import _limit_child, memory_limit
+from kernelbot.sandbox.runner import _limit_child, memory_limit, namespaces_available
 
 # The job's first layer; then, for a job that forks its runner (whose pid that layer could not know), the fork and
 # the runner's own layer. Then what the CUDA driver does at cuInit (name a thread) and what a candidate must still
@@ -101,14 +102,34 @@ def test_the_process_runner_says_which_limit_a_job_ran_under(tmp_path, monkeypat
     assert any("no address-space limit" in p for p in gpu.protections)
 
 
+# A wrapper that, like compute-sanitizer, runs the harness as its child (so the harness is not pid 1 of the job's pid
+# namespace): from inside, the path the CUDA driver writes a thread's name to must exist.
+FORKING_WRAPPER = ["sh", "-c", '[ -d "/proc/self/task/$$" ] || echo "no /proc of the job\'s pid namespace" >&2; "$@"',
+                   "sh"]
+
+
+@pytest.mark.skipif(not namespaces_available(), reason="needs root and util-linux unshare (pid namespaces)")
+def test_a_job_under_a_forking_wrapper_sees_the_proc_of_its_own_pid_namespace(tmp_path, monkeypatch):
+    monkeypatch.setenv("KERNELBOT_SANDBOX", "process")
+    result = run_job(NoopJob().model_dump(mode="json"), tmp_path, timeout=60, gpu=0, wrapper=FORKING_WRAPPER)
+    assert result.status == "ok", result.detail
+    assert "no /proc" not in (tmp_path / STDERR).read_text()
+
+
 AUDITED = textwrap.dedent("""
-    import json, os, subprocess, sys
+    import json, os, shutil, subprocess, sys
     from pathlib import Path
     from kernelbot.sandbox.confine import Recorder, install_audit
+    box = Path(sys.argv[1])
+    planted = box / "gcc"  # a program of a build tool's name, written where a candidate can write
+    shutil.copy(shutil.which("true"), planted)
     read, write = os.pipe()
-    install_audit(Recorder(write, Path(sys.argv[1])))
+    install_audit(Recorder(write, box))
     for argv in (["file", "-b", sys.executable], ["ldconfig", "-p"], ["true"]):
         subprocess.run(argv, capture_output=True)
+    quiet = [(os.POSIX_SPAWN_DUP2, os.open(os.devnull, os.O_WRONLY), fd) for fd in (1, 2)]
+    for path in (shutil.which("file"), shutil.which("true"), str(planted)):  # as subprocess starts some programs
+        os.waitpid(os.posix_spawn(path, [os.path.basename(path), "--version"], {}, file_actions=quiet), 0)
     os.close(write)
     print(os.read(read, 65536).decode())
 """)
@@ -119,4 +140,7 @@ def test_tritons_compile_tools_run_unrecorded_and_any_other_program_is_recorded(
     proc = subprocess.run([sys.executable, "-c", AUDITED, str(tmp_path)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr[-2000:]
     records = [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
-    assert [(r["kind"], r["detail"]) for r in records] == [("process", "subprocess ['true']")]
+    assert [r["kind"] for r in records] == ["process"] * 3
+    assert records[0]["detail"] == "subprocess ['true']"
+    assert [r["detail"].split(" ")[0] for r in records[1:]] == ["os.posix_spawn"] * 2
+    assert "/true'" in records[1]["detail"] and f"{tmp_path}/gcc'" in records[2]["detail"]

@@ -18,9 +18,19 @@ from kernelbot.sandbox.box import STDERR, loopback_env, loopback_ports
 from kernelbot.sandbox.landlock import abi_version
 from kernelbot.sandbox.runner import namespaces_available
 
+
+def test_racechecks_own_summary_counts_its_errors_and_no_summary_counts_as_none() -> None:
+    assert sanitizer.parse_summary(RACECHECK_CLEAN) == (0, "")
+    assert sanitizer.parse_summary(RACY) == (2, "Error: Race reported between Write access at k+0x10")
+    assert sanitizer.parse_summary(CLEAN) == (0, "")
+    assert sanitizer.parse_summary("========= COMPUTE-SANITIZER\n")[0] is None
+
 CLEAN = "========= COMPUTE-SANITIZER\n========= ERROR SUMMARY: 0 errors\n"
-RACY = "========= COMPUTE-SANITIZER\n========= Race reported between Write access at k+0x10\n" \
-       "========= ERROR SUMMARY: 2 errors\n"
+RACY = "========= COMPUTE-SANITIZER\n========= Error: Race reported between Write access at k+0x10\n" \
+       "========= RACECHECK SUMMARY: 2 hazards displayed (2 errors, 0 warnings)\n"
+# racecheck's own summary, as an H200 node printed it (2026-12-04) for a kernel without races
+RACECHECK_CLEAN = "========= COMPUTE-SANITIZER\n" \
+                  "========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)\n"
 NOTHING = "========= COMPUTE-SANITIZER\n========= Error: Target application terminated before first instrumented " \
           "API call\n========= ERROR SUMMARY: 0 errors\n"
 
@@ -53,7 +63,8 @@ def _sanitize(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reports: dict[str
 
 
 def test_a_clean_report_from_every_tool_passes_its_checks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    checks, _ = _sanitize(tmp_path, monkeypatch, {t: ("ok", CLEAN) for t in sanitizer.SANITIZER_TOOLS})
+    reports = {t: ("ok", CLEAN) for t in sanitizer.SANITIZER_TOOLS} | {"racecheck": ("ok", RACECHECK_CLEAN)}
+    checks, _ = _sanitize(tmp_path, monkeypatch, reports)
     assert {cid: status for cid, (status, _) in checks.items()} == {
         "out_of_bounds": "pass", "race": "pass", "unwritten_output": "pass"}
     assert "racecheck/synccheck: no errors" in checks["race"][1]
@@ -79,7 +90,7 @@ def test_errors_fail_the_check_even_when_the_job_then_crashed(tmp_path: Path,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     reports = {t: ("ok", CLEAN) for t in sanitizer.SANITIZER_TOOLS} | {"racecheck": ("crash", RACY)}
     checks, _ = _sanitize(tmp_path, monkeypatch, reports)
-    assert checks["race"][0] == "fail" and "racecheck: 2 error(s), first: Race reported" in checks["race"][1]
+    assert checks["race"][0] == "fail" and "racecheck: 2 error(s), first: Error: Race reported" in checks["race"][1]
 
 
 def test_the_tools_share_one_budget_and_each_gets_loopback_ports_of_its_own(tmp_path: Path,

@@ -96,7 +96,7 @@ _Tensor = torch.Tensor
 _T = torch._C.TensorBase
 _detach, _cpu, _contiguous, _copy, _reshape, _view = _T.detach, _T.cpu, _T.contiguous, _T.copy_, _T.reshape, _T.view
 _numpy, _untyped_storage, _set, _empty = _T.numpy, _T.untyped_storage, _T.set_, torch.empty
-_empty_strided = torch.empty_strided
+_empty_strided, _as_strided, _to_device = torch.empty_strided, _T.as_strided, _T.to
 _dumps, _sha256, _write, _read = pickle.dumps, hashlib.sha256, os.write, os.read
 _leaves = messages.output_leaves
 WORK = "tmp"  # the runner's only writable directory, inside the box
@@ -166,7 +166,7 @@ def _encode(t: torch.Tensor, whole_storage: bool = False) -> tuple:
     """A plain tensor as plain data: ("T", dtype, shape, stride, offset, bytes). With `whole_storage`, every byte
     of its storage (guard regions around an input included); else a contiguous copy of its values."""
     if whole_storage:
-        c = _cpu(_detach(t))
+        c = _on(_detach(t), "cpu")
         raw = _numpy(_set(_empty(0, dtype=torch.uint8), _untyped_storage(c))).tobytes()
         return ("T", str(t.dtype).removeprefix("torch."), tuple(t.shape), tuple(c.stride()), c.storage_offset(), raw)
     c = _contiguous(_cpu(_detach(t)))
@@ -318,16 +318,21 @@ def _wake_threads() -> None:
 
 
 def _warm_up(device: str, threads: int) -> None:
-    """Start torch's thread pool, the profiler (and CUDA) now, so the threads a candidate starts are told apart
-    from theirs. The pool is started one larger than the host's threads: the thread-count runs use that many."""
+    """Start torch's thread pool, CUDA and the profiler now, so the threads a candidate starts are told apart
+    from theirs. The pool is started one larger than the host's threads: the thread-count runs use that many. On a
+    GPU, what the harness does there later (copies both ways, events, a profiled CUDA op) is done once first: the
+    driver and the profiler may start threads of their own at the first of each."""
     _WAKE.append(torch.ones(1 << 17))
     for count in (threads + 1, threads):  # the harness runs single-threaded (main); a runner has the host's threads
         torch.set_num_threads(count)
         torch.ones(1 << 20).sum()
-    probes.measure_work(lambda: None, all_threads=True)
     if device == "cuda":
-        torch.zeros(1, device="cuda").sum()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        (torch.ones(1 << 10).to("cuda") * 2).cpu()
+        end.record()
         _cuda_synchronize()
+    probes.measure_work(torch.zeros(1, device="cuda").sum if device == "cuda" else (lambda: None), all_threads=True)
 
 
 def _sealed_attributes(triton: bool) -> dict[str, tuple[Any, str]]:
@@ -346,7 +351,20 @@ def _trusted_code() -> list[Any]:
 
 
 def _to(xs: list[Any], device: str) -> list[Any]:
-    return [x.to(device) if isinstance(x, torch.Tensor) else x for x in xs]
+    return [_on(x, device) if isinstance(x, torch.Tensor) else x for x in xs]
+
+
+def _on(t: torch.Tensor, device: str) -> torch.Tensor:
+    """`t` on `device` in the same layout with its whole storage: guard regions around an input and a strided view's
+    gaps go along, so writes a kernel makes there on a GPU are seen as on a CPU (`Tensor.to` copies the elements
+    alone)."""
+    if t.device.type == torch.device(device).type:
+        return t
+    item, nbytes = t.element_size(), _untyped_storage(t).nbytes()
+    if nbytes % item:
+        return _to_device(t, device)
+    flat = _set(_empty(0, dtype=t.dtype, device=t.device), _untyped_storage(t), 0, (nbytes // item,), (1,))
+    return _as_strided(_to_device(flat, device), t.shape, t.stride(), t.storage_offset())
 
 
 def _clones(xs: list[Any]) -> list[Any]:
@@ -642,7 +660,7 @@ def _op_call(watch: Watch, model: torch.nn.Module, sent: list[Any], extras: tupl
             if any(a is not None and b is not None and a[5] != b[5] for a, b in zip(encoded, settled, strict=True)):
                 facts["late"].append("the output kept changing after the call returned")
             held = (*held, (items, digests, tuple(tools.storages(items))))
-            facts["threads"] += tools.threads_after(working, "after the call returned")
+            facts["threads"] += tools.threads_after(working, "after the call returned", watch.known_threads)
             if again:
                 copies = tools.clones(sent)
                 reply["again"], held = _held_call(tools, model(*copies), copies, held, facts)
@@ -666,7 +684,7 @@ def _op_call(watch: Watch, model: torch.nn.Module, sent: list[Any], extras: tupl
                     tools.set_threads(setup.threads)
                     tools.set_order("natural")
                     watch.phase[:] = ["natural", frozenset()]
-    if inputs_after:  # on CUDA the inputs were copied to the device: no guard regions, the values still checked
+    if inputs_after:  # guard regions included (on CUDA too: the inputs went to the device with them, _on)
         reply["inputs_after"] = [tools.encode(x, True) if isinstance(x, torch.Tensor) else x for x in sent]
     facts["weights"] += tools.weight_changes(weights, model)
     return reply, held, (outside, tools.cpu_since(None, watch.known_threads)[1])
@@ -741,7 +759,8 @@ def _op_final(watch: Watch, held: tuple, quiet: tuple[int, tuple], facts: dict[s
             facts["late"].append("an output changed after its call returned (found when the job ended)")
             break
     used, _ = tools.cpu_since(quiet[1], watch.known_threads)
-    facts["threads"] += tools.threads_after(quiet[0] + used, "between its calls and after the last", OUTSIDE_NS)
+    facts["threads"] += tools.threads_after(quiet[0] + used, "between its calls and after the last",
+                                            watch.known_threads, OUTSIDE_NS)
 
 
 def _reweight(model: torch.nn.Module, new: dict[str, Any], names: list[str], loaded: dict[str, Any]) -> None:
@@ -785,13 +804,14 @@ def _cpu_since(mark: tuple[int, dict[int, int]] | None, known: frozenset[int]
     return max(0, now[0] - mark[0] - harness), now
 
 
-def _threads_after(used_ns: int, when: str, allowed_ns: int = SPIN_NS) -> list[str]:
+def _threads_after(used_ns: int, when: str, known: frozenset[int], allowed_ns: int = SPIN_NS) -> list[str]:
     """A finding when threads the candidate started (OS threads, native ones included) used more CPU than
-    `allowed_ns` while no call of it ran."""
+    `allowed_ns` while no call of it ran; it names those still alive, with the CPU each has used."""
     if used_ns <= allowed_ns:
         return []
+    alive = ", ".join(f"{name} {ns / 1e6:.1f} ms" for name, ns in probes.thread_names(known))
     return [f"the candidate's threads used {used_ns / 1e6:.1f} ms of CPU {when} (OS threads, native ones "
-            "included): work goes on while no call runs"]
+            f"included): work goes on while no call runs{f' (alive: {alive})' if alive else ''}"]
 
 
 # ---------------------------------------------------------------- the harness's jobs

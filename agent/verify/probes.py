@@ -100,6 +100,20 @@ def os_threads() -> dict[int, int]:
     return found
 
 
+def thread_names(known: Iterable[int]) -> list[tuple[str, int]]:
+    """(name, nanoseconds on a CPU) of this process's live threads other than `known`, busiest first."""
+    named = []
+    for tid, ns in os_threads().items():
+        if tid in known:
+            continue
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                named.append((f.read().strip() or f"thread {tid}", ns))
+        except OSError:
+            continue
+    return sorted(named, key=lambda pair: -pair[1])
+
+
 def poison_allocations() -> bool:
     """From now on every CPU allocation of this process (torch's included) comes back filled with POISON_BYTE:
     an output element a kernel never writes keeps that pattern. No global torch flag changes."""

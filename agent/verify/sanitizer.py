@@ -24,7 +24,9 @@ from kernelbot.sandbox import SandboxResult, run_job
 from kernelbot.sandbox.box import STDERR, loopback_env
 from kernelbot.sandbox.gpu import assigned_gpu
 
-_SUMMARY = re.compile(r"=+ ERROR SUMMARY: (\d+) errors?")
+# racecheck ends with a summary of its own (H200 node, 2026-12-04: "RACECHECK SUMMARY: 0 hazards displayed (0 errors,
+# 0 warnings)"), the other tools with "ERROR SUMMARY: n errors"
+_SUMMARY = re.compile(r"=+ (?:ERROR SUMMARY: (\d+) errors?|RACECHECK SUMMARY: \d+ hazards? displayed \((\d+) errors?)")
 _ERROR = re.compile(r"=+ ((?:Invalid|Race|Uninitialized|Barrier|Misaligned|Out-of-range|Program hit|"
                     r"Leaked|Malloc|Error)[^\n]*)")
 # said when the target never reached CUDA: a summary after it checked nothing
@@ -52,7 +54,7 @@ def parse_summary(text: str) -> tuple[int | None, str]:
     if not counts:
         return None, ""
     first = _ERROR.search(text)
-    return int(counts[-1]), first.group(1).strip() if first else ""
+    return int("".join(counts[-1])), first.group(1).strip() if first else ""
 
 
 def tool_ports(index: int) -> range:
@@ -77,8 +79,9 @@ def read_run(tool: str, result: SandboxResult, workdir: Path) -> ToolRun:
     blocked = next((line for line in text.splitlines() if any(s in line for s in _NOTHING_CHECKED)), None)
     if errors is None or blocked or result.status != "ok":
         why = blocked or ("no report" if errors is None else "its summary covers a job that did not finish")
-        tail = result.detail.strip().splitlines()[-1:] if result.detail.strip() else []
-        return ToolRun(tool, None, f"{why} (job {result.status}{': ' + tail[0][:160] if tail else ''})")
+        error = (result.payload or {}).get("error")  # the harness's own report says more than the tool's last line
+        tail = [str(error)] if error else result.detail.strip().splitlines()[-1:]
+        return ToolRun(tool, None, f"{why} (job {result.status}{': ' + tail[0][:300] if tail else ''})")
     return ToolRun(tool, 0, "")
 
 

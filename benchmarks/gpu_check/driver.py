@@ -1,10 +1,10 @@
-"""The GPU check's steps (benchmarks/gpu_check.sh runs this): one GPU node, at most 7 minutes of steps after a
+"""The GPU check's steps (benchmarks/gpu_check.sh runs this): one GPU node, at most 7.5 minutes of steps after a
 preflight of seconds, nothing downloaded.
 
   0. preflight: kernelbot from this checkout (copied as installed, on PYTHONPATH: no pip, no build), its imports under
      the node's own Python, torch and Triton (missing wheels: one line saying how to fetch them, exit 2), the GPU
      (none visible: one line, exit 2), compute-sanitizer, and every step's arguments parsed by kernelbot's own CLI;
-  1. smoke (20 s): CUDA starts inside the sandbox, in a job's own process and in forked runners, and
+  1. smoke (50 s): CUDA starts inside the sandbox, in a job's own process and in forked runners, and
      compute-sanitizer reaches the job it launches (smoke.py); when CUDA does not start, the later steps are skipped;
   2. verify a correct and a racy Triton RMSNorm (gpu_check/*.py) on the GPU, each under compute-sanitizer, side by
      side (150 s);
@@ -47,10 +47,10 @@ REQUIRED = ("kernelbot.cli", "kernelbot.agent.optimize", "kernelbot.agent.verify
             "rich")
 FROM_WHEELS = ("pydantic", "simdjson")  # what fetch_wheels.py brings; kernelbot's modules import once they are there
 OPTIONAL = ("pynvml",)  # GPU clocks and throttling beside the timings
-SMOKE_S = 20
+SMOKE_S = 50  # H200 node, 2026-12-04: the bench job of three side by side took 15.4 s
 VERIFY_S = 150  # the two verifications run side by side
 OPTIMIZE_S = 250
-BUDGET_S = SMOKE_S + VERIFY_S + OPTIMIZE_S  # 7 minutes of steps at worst
+BUDGET_S = SMOKE_S + VERIFY_S + OPTIMIZE_S  # 7.5 minutes of steps at worst
 JOB_S = 60  # one sandboxed candidate job; compute-sanitizer's four tools share as much again
 PREFLIGHT_S = 60
 OUTPUTS = ("smoke.json", "report.json", "verdict_correct.json", "verdict_racy.json", "optimize_log.txt",
@@ -170,7 +170,7 @@ def plan(python: str, work: Path, outdir: Path) -> list[list[Step]]:
     verify = [*cli, "verify", str(HERE / "reference.py")]
     flags = ["--device", "cuda", "--json", "--seed", "1", "--timeout", str(JOB_S)]
     return [
-        [Step("smoke", [python, str(HERE / "smoke.py"), str(outdir / "smoke.json"), "--budget", str(SMOKE_S - 6)],
+        [Step("smoke", [python, str(HERE / "smoke.py"), str(outdir / "smoke.json"), "--budget", str(SMOKE_S - 8)],
               SMOKE_S)],  # its jobs' limit leaves time to start Python and torch and to write smoke.json
         [Step("verify_correct", [*verify, str(HERE / "correct_triton.py"), *flags, "--workdir",
                                  str(work / "verify_correct")], VERIFY_S, "verdict_correct.json"),

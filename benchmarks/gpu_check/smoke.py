@@ -1,4 +1,4 @@
-"""The GPU check's first step (about 20 s): before minutes go into verifying and optimizing, see that CUDA starts
+"""The GPU check's first step (under 50 s): before minutes go into verifying and optimizing, see that CUDA starts
 inside the sandbox, in a job's own process and in the runners a harness forks, and that compute-sanitizer reaches
 the job it launches there. One tiny pure-torch module is the candidate of all three jobs, run side by side.
 
