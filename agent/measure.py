@@ -8,10 +8,9 @@ from pathlib import Path
 import torch
 
 from kernelbot.agent.timing import time_once
-from kernelbot.engine import TorchEngine
+from kernelbot.engine import TorchEngine, host
 from kernelbot.engine.graph_decode import StaticDecode
 from kernelbot.engine.serving.fidelity import distinct_ngrams
-from kernelbot.profiler import host
 from kernelbot.records import EndToEndTimes, Fidelity, KernelResult, KLCheck, Pack
 
 

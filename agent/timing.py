@@ -10,7 +10,7 @@ call sees the inputs the call before it saw (nothing can be cached between calls
 check callback, so a callable cannot be fast by being wrong on some calls; on a GPU a buffer larger than the L2 is
 written before each timed call, so every call starts cold. Each call is timed alone, by device events on a GPU and
 perf_counter_ns on a CPU (engine/device.py). The record holds every call's time, the median, quartiles and spread,
-and the host's load (profiler/host.py) and the GPU's clocks, temperature, throttling and other processes (NVML)
+and the host's load (engine/host.py) and the GPU's clocks, temperature, throttling and other processes (NVML)
 before and after.
 
 `compare`: a gain is claimed only beyond the measured noise (the interquartile ranges do not overlap).
@@ -26,8 +26,8 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from kernelbot import KernelbotError
+from kernelbot.engine import host
 from kernelbot.engine.device import DeviceChoice, GpuState, timed_call
-from kernelbot.profiler import host
 
 Check = Callable[[int, Any], str | None]  # (input set index, output) → None when right, else what is wrong
 

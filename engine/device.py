@@ -11,6 +11,7 @@ candidate kernel) that replaces `time.perf_counter_ns` or torch's event class do
 from __future__ import annotations
 
 import os
+import platform
 import time
 from collections.abc import Callable, Iterable
 from typing import Any, Literal, Protocol
@@ -254,9 +255,17 @@ def gpu_missing_reason() -> str | None:
     return None
 
 
-def cpu_device(reason: str = "asked for") -> DeviceChoice:
-    from kernelbot.profiler.device import cpu_model_name
+def cpu_model_name() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "cpu"
 
+
+def cpu_device(reason: str = "asked for") -> DeviceChoice:
     return DeviceChoice(kind="cpu", name=cpu_model_name(), reason=reason)
 
 

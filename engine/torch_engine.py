@@ -110,7 +110,7 @@ class TorchEngine:
         return tokens
 
     def profile(self, trace_path: Path) -> None:
-        from kernelbot.profiler.capture import profile_callable
+        from kernelbot.engine.capture import profile_callable
 
         # on a GPU the workload ends when the device is done: a trace stopped earlier would miss its last kernels
         workload = self.run_workload_and_wait if self.device.is_gpu else self.run_workload

@@ -11,9 +11,31 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, computed_field, model_validator
 
-from kernelbot.profiler.host import HostLoad
-
 KERNEL_LABEL = "kernelbot::"  # names a pack kernel's calls in traces (the engines label them, the profiler reads them)
+
+
+
+class BusyProcess(BaseModel):
+    pid: int
+    name: str
+    cores: float  # CPU time over the window / the window's length
+
+
+class HostLoad(BaseModel):
+    load_1m: float | None  # None where the OS gives no load average
+    cpu_count: int
+    window_s: float | None = None  # the stretch over which CPU time was counted; None when /proc was not read
+    own_cores: float | None = None  # cores our process tree kept busy over the window
+    others_cores: float | None = None  # cores every other process kept busy over the window
+    busiest: list[BusyProcess] = Field(default_factory=list)  # the other processes that used most CPU
+    contended: bool
+    note: str = ""
+
+    def summary(self) -> str:
+        """One line for people: the load average, and what other processes used while it was read."""
+        others = f", other processes {self.others_cores} cores" if self.others_cores is not None else ""
+        busiest = f" (busiest: {', '.join(f'{b.name} {b.cores}' for b in self.busiest)})" if self.busiest else ""
+        return f"load average {self.load_1m} on {self.cpu_count} cores{others}{busiest}"
 
 
 class Device(BaseModel):

@@ -4,7 +4,6 @@ so a GPU the table does not know still gets a roofline; peaks given on the comma
 
 from __future__ import annotations
 
-import platform
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -12,6 +11,7 @@ import torch
 from pydantic import BaseModel
 
 from kernelbot import KernelbotError
+from kernelbot.engine.device import cpu_model_name
 from kernelbot.records import Device
 
 if TYPE_CHECKING:
@@ -35,16 +35,6 @@ class PeakOverride(BaseModel):
         for name, value in (("--peak-tflops", self.tflops), ("--peak-gbps", self.gbps)):
             if value is not None and not value > 0:
                 raise KernelbotError(f"{name} {value}: a peak must be a positive number (TFLOP/s, GB/s)")
-
-
-def cpu_model_name() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "cpu"
 
 
 def best_seconds(fn: Callable[[], Any], device: DeviceChoice, repeats: int = REPEATS) -> float:

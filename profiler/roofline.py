@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import math
 
+from kernelbot.kernel_library.base import DTYPE_NAMES
+
 ITEMSIZE = {"float": 4, "c10::Half": 2, "c10::BFloat16": 2, "double": 8, "long int": 8, "int": 4, "bool": 1,
             "unsigned char": 1, "signed char": 1, "c10::Float8_e4m3fn": 1, "c10::Float8_e5m2": 1}
-DTYPE_NAMES = {"float": "float32", "c10::Half": "float16", "c10::BFloat16": "bfloat16", "double": "float64",
-               "c10::Float8_e4m3fn": "float8", "c10::Float8_e5m2": "float8"}
 
 MATMUL = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear",
           "aten::_addmm_activation"}

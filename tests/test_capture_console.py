@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernelbot.profiler.capture import kineto_markers_hidden, profile_callable
+from kernelbot.engine.capture import kineto_markers_hidden, profile_callable
 
 
 def test_profiling_a_callable_prints_no_kineto_usdt_line_and_still_writes_its_trace(

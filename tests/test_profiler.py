@@ -106,7 +106,7 @@ class RotaryEmbedding(torch.nn.Module):
 
 @pytest.mark.parametrize("cuda_like", [False, True])
 def test_rotary_calls_are_read_from_their_query_and_key_views(tmp_path, cuda_like):
-    from kernelbot.profiler.capture import profile_callable
+    from kernelbot.engine.capture import profile_callable
 
     rope = RotaryEmbedding(cuda_like)
     qkv = torch.randn(5, 4 * 16 + 2 * 2 * 16)

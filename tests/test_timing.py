@@ -1,4 +1,4 @@
-"""The timing protocol (agent/timing.py) and the host's load beside it (profiler/host.py), against the CPU clock."""
+"""The timing protocol (agent/timing.py) and the host's load beside it (engine/host.py), against the CPU clock."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import torch
 
 from kernelbot import KernelbotError
 from kernelbot.agent.timing import WrongOutputError, compare, time_callable, time_once
+from kernelbot.engine import host
 from kernelbot.engine.device import DeviceChoice, GpuState, HostStopwatch, pick_device
-from kernelbot.profiler import host
 
 CPU = pick_device("cpu")
 SETS = [(0,), (1,), (2,)]
@@ -139,7 +139,7 @@ def test_a_report_timed_on_a_busy_host_says_so_at_the_top(tmp_path) -> None:
     from finished_run import fake_run
 
     from kernelbot.agent.report import render_markdown
-    from kernelbot.profiler.host import BusyProcess, HostLoad
+    from kernelbot.engine.host import BusyProcess, HostLoad
 
     quiet = fake_run(tmp_path)
     assert "host was busy" not in render_markdown(quiet)

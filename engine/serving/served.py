@@ -23,13 +23,13 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from kernelbot import KernelbotError
+from kernelbot.engine import host
 from kernelbot.engine.served_layers import FLUSH_S, fixed_dims, read_reports, widest
 from kernelbot.engine.serving import fidelity as fid
 from kernelbot.engine.serving.apis import APIS, EngineKind, ServerSetup, engine_version
 from kernelbot.engine.serving.load import Workload, generate, post, random_prompts, run_load
 from kernelbot.engine.serving.server import Launch, ServerProcess, last_error
 from kernelbot.kernel_library import FAMILIES
-from kernelbot.profiler import host
 from kernelbot.records import (
     Device,
     Fidelity,

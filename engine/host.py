@@ -13,34 +13,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from pydantic import BaseModel, Field
+from kernelbot.records import BusyProcess, HostLoad
 
 CONTENDED_SHARE = 0.5  # of the cores, busy with work that is not ours
 BUSIEST = 5  # other processes listed by name
 PROC = Path("/proc")
-
-
-class BusyProcess(BaseModel):
-    pid: int
-    name: str
-    cores: float  # CPU time over the window / the window's length
-
-
-class HostLoad(BaseModel):
-    load_1m: float | None  # None where the OS gives no load average
-    cpu_count: int
-    window_s: float | None = None  # the stretch over which CPU time was counted; None when /proc was not read
-    own_cores: float | None = None  # cores our process tree kept busy over the window
-    others_cores: float | None = None  # cores every other process kept busy over the window
-    busiest: list[BusyProcess] = Field(default_factory=list)  # the other processes that used most CPU
-    contended: bool
-    note: str = ""
-
-    def summary(self) -> str:
-        """One line for people: the load average, and what other processes used while it was read."""
-        others = f", other processes {self.others_cores} cores" if self.others_cores is not None else ""
-        busiest = f" (busiest: {', '.join(f'{b.name} {b.cores}' for b in self.busiest)})" if self.busiest else ""
-        return f"load average {self.load_1m} on {self.cpu_count} cores{others}{busiest}"
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,60 @@
+"""The rooms import downwards only. From the bottom: the shared base (kernelbot/'s records, paths, loading,
+packages), sandbox/, kernel_library/, engine/, profiler/, agent/, and the command line (kernelbot/cli*.py) on top.
+Every import counts, those inside functions too: a room that reaches upwards, even lazily, is a cycle waiting."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LAYERS = ("base", "sandbox", "kernel_library", "engine", "profiler", "agent", "front")
+FRONT = ("cli", "cli_runs")  # kernelbot/<name>.py: the command line
+
+
+def room_of_file(path: Path, root: Path) -> str:
+    parts = path.relative_to(root).parts
+    if parts[0] == "kernelbot":
+        return "front" if Path(parts[-1]).stem in FRONT else "base"
+    return parts[0]
+
+
+def room_of_module(name: str) -> str | None:
+    """The room a `kernelbot.…` module lives in; None for anything outside kernelbot."""
+    parts = name.split(".")
+    if parts[0] != "kernelbot":
+        return None
+    if len(parts) > 1 and parts[1] in LAYERS:
+        return parts[1]
+    return "front" if len(parts) > 1 and parts[1] in FRONT else "base"
+
+
+def upward_imports(root: Path) -> list[str]:
+    """'file -> module (room -> higher room)' for every import that points up the layers."""
+    found = []
+    for folder in ("kernelbot", *LAYERS[1:-1]):
+        for path in sorted((root / folder).rglob("*.py")):
+            source = room_of_file(path, root)
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else \
+                    [a.name for a in node.names] if isinstance(node, ast.Import) else []
+                for name in names:
+                    target = room_of_module(name)
+                    if target is not None and LAYERS.index(target) > LAYERS.index(source):
+                        found.append(f"{path.relative_to(root)} -> {name} ({source} -> {target})")
+    return found
+
+
+def test_no_room_imports_a_room_above_it() -> None:
+    assert upward_imports(ROOT) == []
+
+
+def test_an_import_pointing_up_is_found_even_inside_a_function(tmp_path: Path) -> None:
+    for folder in ("kernelbot", *LAYERS[1:-1]):
+        (tmp_path / folder).mkdir()
+    (tmp_path / "engine" / "runner.py").write_text("def run():\n    from kernelbot.agent.optimize import optimize\n")
+    (tmp_path / "kernelbot" / "records.py").write_text("from kernelbot.profiler.host import HostLoad\n")
+    (tmp_path / "kernelbot" / "cli.py").write_text("from kernelbot.agent import optimize\n")  # the top may
+    assert upward_imports(tmp_path) == [
+        "kernelbot/records.py -> kernelbot.profiler.host (base -> profiler)",
+        "engine/runner.py -> kernelbot.agent.optimize (engine -> agent)"]
