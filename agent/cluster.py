@@ -158,7 +158,7 @@ def _tell(board: Any, method: str, *args: Any) -> Any:
 
 def evaluate_shipped(job: ShippedJob, board: Any) -> str:
     """Runs on a worker: the candidate through the same sandbox, verifier and benchmark as a local run."""
-    from kernelbot.agent.proposer import write_candidate
+    from kernelbot.agent.propose.proposer import write_candidate
     from kernelbot.agent.verify.evaluate import evaluate
 
     placement = _placement(job.device_kind)
@@ -221,8 +221,7 @@ def comparable(out: Outcome, target_device: str) -> Outcome:
 def outcome_from(text: str, job: Job, target_device: str) -> Outcome:
     """A worker's result as the driver's Outcome, its records and files written in the driver's candidate
     directory exactly where a local evaluation writes them."""
-    from kernelbot.agent.pack import Accepted
-    from kernelbot.agent.verify.evaluate import Outcome
+    from kernelbot.agent.verify.evaluate import Accepted, Outcome
     from kernelbot.rundir import write_record
 
     result = ShippedResult.model_validate_json(text.replace(TASK_DIR_MARK, str(job.task_dir.resolve())))

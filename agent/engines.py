@@ -15,9 +15,9 @@ import torch
 from pydantic import BaseModel, Field
 
 from kernelbot import KernelbotError
-from kernelbot.agent.measure import count_calls, fidelity, layer_routes_note, time_end_to_end
-from kernelbot.agent.plan import ModelTasks, ServedTasks, TaskSource
+from kernelbot.agent.measure.measure import count_calls, fidelity, layer_routes_note, time_end_to_end
 from kernelbot.agent.stages import Stages
+from kernelbot.agent.tasks.plan import ModelTasks, ServedTasks, TaskSource
 from kernelbot.engine.device import DeviceChoice
 from kernelbot.engine.serving.load import Workload
 from kernelbot.engine.serving.served import Profiled, ServedEngine, ServeOptions, round_ms, split_hotspots
@@ -66,7 +66,8 @@ class RunEngine(Protocol):
 
 
 class InProcessEngine:
-    """The model in this process: TorchEngine runs the workload as a server would (agent/measure.py measures)."""
+    """The model in this process: TorchEngine runs the workload as a server would (agent/measure/measure.py
+    measures)."""
 
     kind = "in-process"
 

@@ -15,15 +15,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kernelbot import KernelbotError
+from kernelbot.agent.journal.run_state import Evaluator, RunState
 from kernelbot.agent.llm.loop import LLMSession, run_task
 from kernelbot.agent.llm.prompt import PromptContext
 from kernelbot.agent.options import OptimizeOptions
-from kernelbot.agent.pack import Accepted
-from kernelbot.agent.proposer import available_backends, propose, write_candidate
-from kernelbot.agent.report import llm_line
-from kernelbot.agent.run_state import Evaluator, RunState
+from kernelbot.agent.propose.proposer import available_backends, propose, write_candidate
+from kernelbot.agent.report.report import llm_line
 from kernelbot.agent.stages import Stages
-from kernelbot.agent.verify.evaluate import Outcome, duel, evaluate, pick_best
+from kernelbot.agent.verify.evaluate import Accepted, Outcome, duel, evaluate, pick_best
 from kernelbot.kernel_library.base import rows as call_rows
 from kernelbot.kernel_library.cpp_build import cache_root, prebuild_library, unbuilt_library
 from kernelbot.kernel_library.identity import source_identity
@@ -206,8 +205,8 @@ class Generation:
     def _session(self) -> LLMSession:
         """The run's LLM session, its answers recorded in (and replayed from) the journal."""
         if self.state.session is None:
+            from kernelbot.agent.journal.replay import JournaledClient
             from kernelbot.agent.llm.client import LLMClient
-            from kernelbot.agent.replay import JournaledClient
 
             o = self.opts.llm
             inner = LLMClient(o.model, o.api_base, timeout=o.timeout, max_retries=o.max_retries, backoff=o.backoff,

@@ -1,8 +1,8 @@
 """`kernelbot optimize`: profile → rank → tasks → candidates → verdicts → benches → pack, iterated on the new
 bottlenecks while budget and headroom last, then measure → report (the steps: agent/run.py).
 
-Every stage result, candidate outcome and LLM answer goes into the run's journal (agent/journal.py) as it happens;
-`resume` replays them and continues from the first thing not recorded.
+Every stage result, candidate outcome and LLM answer goes into the run's journal (agent/journal/journal.py) as it
+happens; `resume` replays them and continues from the first thing not recorded.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 
 from kernelbot import KernelbotError
-from kernelbot.agent.journal import Journal
+from kernelbot.agent.journal.journal import Journal
 from kernelbot.agent.options import OptimizeOptions
 from kernelbot.agent.run import OptimizeRun
 from kernelbot.engine.device import pick_device

@@ -4,20 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 
 from kernelbot import __version__
-from kernelbot.records import Bench, Candidate, Pack, PackEntry, Task, Verdict
-
-
-@dataclass
-class Accepted:
-    task: Task
-    candidate: Candidate
-    source: Path
-    verdict: Verdict
-    bench: Bench
+from kernelbot.agent.verify.evaluate import Accepted
+from kernelbot.records import Pack, PackEntry, Verdict
 
 
 def verification_summary(verdict: Verdict) -> str:

@@ -15,18 +15,19 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from kernelbot.agent.compile_baseline import RegionCompile, time_region_compile
 from kernelbot.agent.engines import Measured, engine_for
-from kernelbot.agent.gate import faster, never_slower, ratio
 from kernelbot.agent.generate import Generation
-from kernelbot.agent.journal import Journal
-from kernelbot.agent.measure import apply_counts, median
+from kernelbot.agent.journal.journal import Journal
+from kernelbot.agent.journal.run_state import Clock, RunState
+from kernelbot.agent.measure.compile_baseline import RegionCompile, time_region_compile
+from kernelbot.agent.measure.gate import faster, never_slower, ratio
+from kernelbot.agent.measure.measure import apply_counts, median
 from kernelbot.agent.options import OptimizeOptions
-from kernelbot.agent.pack import Accepted, build_pack
-from kernelbot.agent.plan import plan_tasks, signature
-from kernelbot.agent.report import write_report
-from kernelbot.agent.run_state import Clock, RunState
+from kernelbot.agent.pack import build_pack
+from kernelbot.agent.report.report import write_report
 from kernelbot.agent.stages import Stages
+from kernelbot.agent.tasks.plan import plan_tasks, signature
+from kernelbot.agent.verify.evaluate import Accepted
 from kernelbot.engine.device import DeviceChoice, pick_device
 from kernelbot.engine.models import resolve_spec
 from kernelbot.engine.serving.load import Workload
@@ -280,8 +281,8 @@ class OptimizeRun:
         return Finish(rounds, compile_)
 
     def compile_regions(self) -> None:
-        """torch.compile of each accepted kernel's own region, timed beside eager (agent/compile_baseline.py): the
-        rows of its task get compile's gain over eager there, so the report can set each kernel beside compile."""
+        """torch.compile of each accepted kernel's own region, timed beside eager (agent/measure/compile_baseline.py):
+        the rows of its task get compile's gain over eager there, so the report can set each kernel beside compile."""
         for a in self.accepted:
             task_dir = self.run_dir / "tasks" / a.task.id
             self.stages.say(f"      torch.compile of {a.task.id}'s region: compiling and timing it beside eager")
@@ -318,7 +319,7 @@ class OptimizeRun:
         return measured
 
     def gate(self, measured: Measured, finish: Finish) -> Measured:
-        """Never ship a slower model (agent/gate.py); the kernels it drops leave the pack, with the reason."""
+        """Never ship a slower model (agent/measure/gate.py); the kernels it drops leave the pack, with the reason."""
         if not self.accepted or faster(measured.times):
             return measured
         self.stages.say(f"[6/7] gate: the pack is {ratio(measured.times):.2f}x of the baseline, not faster: looking "

@@ -72,7 +72,7 @@ def _start(args: argparse.Namespace, opts: OptimizeOptions) -> None:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from kernelbot.agent.status import render_status, run_status
+    from kernelbot.agent.report.status import render_status, run_status
 
     s = run_status(args.run_dir)
     print(json.dumps(s, indent=2) if args.json else render_status(s))
@@ -80,7 +80,7 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _pr(args: argparse.Namespace) -> int:
-    from kernelbot.agent.pr import make_pr
+    from kernelbot.agent.report.pr import make_pr
 
     pr = make_pr(args.run_dir, repo=args.repo, branch=args.branch, open_pr=not args.no_open)
     print(f"branch       {pr.branch} ({pr.commit[:12]}) in {pr.repo}")

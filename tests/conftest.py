@@ -64,7 +64,7 @@ def docker_env(docker_daemon):
 @pytest.fixture
 def one_cpp_candidate(monkeypatch):
     """Candidate generation cut to the first C++ candidate of each task (the proposer has tests of its own)."""
-    from kernelbot.agent import proposer
+    from kernelbot.agent.propose import proposer
 
     real = proposer.propose
     monkeypatch.setattr("kernelbot.agent.generate.propose",

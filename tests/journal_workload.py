@@ -13,10 +13,10 @@ import sys
 import time
 from pathlib import Path
 
-from kernelbot.agent.journal import Journal
+from kernelbot.agent.journal.journal import Journal
+from kernelbot.agent.journal.replay import JournaledClient
+from kernelbot.agent.journal.run_state import Clock, RunState
 from kernelbot.agent.llm.client import Answer
-from kernelbot.agent.replay import JournaledClient
-from kernelbot.agent.run_state import Clock, RunState
 from kernelbot.agent.verify.evaluate import Outcome, new_row
 from kernelbot.records import Candidate, Task
 

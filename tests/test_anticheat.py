@@ -12,7 +12,7 @@ import pytest
 from helpers import write_module
 from test_verify import RMS_TASK
 
-from kernelbot.agent.tasks import reference_source
+from kernelbot.agent.tasks.tasks import reference_source
 from kernelbot.agent.verify.run import verify
 
 HEADER = """

@@ -1,8 +1,8 @@
-"""agent/aten_cpp.py: a generic task's ATen graph becomes C++ candidates that compute what the graph computes.
+"""agent/propose/aten_cpp.py: a generic task's ATen graph becomes C++ candidates that compute what the graph computes.
 
 The fixtures in tests/generic_refs are real make_fx output (transformers' LlamaRotaryEmbedding, LayerNorm + GELU,
 residual add + LlamaRMSNorm, an MLP traced with symbolic sizes, and an "op zoo" of ~50 ops LLM blocks use) in the
-format agent/extract.py writes. Each
+format agent/tasks/extract.py writes. Each
 extension takes seconds to build the first time (2 cores) and is cached after that; the cases that add little
 beyond the fast ones are marked slow.
 """
@@ -19,8 +19,8 @@ import pytest
 import torch
 
 from kernelbot import KernelbotError
-from kernelbot.agent import aten_cpp
-from kernelbot.agent.aten_cpp import Mode, Unsupported, generate
+from kernelbot.agent.propose import aten_cpp
+from kernelbot.agent.propose.aten_cpp import Mode, Unsupported, generate
 from kernelbot.agent.verify.probes import OpLog
 from kernelbot.kernel_library import cpp_build
 from kernelbot.loading import load_module

@@ -18,9 +18,8 @@ import pytest
 from helpers import write_module
 
 from kernelbot.agent.cluster import ClusterExecutor, Job, comparable
-from kernelbot.agent.pack import Accepted
-from kernelbot.agent.proposer import available_backends, propose, write_candidate
-from kernelbot.agent.verify.evaluate import Outcome, evaluate
+from kernelbot.agent.propose.proposer import available_backends, propose, write_candidate
+from kernelbot.agent.verify.evaluate import Accepted, Outcome, evaluate
 from kernelbot.records import Bench, Candidate, KernelOutcome, KernelResult, Placement, Task, Verdict
 
 RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0",
@@ -132,7 +131,7 @@ def test_a_benchmark_from_another_device_model_is_never_ranked_against_the_packs
 
 def test_without_cluster_nothing_of_ray_is_imported():
     code = ("import sys; from kernelbot.cli import build_parser; import kernelbot.agent.optimize, "
-            "kernelbot.agent.status; build_parser().parse_args(['optimize']); print('ray' in sys.modules)")
+            "kernelbot.agent.report.status; build_parser().parse_args(['optimize']); print('ray' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr[-1000:]
 

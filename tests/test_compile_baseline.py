@@ -1,4 +1,5 @@
-"""torch.compile of a task's own region, timed beside eager in the agent's process (agent/compile_baseline.py)."""
+"""torch.compile of a task's own region, timed beside eager in the agent's process
+(agent/measure/compile_baseline.py)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,8 @@ from pathlib import Path
 
 import torch
 
-from kernelbot.agent.compile_baseline import time_region_compile
-from kernelbot.agent.tasks import write_task
+from kernelbot.agent.measure.compile_baseline import time_region_compile
+from kernelbot.agent.tasks.tasks import write_task
 from kernelbot.engine.device import pick_device
 from kernelbot.records import Task
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-from kernelbot.agent import extract
-from kernelbot.agent.tasks import _computes, module_labels
+from kernelbot.agent.tasks import extract
+from kernelbot.agent.tasks.tasks import _computes, module_labels
 from kernelbot.agent.verify import cases
 from kernelbot.engine.patching import PackPatcher
 from kernelbot.loading import load_module

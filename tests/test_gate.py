@@ -1,12 +1,12 @@
-"""The never-slower gate (agent/gate.py): kernels that win their own benchmark and lose in the model are dropped, with
-the reason; a pack that is not faster as a whole ships nothing."""
+"""The never-slower gate (agent/measure/gate.py): kernels that win their own benchmark and lose in the model are
+dropped, with the reason; a pack that is not faster as a whole ships nothing."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
 from kernelbot.agent.engines import Measured
-from kernelbot.agent.gate import faster, never_slower, ratio
+from kernelbot.agent.measure.gate import faster, never_slower, ratio
 from kernelbot.records import EndToEndTimes, Fidelity
 
 EAGER = [100.0, 103.0, 99.0, 101.0, 102.0, 100.0, 98.0]

@@ -12,11 +12,11 @@ import time
 
 import pytest
 
-from kernelbot.agent.journal import Journal
+from kernelbot.agent.journal.journal import Journal
+from kernelbot.agent.journal.run_state import Clock
 from kernelbot.agent.llm.budget import Budget
 from kernelbot.agent.llm.loop import LLMOptions
 from kernelbot.agent.optimize import OptimizeOptions
-from kernelbot.agent.run_state import Clock
 from kernelbot.cli import main
 
 
@@ -41,7 +41,8 @@ def test_bad_input_is_one_line(tmp_path, capsys, argv, needles):
 
 
 def test_a_run_directory_in_use_is_refused_and_a_finished_one_is_not_restarted(tmp_path, capsys):
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom kernelbot.agent.journal import Journal\n"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\n"
+                               "from kernelbot.agent.journal.journal import Journal\n"
                                "j = Journal(sys.argv[1])\nprint('held', flush=True)\ntime.sleep(120)", str(tmp_path)],
                               stdout=subprocess.PIPE, text=True, start_new_session=True)
     try:

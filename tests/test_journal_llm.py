@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 from llm_scripted import Reply, Script, ScriptedServer
 
-from kernelbot.agent.journal import Journal
+from kernelbot.agent.journal.journal import Journal
+from kernelbot.agent.journal.replay import JournaledClient
 from kernelbot.agent.llm.budget import Budget
 from kernelbot.agent.llm.client import LLMClient
 from kernelbot.agent.llm.loop import LLMOptions, LLMSession, run_task
 from kernelbot.agent.llm.prompt import PromptContext
-from kernelbot.agent.replay import JournaledClient
-from kernelbot.agent.tasks import write_task
+from kernelbot.agent.tasks.tasks import write_task
 from kernelbot.records import Device, Task
 
 MODEL = "openai/kb-scripted-coder"

@@ -149,7 +149,7 @@ def test_a_candidate_that_redefines_a_library_method_is_never_bound():
 
 
 def test_the_report_names_the_layers_run_part_to_part_and_leaves_the_model_as_it_was(tmp_path):
-    from kernelbot.agent.measure import layer_routes_note
+    from kernelbot.agent.measure.measure import layer_routes_note
 
     spec, _ = resolve_spec("llama-micro", "float32", 2, 6, 2, 0)
     engine = TorchEngine(spec)

@@ -16,7 +16,7 @@ from kernelbot.agent.llm.extract import extract_code
 from kernelbot.agent.llm.loop import LLMOptions, LLMSession, run_task
 from kernelbot.agent.llm.prompt import PromptContext
 from kernelbot.agent.llm.redact import MASK, redact
-from kernelbot.agent.tasks import write_task
+from kernelbot.agent.tasks.tasks import write_task
 from kernelbot.agent.verify.evaluate import evaluate
 from kernelbot.records import Device, Task
 
@@ -231,9 +231,9 @@ def test_token_budget_stops_the_loop_and_is_respected(tmp_path):
 
 def test_endpoint_down_falls_back_to_the_builtin_proposer(tmp_path, monkeypatch):
     from kernelbot.agent import generate
-    from kernelbot.agent.journal import Journal
+    from kernelbot.agent.journal.journal import Journal
+    from kernelbot.agent.journal.run_state import Clock, RunState
     from kernelbot.agent.optimize import OptimizeOptions
-    from kernelbot.agent.run_state import Clock, RunState
     from kernelbot.agent.stages import Stages
 
     task, task_dir = _task(tmp_path, "down")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kernelbot.agent.proposer import propose
+from kernelbot.agent.propose.proposer import propose
 from kernelbot.kernel_library import FAMILIES, cpp_build, identity
 from kernelbot.kernel_library.store import KernelStore
 from kernelbot.records import Task

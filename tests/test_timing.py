@@ -1,4 +1,5 @@
-"""The timing protocol (agent/timing.py) and the host's load beside it (engine/host.py), against the CPU clock."""
+"""The timing protocol (agent/measure/timing.py) and the host's load beside it (engine/host.py), against the CPU
+clock."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 import torch
 
 from kernelbot import KernelbotError
-from kernelbot.agent.timing import WrongOutputError, compare, time_callable, time_once
+from kernelbot.agent.measure.timing import WrongOutputError, compare, time_callable, time_once
 from kernelbot.engine import host
 from kernelbot.engine.device import DeviceChoice, GpuState, HostStopwatch, pick_device
 
@@ -121,7 +122,7 @@ def test_a_gain_is_claimed_only_beyond_the_measured_noise() -> None:
 
 
 def test_end_to_end_timing_keeps_its_rounds_in_ms_per_engine(tmp_path) -> None:
-    from kernelbot.agent.measure import time_end_to_end
+    from kernelbot.agent.measure.measure import time_end_to_end
     from kernelbot.engine import TorchEngine
     from kernelbot.engine.models import resolve_spec
     from kernelbot.records import Pack
@@ -138,7 +139,7 @@ def test_end_to_end_timing_keeps_its_rounds_in_ms_per_engine(tmp_path) -> None:
 def test_a_report_timed_on_a_busy_host_says_so_at_the_top(tmp_path) -> None:
     from finished_run import fake_run
 
-    from kernelbot.agent.report import render_markdown
+    from kernelbot.agent.report.report import render_markdown
     from kernelbot.engine.host import BusyProcess, HostLoad
 
     quiet = fake_run(tmp_path)

@@ -9,7 +9,7 @@ from helpers import write_module
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 from kernelbot import KernelbotError
-from kernelbot.agent.tasks import reference_source
+from kernelbot.agent.tasks.tasks import reference_source
 from kernelbot.agent.verify import cases
 from kernelbot.agent.verify.cases import WeakTask
 from kernelbot.agent.verify.run import CHECK_IDS, shape_sets, task_from_reference, verify
@@ -296,7 +296,7 @@ def test_weak_task_is_refused_with_its_reason(tmp_path):
 
 
 def test_a_reference_in_a_runs_task_directory_is_verified_with_that_tasks_record(tmp_path):
-    from kernelbot.agent.tasks import write_task
+    from kernelbot.agent.tasks.tasks import write_task
 
     family = FAMILIES["rmsnorm"]
     task = Task(id="t", hotspot_id="h00", family="rmsnorm", module_class="LlamaRMSNorm", dtype="float32",

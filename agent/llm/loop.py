@@ -15,9 +15,8 @@ from kernelbot.agent.llm.client import EndpointDown, LLMClient, safe_url
 from kernelbot.agent.llm.extract import extract_code
 from kernelbot.agent.llm.prompt import Attempt, PromptContext, build_messages
 from kernelbot.agent.llm.redact import redact
-from kernelbot.agent.pack import Accepted
-from kernelbot.agent.proposer import write_candidate
-from kernelbot.agent.verify.evaluate import Outcome, new_row, pick_best
+from kernelbot.agent.propose.proposer import write_candidate
+from kernelbot.agent.verify.evaluate import Accepted, Outcome, new_row, pick_best
 from kernelbot.kernel_library.identity import source_identity
 from kernelbot.records import Candidate, KernelResult, LLMCall, LLMUsage, Task
 

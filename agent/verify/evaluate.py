@@ -7,13 +7,22 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-from kernelbot.agent.pack import Accepted
 from kernelbot.agent.verify.bench import bench
 from kernelbot.agent.verify.run import verify
 from kernelbot.records import Bench, Candidate, KernelOutcome, KernelResult, Task, Verdict
 from kernelbot.rundir import write_record
 
 DETAIL_CHARS = 1500  # per failed check, in the report
+
+
+@dataclass
+class Accepted:
+    """A candidate that passed verification and won its benchmark: what the pack is built from."""
+    task: Task
+    candidate: Candidate
+    source: Path
+    verdict: Verdict
+    bench: Bench
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """kernelbot generic task: MLP at blocks.0.mlp (float32).
 
-Test fixture for agent/aten_cpp.py, in the format the extractor writes: forward() is the module's own ATen graph
+Test fixture for agent/propose/aten_cpp.py, in the format the extractor writes: forward() is the module's own ATen graph
 (make_fx, symbolic mode) over its parameters and buffers and the call's tensors.
 """
 # ruff: noqa

@@ -1,6 +1,6 @@
 """kernelbot generic task: LlamaRotaryEmbedding at model.rotary_emb (float32).
 
-Test fixture for agent/aten_cpp.py, in the format the extractor writes: forward() is the module's own ATen graph
+Test fixture for agent/propose/aten_cpp.py, in the format the extractor writes: forward() is the module's own ATen graph
 (make_fx, real mode) over its parameters and buffers and the call's tensors.
 """
 # ruff: noqa

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from kernelbot.agent.extract import NotExtractable
 from kernelbot.agent.options import OptimizeOptions
-from kernelbot.agent.tasks import make_generic_task, make_task, module_labels, skip_reason, task_for, write_task
+from kernelbot.agent.tasks.extract import NotExtractable
+from kernelbot.agent.tasks.tasks import make_generic_task, make_task, module_labels, skip_reason, task_for, write_task
 from kernelbot.engine import TorchEngine
 from kernelbot.kernel_library.base import GENERIC
 from kernelbot.records import Hotspot, LayerCapture, Task

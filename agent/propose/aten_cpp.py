@@ -1,6 +1,6 @@
 """Candidates for any generic task without an LLM: the reference's ATen graph translated to one C++ function.
 
-A generic task's reference (written by agent/extract.py) computes `graph(*params, *inputs)`, a straight-line graph
+A generic task's reference (written by agent/tasks/extract.py) computes `graph(*params, *inputs)`, a straight-line graph
 of `torch.ops.aten.*` calls printed from make_fx. `generate()` turns it into candidates, one per config:
 
 - `ops`: every node becomes a call of ATen's typed entry point `at::_ops::<op>_<overload>::call(...)`, in the
@@ -96,7 +96,8 @@ def load_generic_reference(path: Path) -> ModuleType:
     module = load_module(path, f"kb_generic_{abs(hash(str(path.resolve())))}")
     for name in ("graph", "Model", "get_inputs", "get_init_inputs"):
         if not hasattr(module, name):
-            raise KernelbotError(f"{path}: not a generic task reference (no `{name}`); make it with agent/extract.py")
+            raise KernelbotError(f"{path}: not a generic task reference (no `{name}`); make it with "
+                                 "agent/tasks/extract.py")
     return module
 
 
@@ -1333,7 +1334,7 @@ def cpp_source(traced: Traced, config: GenericConfig) -> str:
 
 def _assemble(traced: Traced, config: GenericConfig, headers: list[str], body: list[str]) -> str:
     fused = config.mode is Mode.FUSED
-    parts = [f"// kernelbot agent/aten_cpp.py, config {config.model_dump(mode='json')}: {traced.title}",
+    parts = [f"// kernelbot agent/propose/aten_cpp.py, config {config.model_dump(mode='json')}: {traced.title}",
              *[f"#include <{h}>" for h in [*PRECOMPILED, *headers]], PRELUDE]
     if fused:
         lanes = (LIBRARY_ROOT / "lanes.h").read_text().replace("#pragma once\n", "")
@@ -1351,7 +1352,7 @@ def _assemble(traced: Traced, config: GenericConfig, headers: list[str], body: l
 
 CANDIDATE = '''
 
-# ---- kernelbot agent/aten_cpp.py candidate, config {config} ----
+# ---- kernelbot agent/propose/aten_cpp.py candidate, config {config} ----
 from kernelbot.kernel_library.cpp_build import load_cpp_source as _kb_load_cpp_source  # noqa: E402
 
 KB_CPP_SOURCE = {source}

@@ -1,5 +1,6 @@
 """The built-in proposer, no LLM needed: kernel_library families at several configurations, and for a generic
-task (a reference extracted from the model) the reference's own ATen graph generated as C++ (agent/aten_cpp.py)."""
+task (a reference extracted from the model) the reference's own ATen graph generated as C++
+(agent/propose/aten_cpp.py)."""
 
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ def propose(task: Task, backends: list[str], reference: Path) -> list[tuple[Cand
 def _generated(task: Task, backends: list[str], reference: Path) -> list[tuple[Candidate, str]]:
     if "cpp" not in backends:
         return []
-    from kernelbot.agent import aten_cpp
+    from kernelbot.agent.propose import aten_cpp
 
     out = []
     for i, (config, source) in enumerate(aten_cpp.generate(reference)):

@@ -141,8 +141,8 @@ def render_markdown(r: Report, figures: Iterable[str] = ()) -> str:
 
 def write_report(report: Report, run_dir: Path, console: Console | None = None) -> None:
     """report.json, report.md (figures under plots/) and report.html (self-contained)."""
-    from kernelbot.agent.plots import figures as make_figures
-    from kernelbot.agent.report_html import render_html
+    from kernelbot.agent.report.plots import figures as make_figures
+    from kernelbot.agent.report.report_html import render_html
 
     write_record(run_dir / "report.json", report)
     figures = make_figures(report)

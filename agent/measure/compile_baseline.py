@@ -2,9 +2,9 @@
 of taking kernelbot's kernel for it.
 
 The reference is trusted code (kernelbot wrote it, or it came from the model), so it is compiled and timed here, in
-the agent's process, with the one timing protocol (agent/timing.py): fresh inputs each call, every output checked
-against eager, the host's load beside the numbers. A candidate's gain over compile is then its benchmarked gain over
-eager divided by compile's gain over eager on the same task; the two timings come from different harnesses, so the
+the agent's process, with the one timing protocol (agent/measure/timing.py): fresh inputs each call, every output
+checked against eager, the host's load beside the numbers. A candidate's gain over compile is then its benchmarked gain
+over eager divided by compile's gain over eager on the same task; the two timings come from different harnesses, so the
 report says "estimated".
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from pydantic import BaseModel
 
-from kernelbot.agent.timing import Timing, WrongOutputError, time_callable
+from kernelbot.agent.measure.timing import Timing, WrongOutputError, time_callable
 from kernelbot.agent.verify.cases import inputs_at
 from kernelbot.agent.verify.numerics import compare
 from kernelbot.agent.verify.run import load_reference

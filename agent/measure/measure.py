@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from kernelbot.agent.timing import time_once
+from kernelbot.agent.measure.timing import time_once
 from kernelbot.engine import TorchEngine, host
 from kernelbot.engine.graph_decode import StaticDecode
 from kernelbot.engine.serving.fidelity import distinct_ngrams

@@ -11,9 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kernelbot.agent.journal import Journal
-from kernelbot.agent.pack import Accepted
-from kernelbot.agent.verify.evaluate import Outcome
+from kernelbot.agent.journal.journal import Journal
+from kernelbot.agent.verify.evaluate import Accepted, Outcome
 from kernelbot.kernel_library.store import KernelStore
 from kernelbot.records import Bench, Candidate, KernelResult, Task, Verdict
 from kernelbot.rundir import write_record

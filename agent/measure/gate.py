@@ -16,7 +16,7 @@ from kernelbot.records import EndToEndTimes
 
 if TYPE_CHECKING:
     from kernelbot.agent.engines import Measured
-    from kernelbot.agent.pack import Accepted
+    from kernelbot.agent.verify.evaluate import Accepted
 
 
 def ratio(times: EndToEndTimes) -> float:
