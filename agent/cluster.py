@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, Field
 
 from kernelbot import KernelbotError
+from kernelbot.agent.journal.progress import ClusterProgress, Running
 from kernelbot.records import Bench, Candidate, KernelOutcome, KernelResult, Placement, Task, Verdict
 
 if TYPE_CHECKING:
@@ -68,44 +69,6 @@ class ShippedResult(BaseModel):
     placement: Placement
     seconds: float
     files: dict[str, str] = Field(default_factory=dict)
-
-
-class Running(BaseModel):
-    candidate: str
-    node: str
-    node_ip: str
-    worker: str
-    device: str
-    attempt: int
-    since: float
-
-
-class ClusterProgress(BaseModel):
-    """The queue and what each worker is doing; the driver keeps it in the journal (meta `cluster`) for status."""
-
-    address: str
-    nodes: int
-    slots: int  # candidates the cluster can hold at once
-    queued: int
-    running: list[Running] = Field(default_factory=list)
-    done: int = 0
-    total: int = 0
-    retried: int = 0  # candidates restarted after their worker or node died
-    updated: float = 0.0
-
-    def signature(self) -> tuple:
-        """What changes when work moves (not merely ages)."""
-        return (self.nodes, self.done, self.total, self.queued,
-                tuple((r.candidate, r.node, r.attempt) for r in self.running))
-
-    def lines(self, now: float | None = None) -> list[str]:
-        now = now or time.time()
-        head = (f"cluster {self.address}: {self.nodes} nodes, {self.slots} slots; {self.done}/{self.total} done, "
-                f"{len(self.running)} running, {self.queued} queued" + (f", {self.retried} retried" if self.retried
-                                                                         else ""))
-        return [head] + [f"  {r.node[:8]} ({r.node_ip}) worker {r.worker[:8]} {r.device}: {r.candidate} "
-                         f"{now - r.since:.0f} s" + (f", attempt {r.attempt}" if r.attempt > 1 else "")
-                         for r in self.running]
 
 
 @dataclass

@@ -12,10 +12,9 @@ from pathlib import Path
 from typing import Protocol
 
 import torch
-from pydantic import BaseModel, Field
 
 from kernelbot import KernelbotError
-from kernelbot.agent.measure.measure import count_calls, fidelity, layer_routes_note, time_end_to_end
+from kernelbot.agent.measure.measure import Measured, count_calls, fidelity, layer_routes_note, time_end_to_end
 from kernelbot.agent.stages import Stages
 from kernelbot.agent.tasks.plan import ModelTasks, ServedTasks, TaskSource
 from kernelbot.engine.device import DeviceChoice
@@ -29,25 +28,9 @@ from kernelbot.profiler.workload_floor import with_shares, workload_floor
 from kernelbot.records import (
     Device,
     EndToEndTimes,
-    Fidelity,
     ModelSpec,
     Pack,
-    ServedComparison,
-    WorkloadFloor,
 )
-
-
-class Measured(BaseModel):
-    """What the final pack changed, as measured: calls into each kernel and fallbacks per layer class, the model's
-    outputs, the workload's time and its roofline floor, the served A/B (served engines), notes for the report."""
-
-    calls: dict[str, int]
-    fallbacks: dict[str, int]
-    fidelity: Fidelity
-    times: EndToEndTimes
-    floor: WorkloadFloor | None = None
-    serving: ServedComparison | None = None
-    notes: list[str] = Field(default_factory=list)
 
 
 class RunEngine(Protocol):

@@ -29,7 +29,8 @@ from kernelbot.kernel_library.identity import source_identity
 from kernelbot.records import Bench, Candidate, Device, Hotspot, KernelOutcome, KernelResult, LLMUsage, Task
 
 if TYPE_CHECKING:
-    from kernelbot.agent.cluster import ClusterExecutor, ClusterProgress, Job
+    from kernelbot.agent.cluster import ClusterExecutor, Job
+    from kernelbot.agent.journal.progress import ClusterProgress
 
 INTERPRETED_ROWS = 64  # on a CPU, Triton candidates of bigger calls are not run through the interpreter
 

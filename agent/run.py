@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from kernelbot.agent.engines import Measured, engine_for
+from kernelbot.agent.engines import engine_for
 from kernelbot.agent.generate import Generation
 from kernelbot.agent.journal.journal import Journal
 from kernelbot.agent.journal.run_state import Clock, RunState
 from kernelbot.agent.measure.compile_baseline import RegionCompile, time_region_compile
 from kernelbot.agent.measure.gate import faster, never_slower, ratio
-from kernelbot.agent.measure.measure import apply_counts, median
+from kernelbot.agent.measure.measure import Measured, apply_counts, median
 from kernelbot.agent.options import OptimizeOptions
 from kernelbot.agent.pack import build_pack
 from kernelbot.agent.report.report import write_report

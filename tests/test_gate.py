@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from kernelbot.agent.engines import Measured
 from kernelbot.agent.measure.gate import faster, never_slower, ratio
+from kernelbot.agent.measure.measure import Measured
 from kernelbot.records import EndToEndTimes, Fidelity
 
 EAGER = [100.0, 103.0, 99.0, 101.0, 102.0, 100.0, 98.0]

@@ -1,6 +1,8 @@
 """The rooms import downwards only. From the bottom: the shared base (kernelbot/'s records, paths, loading,
 packages), sandbox/, kernel_library/, engine/, profiler/, agent/, and the command line (kernelbot/cli*.py) on top.
-Every import counts, those inside functions too: a room that reaches upwards, even lazily, is a cycle waiting."""
+Inside agent/, its wings (tasks/, propose/, verify/, measure/, journal/, report/, llm/) never import the loop's own
+modules (agent/*.py) that use them. Every import counts, those inside functions too: a room that reaches upwards,
+even lazily, is a cycle waiting."""
 
 from __future__ import annotations
 
@@ -29,12 +31,21 @@ def room_of_module(name: str) -> str | None:
     return "front" if len(parts) > 1 and parts[1] in FRONT else "base"
 
 
+def loop_module(name: str, wings: set[str]) -> bool:
+    """Whether `name` is one of agent/'s own modules (the loop's), not a wing's."""
+    parts = name.split(".")
+    return parts[:2] == ["kernelbot", "agent"] and len(parts) > 2 and parts[2] not in wings
+
+
 def upward_imports(root: Path) -> list[str]:
-    """'file -> module (room -> higher room)' for every import that points up the layers."""
+    """'file -> module (room -> higher room)' for every import that points up the layers, and 'file -> module
+    (wing -> loop)' for a wing of agent/ importing the loop's modules."""
+    wings = {p.parent.name for p in (root / "agent").glob("*/__init__.py")}
     found = []
     for folder in ("kernelbot", *LAYERS[1:-1]):
         for path in sorted((root / folder).rglob("*.py")):
             source = room_of_file(path, root)
+            in_wing = source == "agent" and len(path.relative_to(root).parts) > 2
             for node in ast.walk(ast.parse(path.read_text())):
                 names = [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else \
                     [a.name for a in node.names] if isinstance(node, ast.Import) else []
@@ -42,6 +53,8 @@ def upward_imports(root: Path) -> list[str]:
                     target = room_of_module(name)
                     if target is not None and LAYERS.index(target) > LAYERS.index(source):
                         found.append(f"{path.relative_to(root)} -> {name} ({source} -> {target})")
+                    elif in_wing and loop_module(name, wings):
+                        found.append(f"{path.relative_to(root)} -> {name} (wing -> loop)")
     return found
 
 
@@ -55,6 +68,11 @@ def test_an_import_pointing_up_is_found_even_inside_a_function(tmp_path: Path) -
     (tmp_path / "engine" / "runner.py").write_text("def run():\n    from kernelbot.agent.optimize import optimize\n")
     (tmp_path / "kernelbot" / "records.py").write_text("from kernelbot.profiler.host import HostLoad\n")
     (tmp_path / "kernelbot" / "cli.py").write_text("from kernelbot.agent import optimize\n")  # the top may
+    (tmp_path / "agent" / "report").mkdir()
+    (tmp_path / "agent" / "report" / "__init__.py").write_text("")
+    (tmp_path / "agent" / "report" / "status.py").write_text("from kernelbot.agent.cluster import Progress\n")
+    (tmp_path / "agent" / "run.py").write_text("from kernelbot.agent.report.status import show\n")  # the loop may
     assert upward_imports(tmp_path) == [
         "kernelbot/records.py -> kernelbot.profiler.host (base -> profiler)",
-        "engine/runner.py -> kernelbot.agent.optimize (engine -> agent)"]
+        "engine/runner.py -> kernelbot.agent.optimize (engine -> agent)",
+        "agent/report/status.py -> kernelbot.agent.cluster (wing -> loop)"]

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from kernelbot.records import EndToEndTimes
 
 if TYPE_CHECKING:
-    from kernelbot.agent.engines import Measured
+    from kernelbot.agent.measure.measure import Measured
     from kernelbot.agent.verify.evaluate import Accepted
 
 

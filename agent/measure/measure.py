@@ -6,12 +6,27 @@ import statistics
 from pathlib import Path
 
 import torch
+from pydantic import BaseModel, Field
 
 from kernelbot.agent.measure.timing import time_once
 from kernelbot.engine import TorchEngine, host
 from kernelbot.engine.graph_decode import StaticDecode
 from kernelbot.engine.serving.fidelity import distinct_ngrams
-from kernelbot.records import EndToEndTimes, Fidelity, KernelResult, KLCheck, Pack
+from kernelbot.records import EndToEndTimes, Fidelity, KernelResult, KLCheck, Pack, ServedComparison, WorkloadFloor
+
+
+class Measured(BaseModel):
+    """What the final pack changed, as measured: calls into each kernel and fallbacks per layer class, the model's
+    outputs, the workload's time and its roofline floor, the served A/B (served engines), notes for the report."""
+
+    calls: dict[str, int]
+    fallbacks: dict[str, int]
+    fidelity: Fidelity
+    times: EndToEndTimes
+    floor: WorkloadFloor | None = None
+    serving: ServedComparison | None = None
+    notes: list[str] = Field(default_factory=list)
+
 
 
 def count_calls(engine: TorchEngine, pack: Pack, pack_dir: Path) -> tuple[dict[str, int], dict[str, int]]:

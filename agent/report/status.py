@@ -84,7 +84,7 @@ def _cluster_lines(progress: dict[str, Any] | None) -> list[str]:
     """The cluster's queue and workers as the driver last recorded them (a run without --cluster has none)."""
     if not progress:
         return []
-    from kernelbot.agent.cluster import ClusterProgress
+    from kernelbot.agent.journal.progress import ClusterProgress
 
     record = ClusterProgress.model_validate(progress)
     first, *rest = record.lines()

@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from kernelbot.agent.options import OptimizeOptions
 from kernelbot.agent.tasks.extract import NotExtractable
 from kernelbot.agent.tasks.tasks import make_generic_task, make_task, module_labels, skip_reason, task_for, write_task
 from kernelbot.engine import TorchEngine
@@ -46,12 +45,20 @@ class TaskSource(Protocol):
         """The hotspot's task (`planned`: the tasks planned before it), or why it has none."""
 
 
+class Selection(Protocol):
+    """What the planner reads of the run's options (agent/options.py's OptimizeOptions has these)."""
+
+    min_share: float
+    max_tasks: int  # per iteration
+    families: list[str] | None  # only these kernel_library families (None: all)
+
+
 def signature(h: Hotspot) -> str:
     """What makes two hotspots the same op call: an op tried once is not planned again."""
     return json.dumps([h.family, h.module_class, h.dtype, h.input_dims])
 
 
-def plan_tasks(hotspots: list[Hotspot], source: TaskSource, opts: OptimizeOptions, run_dir: Path, notes: list[str],
+def plan_tasks(hotspots: list[Hotspot], source: TaskSource, opts: Selection, run_dir: Path, notes: list[str],
                *, iteration: int = 0, attempted: set[str] | None = None,
                deferred: dict[str, str] | None = None) -> list[Task]:
     """Tasks by expected gain (headroom over the roofline, as ranked), skipping ops already tried or replaced;
@@ -81,7 +88,7 @@ def plan_tasks(hotspots: list[Hotspot], source: TaskSource, opts: OptimizeOption
     return tasks
 
 
-def _note(h: Hotspot, why: NoTask, opts: OptimizeOptions, notes: list[str], iteration: int,
+def _note(h: Hotspot, why: NoTask, opts: Selection, notes: list[str], iteration: int,
           deferred: dict[str, str] | None) -> None:
     if why.note is not None:
         notes.append(why.note)
