@@ -19,7 +19,8 @@ from kernelbot.agent.stages import Stages
 from kernelbot.agent.tasks.plan import ModelTasks, ServedTasks, TaskSource
 from kernelbot.engine.device import DeviceChoice
 from kernelbot.engine.serving.load import Workload
-from kernelbot.engine.serving.served import Profiled, ServedEngine, ServeOptions, round_ms, split_hotspots
+from kernelbot.engine.serving.serve_options import ServeOptions
+from kernelbot.engine.serving.served import Profiled, ServedEngine, round_ms, split_hotspots
 from kernelbot.engine.torch_engine import TorchEngine
 from kernelbot.kernel_library import classes_covered
 from kernelbot.profiler.hotspots import op_breakdown, rank_hotspots

@@ -18,9 +18,9 @@ from kernelbot import KernelbotError
 from kernelbot.agent.journal.run_state import Evaluator, RunState
 from kernelbot.agent.llm.loop import LLMSession, run_task
 from kernelbot.agent.llm.prompt import PromptContext
-from kernelbot.agent.options import OptimizeOptions
 from kernelbot.agent.propose.proposer import available_backends, propose, write_candidate
 from kernelbot.agent.report.report import llm_line
+from kernelbot.agent.run_options import OptimizeOptions
 from kernelbot.agent.stages import Stages
 from kernelbot.agent.verify.evaluate import Accepted, Outcome, duel, evaluate, pick_best
 from kernelbot.kernel_library.base import rows as call_rows
@@ -259,8 +259,8 @@ class Generation:
             left = max(1.0, clock.left() - clock.reserve)
             spent = session.ledger.elapsed()
             cap = self.opts.llm.budget.max_seconds
-            session.ledger.budget = dataclasses.replace(
-                self.opts.llm.budget, max_seconds=min(cap, spent + left) if cap else spent + left)
+            session.ledger.budget = self.opts.llm.budget.model_copy(
+                update={"max_seconds": min(cap, spent + left) if cap else spent + left})
         ctx = PromptContext(self.device, "cpp" if self.device.kind == "cpu" else "triton", hotspot)
         run = run_task(session, task, self.task_dir(task), ctx, self.journaled(task, hotspot))
         return run.rows, run.best

@@ -8,7 +8,6 @@ happens; `resume` replays them and continues from the first thing not recorded.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -17,9 +16,11 @@ from rich.console import Console
 
 from kernelbot import KernelbotError
 from kernelbot.agent.journal.journal import Journal
-from kernelbot.agent.options import OptimizeOptions
+from kernelbot.agent.llm.budget import Budget
 from kernelbot.agent.run import OptimizeRun
+from kernelbot.agent.run_options import OptimizeOptions
 from kernelbot.engine.device import pick_device
+from kernelbot.flags import options
 from kernelbot.records import Report
 from kernelbot.rundir import new_run_dir
 
@@ -58,15 +59,14 @@ def resume(run_dir: Path, console: Console | None = None, *, budget_hours: float
 
 def _with_budgets(opts: OptimizeOptions, budget_hours: float | None, max_cost: float | None,
                   max_tokens: int | None) -> OptimizeOptions:
-    """The recorded options with the budgets given on resuming in place of theirs."""
-    if budget_hours is not None:
-        opts = opts.model_copy(update={"budget_hours": budget_hours})
+    """The recorded options with the budgets given on resuming in place of theirs (checked as the flags are)."""
+    given = {"budget_hours": budget_hours} if budget_hours is not None else {}
     if opts.llm is not None and (max_cost is not None or max_tokens is not None):
         b = opts.llm.budget
-        budget = dataclasses.replace(b, max_cost=max_cost if max_cost is not None else b.max_cost,
-                                     max_tokens=max_tokens if max_tokens is not None else b.max_tokens)
-        opts = opts.model_copy(update={"llm": dataclasses.replace(opts.llm, budget=budget)})
-    return opts
+        budget = options(Budget, **{**b.model_dump(), "max_cost": max_cost if max_cost is not None else b.max_cost,
+                                    "max_tokens": max_tokens if max_tokens is not None else b.max_tokens})
+        given["llm"] = opts.llm.model_copy(update={"budget": budget})
+    return options(OptimizeOptions, **{**dict(opts), **given}) if given else opts
 
 
 def _session(opts: OptimizeOptions, journal: Journal, console: Console | None) -> Report:

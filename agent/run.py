@@ -22,9 +22,9 @@ from kernelbot.agent.journal.run_state import Clock, RunState
 from kernelbot.agent.measure.compile_baseline import RegionCompile, time_region_compile
 from kernelbot.agent.measure.gate import faster, never_slower, ratio
 from kernelbot.agent.measure.measure import Measured, apply_counts, median
-from kernelbot.agent.options import OptimizeOptions
 from kernelbot.agent.pack import build_pack
 from kernelbot.agent.report.report import write_report
+from kernelbot.agent.run_options import OptimizeOptions
 from kernelbot.agent.stages import Stages
 from kernelbot.agent.tasks.plan import plan_tasks, signature
 from kernelbot.agent.verify.evaluate import Accepted

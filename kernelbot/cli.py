@@ -6,29 +6,29 @@ import argparse
 import shlex
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from kernelbot import KernelbotError
-from kernelbot.agent.llm.options import add_llm_arguments
+from kernelbot.agent.llm.flags import add_llm_arguments
+from kernelbot.agent.run_options import OptimizeOptions
 from kernelbot.cli_runs import add_run_arguments, add_run_parsers, run_optimize
-
-if TYPE_CHECKING:
-    from kernelbot.engine.serving.served import ServeOptions
+from kernelbot.engine.serving.serve_options import ServeOptions
+from kernelbot.flags import default, options
 
 
 def _optimize(args: argparse.Namespace) -> int:
-    from kernelbot.agent.llm.options import llm_options
-    from kernelbot.agent.optimize import OptimizeOptions
+    from kernelbot.agent.llm.flags import llm_options
+    from kernelbot.kernel_library.store import store_root
 
-    opts = OptimizeOptions(model=args.model or "llama-tiny", dtype=args.dtype, batch=args.batch,
-                           prompt_len=args.prompt_len, decode_steps=args.decode_steps, seed=args.seed,
-                           run_dir=args.run_dir, max_tasks=args.max_tasks, timeout=args.timeout, e2e_rounds=args.rounds,
-                           compile=not args.no_compile, families=args.families.split(",") if args.families else None,
-                           device=args.device, cluster=args.cluster, serve=_serve_options(args),
-                           peak_tflops=args.peak_tflops, peak_gbps=args.peak_gbps)
-    from kernelbot.profiler.device import PeakOverride
-
-    PeakOverride(tflops=args.peak_tflops, gbps=args.peak_gbps).check()  # a bad peak: one line before any run
+    if args.resume is not None and args.run_dir is not None:
+        raise KernelbotError("--resume RUN_DIR names the run already; drop --run-dir")
+    opts = options(OptimizeOptions, model=args.model, dtype=args.dtype, batch=args.batch, prompt_len=args.prompt_len,
+                   decode_steps=args.decode_steps, seed=args.seed, run_dir=args.run_dir, min_share=args.min_share,
+                   max_tasks=args.max_tasks, timeout=args.timeout, e2e_rounds=args.rounds, compile=not args.no_compile,
+                   families=args.families.split(",") if args.families else None, llm=llm_options(args),
+                   budget_hours=args.budget_hours, iterations=args.iterations, max_task_minutes=args.max_task_minutes,
+                   store=None if args.no_store else (args.store or store_root()), device=args.device,
+                   cluster=args.cluster, serve=_serve_options(args), peak_tflops=args.peak_tflops,
+                   peak_gbps=args.peak_gbps)
     if args.cluster is not None:
         from kernelbot.agent.cluster import require_ray
 
@@ -41,17 +41,14 @@ def _optimize(args: argparse.Namespace) -> int:
     pick_device(args.device)  # no GPU for --device cuda: one line, exit 2, before any run directory exists
 
     # the model: a built-in name, or the model directory's absolute path
-    return run_optimize(args, opts.model_copy(update={"model": model_argument(opts.model), "llm": llm_options(args)}))
+    return run_optimize(args, opts.model_copy(update={"model": model_argument(opts.model)}))
 
 
 def _serve_options(args: argparse.Namespace) -> ServeOptions | None:
     """--engine vllm|sglang: how kernelbot starts the engine's servers (None: the model runs in this process)."""
     if args.engine == "torch":
         return None
-    from pydantic import ValidationError
-
-    from kernelbot.engine.serving.apis import EngineKind
-    from kernelbot.engine.serving.served import ServeOptions
+    from kernelbot.engine.serving.serve_options import EngineKind
 
     if args.rounds < 5:
         raise KernelbotError(f"--rounds {args.rounds}: a served A/B needs at least 5 interleaved rounds")
@@ -61,12 +58,7 @@ def _serve_options(args: argparse.Namespace) -> ServeOptions | None:
         fields["python"] = shlex.split(args.engine_python)
     if args.launch_cmd:
         fields["launch"] = shlex.split(args.launch_cmd)
-    try:
-        return ServeOptions(**fields)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        flag = "--" + str(err["loc"][0]).replace("_", "-")
-        raise KernelbotError(f"{flag}: {err['msg']}") from None
+    return options(ServeOptions, **fields)
 
 
 def _point_run_at_cluster(run_dir: Path, address: str) -> None:
@@ -173,24 +165,28 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("optimize", help="profile, rank, generate, verify, benchmark and integrate kernels")
-    p.add_argument("--model", default=None, help="built-in model (llama-tiny, the default; llama-micro) or a local "
+    p.add_argument("--model", default=default(OptimizeOptions, "model"),
+                   help="built-in model (llama-tiny, the default; llama-micro) or a local "
                    "Hugging Face causal-LM directory (config.json, and *.safetensors when present; without them, "
                    "seeded random weights); served engines load the same model (written into the run when it has no "
                    "weights)")
     p.add_argument("--engine", choices=["torch", "vllm", "sglang"], default="torch",
                    help="torch: the model in this process (transformers; default); vllm, sglang: the model served by "
                         "that engine, whose servers kernelbot starts on loopback, loads, profiles and stops")
-    p.add_argument("--dtype", default="auto", help="auto (bf16 where the CPU has it, else fp32), float32, bfloat16")
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--prompt-len", type=int, default=32)
-    p.add_argument("--decode-steps", type=int, default=32)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", default=default(OptimizeOptions, "dtype"),
+                   help="auto (bf16 where the CPU has it, else fp32), float32, bfloat16")
+    p.add_argument("--batch", type=int, default=default(OptimizeOptions, "batch"))
+    p.add_argument("--prompt-len", type=int, default=default(OptimizeOptions, "prompt_len"))
+    p.add_argument("--decode-steps", type=int, default=default(OptimizeOptions, "decode_steps"))
+    p.add_argument("--seed", type=int, default=default(OptimizeOptions, "seed"))
     p.add_argument("--run-dir", type=Path, default=None, help="where the run is written (default: runs/<id>)")
-    p.add_argument("--max-tasks", type=int, default=8)
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds per candidate job in the sandbox")
-    p.add_argument("--rounds", type=int, default=7, help="interleaved end-to-end timing rounds")
+    p.add_argument("--max-tasks", type=int, default=default(OptimizeOptions, "max_tasks"))
+    p.add_argument("--timeout", type=float, default=default(OptimizeOptions, "timeout"),
+                   help="seconds per candidate job in the sandbox")
+    p.add_argument("--rounds", type=int, default=default(OptimizeOptions, "e2e_rounds"),
+                   help="interleaved end-to-end timing rounds")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile comparison")
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default=default(OptimizeOptions, "device"),
                    help="where the model runs and candidates are verified and timed: auto (a GPU when one is visible, "
                         "else the CPU), cpu (C++ kernels), cuda (a GPU; Triton kernels)")
     p.add_argument("--families", default=None, help="comma-separated kernel families to try (default: all)")
@@ -210,9 +206,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "module>` (a wrapper that takes the same arguments)")
     g.add_argument("--server-arg", action="append", default=[], metavar="ARG",
                    help="passed to every server as is (repeat it), e.g. --server-arg=--max-num-seqs=64")
-    g.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks")
-    g.add_argument("--port", type=int, default=8100, help="the first server's port (a port in use is skipped)")
-    g.add_argument("--requests-per-round", type=int, default=32, help="requests per load round (default 32)")
+    g.add_argument("--tp", type=int, default=default(ServeOptions, "tp"), help="tensor-parallel ranks")
+    g.add_argument("--port", type=int, default=default(ServeOptions, "port"),
+                   help="the first server's port (a port in use is skipped)")
+    g.add_argument("--requests-per-round", type=int, default=default(ServeOptions, "requests_per_round"),
+                   help="requests per load round")
     add_llm_arguments(p)
     add_run_arguments(p)
     p.set_defaults(func=_optimize)

@@ -6,12 +6,10 @@ import argparse
 import errno
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from kernelbot import KernelbotError
-
-if TYPE_CHECKING:
-    from kernelbot.agent.options import OptimizeOptions
+from kernelbot.agent.run_options import OptimizeOptions
+from kernelbot.flags import default
 
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
@@ -22,10 +20,10 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--budget-hours", type=float, default=None,
                    help="wall time of the whole run, resumed sessions included; it stops generating in time to "
                         "integrate, measure and report")
-    g.add_argument("--iterations", type=int, default=3,
-                   help="profile → generate → integrate rounds at most, each on the bottlenecks left (default 3)")
-    g.add_argument("--min-share", type=float, default=None,
-                   help="skip hotspots under this share of the profiled time (default 0.005)")
+    g.add_argument("--iterations", type=int, default=default(OptimizeOptions, "iterations"),
+                   help="profile → generate → integrate rounds at most, each on the bottlenecks left")
+    g.add_argument("--min-share", type=float, default=default(OptimizeOptions, "min_share"),
+                   help="skip hotspots under this share of the profiled time")
     g.add_argument("--max-task-minutes", type=float, default=None, help="per-task cap on candidate time")
     g.add_argument("--store", type=Path, default=None,
                    help="kernel store to reuse from and add to (default $KERNELBOT_STORE or ~/.cache/kernelbot/store)")
@@ -35,21 +33,12 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
 def run_optimize(args: argparse.Namespace, opts: OptimizeOptions) -> int:
     from kernelbot.agent import optimize as opt
 
-    for name, value in (("--budget-hours", args.budget_hours), ("--max-task-minutes", args.max_task_minutes)):
-        if value is not None and value <= 0:
-            raise KernelbotError(f"{name} must be positive, got {value}")
-    if args.min_share is not None and not 0 <= args.min_share < 1:
-        raise KernelbotError(f"--min-share must be in [0, 1), got {args.min_share}")
-    if args.iterations < 1:
-        raise KernelbotError(f"--iterations must be at least 1, got {args.iterations}")
-    if args.resume is not None and args.run_dir is not None:
-        raise KernelbotError("--resume RUN_DIR names the run already; drop --run-dir")
     try:
         if args.resume is not None:
             opt.resume(args.resume, budget_hours=args.budget_hours, max_cost=args.max_cost,
                        max_tokens=args.max_tokens)
             return 0
-        _start(args, opts)
+        opt.optimize(opts)
     except OSError as exc:
         if exc.errno != errno.ENOSPC:
             raise
@@ -57,18 +46,6 @@ def run_optimize(args: argparse.Namespace, opts: OptimizeOptions) -> int:
         raise KernelbotError(f"the disk is full ({exc.filename or where}); free space and continue with "
                              f"`kernelbot optimize --resume {where}`") from None
     return 0
-
-
-def _start(args: argparse.Namespace, opts: OptimizeOptions) -> None:
-    from kernelbot.agent import optimize as opt
-    from kernelbot.kernel_library.store import store_root
-
-    opts = opts.model_copy(update={
-        "budget_hours": args.budget_hours, "iterations": args.iterations, "max_task_minutes": args.max_task_minutes,
-        "store": None if args.no_store else (args.store or store_root())})
-    if args.min_share is not None:
-        opts = opts.model_copy(update={"min_share": args.min_share})
-    opt.optimize(opts)
 
 
 def _status(args: argparse.Namespace) -> int:

@@ -12,7 +12,7 @@ from helpers import loopback_listener
 from llm_scripted import Reply, Script, ScriptedServer, fenced, kernel
 from test_sandbox_and_bench import processes_running
 
-from kernelbot.agent.llm.options import llm_options
+from kernelbot.agent.llm.flags import llm_options
 from kernelbot.agent.optimize import OptimizeOptions, optimize
 from kernelbot.cli import build_parser
 

@@ -15,7 +15,7 @@ import pytest
 from kernelbot.agent.journal.journal import Journal
 from kernelbot.agent.journal.run_state import Clock
 from kernelbot.agent.llm.budget import Budget
-from kernelbot.agent.llm.loop import LLMOptions
+from kernelbot.agent.llm.llm_options import LLMOptions
 from kernelbot.agent.optimize import OptimizeOptions
 from kernelbot.cli import main
 

@@ -12,7 +12,8 @@ from kernelbot.agent.journal.journal import Journal
 from kernelbot.agent.journal.replay import JournaledClient
 from kernelbot.agent.llm.budget import Budget
 from kernelbot.agent.llm.client import LLMClient
-from kernelbot.agent.llm.loop import LLMOptions, LLMSession, run_task
+from kernelbot.agent.llm.llm_options import LLMOptions
+from kernelbot.agent.llm.loop import LLMSession, run_task
 from kernelbot.agent.llm.prompt import PromptContext
 from kernelbot.agent.tasks.tasks import write_task
 from kernelbot.records import Device, Task

@@ -7,7 +7,7 @@ import json
 import pytest
 from llm_scripted import Script, ScriptedServer, rmsnorm_conversation
 
-from kernelbot.agent.llm.options import llm_options
+from kernelbot.agent.llm.flags import llm_options
 from kernelbot.agent.optimize import OptimizeOptions, optimize
 from kernelbot.cli import build_parser, main
 

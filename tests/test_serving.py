@@ -15,8 +15,9 @@ import pytest
 from kernelbot import KernelbotError
 from kernelbot.engine import telemetry
 from kernelbot.engine.serving import fidelity
-from kernelbot.engine.serving.apis import APIS, EngineKind, ServerSetup, engine_version
+from kernelbot.engine.serving.apis import APIS, ServerSetup, engine_version
 from kernelbot.engine.serving.load import Workload, run_load
+from kernelbot.engine.serving.serve_options import EngineKind
 from kernelbot.engine.serving.served import merge_captures, row_buckets, split_hotspots
 from kernelbot.engine.serving.server import Launch, ServerProcess
 from kernelbot.records import Device, Hotspot, LayerCapture, PluginReport

@@ -5,25 +5,21 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from kernelbot import KernelbotError
+from pydantic import BaseModel, ConfigDict, Field
 
 CHARS_PER_TOKEN = 3  # a deliberately low estimate, so prompt sizes are over- rather than under-counted
 MIN_ANSWER_TOKENS = 512  # a call that could not afford this much of an answer is not worth making
 
 
-@dataclass
-class Budget:
-    max_seconds: float | None = None  # wall time of the whole generate stage, verification included
-    max_tokens: int | None = None  # prompt + completion tokens, all calls
-    max_cost: float | None = None  # dollars, by litellm's price table (or --llm-price)
-    max_calls_per_task: int | None = None
-    max_answer_tokens: int = 4096  # per call
+class Budget(BaseModel):
+    model_config = ConfigDict(frozen=True)
 
-    def check(self) -> None:
-        for name, value in (("--max-llm-seconds", self.max_seconds), ("--max-tokens", self.max_tokens),
-                            ("--max-cost", self.max_cost), ("--max-calls-per-task", self.max_calls_per_task)):
-            if value is not None and value <= 0:
-                raise KernelbotError(f"{name} must be positive, got {value}")
+    # wall time of the whole generate stage, verification included
+    max_seconds: float | None = Field(None, gt=0, json_schema_extra={"flag": "--max-llm-seconds"})
+    max_tokens: int | None = Field(None, gt=0)  # prompt + completion tokens, all calls
+    max_cost: float | None = Field(None, gt=0)  # dollars, by litellm's price table (or --llm-price)
+    max_calls_per_task: int | None = Field(None, gt=0)
+    max_answer_tokens: int = Field(4096, gt=0)  # per call
 
 
 @dataclass

@@ -9,43 +9,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kernelbot import KernelbotError
-from kernelbot.agent.llm.budget import CHARS_PER_TOKEN, Budget, Ledger
+from kernelbot.agent.llm.budget import CHARS_PER_TOKEN, Ledger
 from kernelbot.agent.llm.client import EndpointDown, LLMClient, safe_url
 from kernelbot.agent.llm.extract import extract_code
+from kernelbot.agent.llm.llm_options import LLMOptions
 from kernelbot.agent.llm.prompt import Attempt, PromptContext, build_messages
 from kernelbot.agent.llm.redact import redact
 from kernelbot.agent.propose.proposer import write_candidate
 from kernelbot.agent.verify.evaluate import Accepted, Outcome, new_row, pick_best
 from kernelbot.kernel_library.identity import source_identity
 from kernelbot.records import Candidate, KernelResult, LLMCall, LLMUsage, Task
-
-
-@dataclass
-class LLMOptions:
-    model: str
-    api_base: str | None = None
-    samples: int = 2  # answers asked for per round
-    repair_rounds: int = 2  # rounds after the first, each fed the reports of all earlier attempts
-    budget: Budget = field(default_factory=Budget)
-    timeout: float = 180.0  # seconds per request
-    max_retries: int = 4
-    backoff: float = 2.0  # first wait after a retryable failure; doubles each time
-    temperature: float = 0.7
-    price: tuple[float, float] | None = None  # $ per million input/output tokens, for unpriced models
-
-    def check(self) -> None:
-        if not self.model.strip():
-            raise KernelbotError("--llm needs a litellm model string, e.g. openai/gpt-4o or hosted_vllm/my-model")
-        if self.samples < 1:
-            raise KernelbotError(f"--samples must be at least 1, got {self.samples}")
-        if self.repair_rounds < 0:
-            raise KernelbotError(f"--repair-rounds must be 0 or more, got {self.repair_rounds}")
-        if self.timeout <= 0:
-            raise KernelbotError(f"--llm-timeout must be positive, got {self.timeout}")
-        if self.api_base and not re.match(r"https?://[^/\s]+", self.api_base):
-            raise KernelbotError(f"--api-base must be an http(s) URL, got {safe_url(self.api_base)!r}")
-        self.budget.check()
 
 
 def detect_backend(code: str, default: str) -> str:

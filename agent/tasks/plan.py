@@ -46,7 +46,7 @@ class TaskSource(Protocol):
 
 
 class Selection(Protocol):
-    """What the planner reads of the run's options (agent/options.py's OptimizeOptions has these)."""
+    """What the planner reads of the run's options (agent/run_options.py's OptimizeOptions has these)."""
 
     min_share: float
     max_tasks: int  # per iteration

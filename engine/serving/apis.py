@@ -14,19 +14,14 @@ import json
 import shlex
 import subprocess
 from dataclasses import dataclass
-from enum import Enum
 from pathlib import Path
 from typing import Any, Protocol
 
 from kernelbot import KernelbotError
 from kernelbot.engine.served_layers import CAPTURE_ENV, COUNTS_ENV, PACK_ENV
+from kernelbot.engine.serving.serve_options import EngineKind
 
 PLUGIN_NAME = "kernelbot_pack"  # the entry point's name in both engines' plugin groups (pyproject.toml)
-
-
-class EngineKind(str, Enum):
-    VLLM = "vllm"
-    SGLANG = "sglang"
 
 
 @dataclass(frozen=True)

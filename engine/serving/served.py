@@ -14,20 +14,20 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel
 
 from kernelbot import KernelbotError
 from kernelbot.engine import host
 from kernelbot.engine.served_layers import FLUSH_S, fixed_dims, read_reports, widest
 from kernelbot.engine.serving import fidelity as fid
-from kernelbot.engine.serving.apis import APIS, EngineKind, ServerSetup, engine_version
+from kernelbot.engine.serving.apis import APIS, ServerSetup, engine_version
 from kernelbot.engine.serving.load import Workload, generate, post, random_prompts, run_load
+from kernelbot.engine.serving.serve_options import ServeOptions
 from kernelbot.engine.serving.server import Launch, ServerProcess, last_error
 from kernelbot.kernel_library import FAMILIES
 from kernelbot.records import (
@@ -43,23 +43,6 @@ from kernelbot.records import (
 )
 
 Say = Callable[[str], None]
-
-
-class ServeOptions(BaseModel):
-    """How the served engine is run: which engine, from which Python, with which extra server arguments; the
-    workload's shape comes from the run's batch, prompt length and decode steps."""
-
-    model_config = ConfigDict(frozen=True)
-
-    engine: EngineKind
-    python: list[str] = Field(default_factory=lambda: [sys.executable])  # the engine environment's interpreter
-    launch: list[str] | None = None  # the server's program instead of `python -m <the engine's server module>`
-    server_args: list[str] = Field(default_factory=list)
-    port: int = Field(8100, ge=1, le=65535)  # taken when free, else another
-    tp: int = Field(1, ge=1)
-    requests_per_round: int = Field(32, ge=1)
-    probe_prompts: int = Field(4, ge=1)
-    ready_timeout: float = Field(900.0, gt=0)
 
 
 class Profiled(BaseModel):

@@ -1,0 +1,42 @@
+"""`kernelbot optimize`'s options: one pydantic record with its constraints, the command line's defaults read from
+it (kernelbot/flags.py), stored in the run's journal as JSON so a resumed run reads what the first session was given
+(the stored shape is the fields by name; older journals read back alike)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from kernelbot.agent.llm.llm_options import LLMOptions
+from kernelbot.engine.serving.serve_options import ServeOptions
+
+
+class OptimizeOptions(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    model: str = "llama-tiny"
+    dtype: str = "auto"
+    batch: int = Field(8, ge=1)
+    prompt_len: int = Field(32, ge=1)
+    decode_steps: int = Field(32, ge=1)
+    seed: int = 0
+    run_dir: Path | None = None
+    min_share: float = Field(0.005, ge=0, lt=1)  # hotspots under this share of the profiled time get no task
+    max_tasks: int = Field(8, ge=0)  # per iteration
+    timeout: float = Field(300.0, gt=0)  # seconds per candidate job in the sandbox
+    bench_rounds: int = Field(15, ge=1)
+    e2e_rounds: int = Field(7, ge=1, json_schema_extra={"flag": "--rounds"})
+    compile: bool = True
+    families: list[str] | None = None  # only these kernel_library families (default: all)
+    llm: LLMOptions | None = None  # generate with this LLM instead of the built-in proposer
+    budget_hours: float | None = Field(None, gt=0)  # wall time of the whole run, every resumed session included
+    iterations: int = Field(3, ge=1)  # profile → generate → integrate rounds at most
+    max_task_minutes: float | None = Field(None, gt=0)  # per task, built-in and stored candidates
+    store: Path | None = None  # kernel store to reuse from and add to (None: none)
+    device: str = "auto"  # auto: a GPU when one is visible, else the CPU (engine/device.py)
+    cluster: str | None = None  # a Ray cluster's address: candidates are evaluated there (agent/cluster.py)
+    serve: ServeOptions | None = None  # the model served by vLLM or SGLang (None: in this process)
+    # the device's peaks as given, instead of measured
+    peak_tflops: float | None = Field(None, gt=0)
+    peak_gbps: float | None = Field(None, gt=0)
