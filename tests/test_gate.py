@@ -65,6 +65,18 @@ def test_a_pack_that_is_not_faster_as_a_whole_ships_nothing_and_reports_the_base
     assert gated.measured.times.kernelbot == gated.measured.times.eager and ratio(gated.measured.times) == 1.0
 
 
+def test_taking_a_pack_apart_costs_at_most_two_trials_a_kernel():
+    kernels = [_kernel(f"k{i}", 1.5, +1.0) for i in range(6)]  # each a little slower in the model
+    subsets: list[list[str]] = []
+
+    def trial(subset, fresh):
+        subsets.append([k.name for k in subset])
+        return _measured(subset)
+
+    gated = never_slower(kernels, _measured(kernels), trial)
+    assert len(subsets) <= 2 * len(kernels) and gated.kept == []
+
+
 def test_a_pack_faster_beyond_noise_is_left_alone():
     a = _kernel("a", 1.5, -20.0)
     measured = _measured([a])
