@@ -16,26 +16,26 @@ _TAKES = {"greater_than": lambda c: "positive" if c["gt"] == 0 else f"greater th
           "less_than": lambda c: f"below {c['lt']}", "less_than_equal": lambda c: f"at most {c['le']}"}
 
 
-def flag_of(model: type[BaseModel], field: str) -> str:
+def flag_of(record: type[BaseModel], field: str) -> str:
     """The flag that sets `field`: its `flag` in json_schema_extra, else --the-field-name."""
-    extra = model.model_fields[field].json_schema_extra
+    extra = record.model_fields[field].json_schema_extra
     given = extra.get("flag") if isinstance(extra, dict) else None
     return str(given) if given else "--" + field.replace("_", "-")
 
 
-def default(model: type[BaseModel], field: str) -> Any:
+def default(record: type[BaseModel], field: str) -> Any:
     """The field's default, for the flag's default (one place for both)."""
-    return model.model_fields[field].get_default(call_default_factory=True)
+    return record.model_fields[field].get_default(call_default_factory=True)
 
 
-def options(model: type[M], **values: Any) -> M:
+def options(record: type[M], /, **values: Any) -> M:
     """The record from the flags' values, or a KernelbotError naming the first flag whose value it refuses."""
     try:
-        return model(**values)
+        return record(**values)
     except ValidationError as exc:
         err = exc.errors()[0]
         field = str(err["loc"][0]) if err["loc"] else ""
-        flag = flag_of(model, field) if field in model.model_fields else field
+        flag = flag_of(record, field) if field in record.model_fields else field
         takes = _TAKES.get(err["type"])
         if takes is not None:
             raise KernelbotError(f"{flag} must be {takes(err['ctx'])}, got {err['input']}") from None

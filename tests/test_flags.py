@@ -33,7 +33,7 @@ def test_each_flags_default_is_its_fields_default(record: type, fields: list[str
 
 @pytest.mark.parametrize("argv, line", [
     (["--batch", "0"], "--batch must be at least 1, got 0"),
-    (["--min-share", "1.5"], "--min-share must be below 1, got 1.5"),
+    (["--min-share", "1.5"], "--min-share must be below 1.0, got 1.5"),
     (["--rounds", "0"], "--rounds must be at least 1, got 0"),
     (["--timeout", "0"], "--timeout must be positive, got 0.0"),
     (["--peak-gbps", "-3"], "--peak-gbps must be positive, got -3.0"),
