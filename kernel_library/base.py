@@ -92,9 +92,6 @@ def rows(shape: list[int]) -> int:
     return math.prod(shape[:-1])
 
 
-# how a profiler trace names a dtype -> how records name it
-DTYPE_NAMES = {"float": "float32", "c10::Half": "float16", "c10::BFloat16": "bfloat16", "double": "float64",
-               "c10::Float8_e4m3fn": "float8", "c10::Float8_e5m2": "float8"}
 
 
 def dtype_name(dtype: torch.dtype) -> str:

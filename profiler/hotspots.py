@@ -9,8 +9,9 @@ from collections.abc import Callable, Mapping
 import numpy as np
 import pandas as pd
 
+from kernelbot.dtypes import DTYPE_NAMES
 from kernelbot.kernel_library import family_for
-from kernelbot.kernel_library.base import DTYPE_NAMES, Family, OpCall
+from kernelbot.kernel_library.base import Family, OpCall
 from kernelbot.profiler.trace import Trace
 from kernelbot.records import KERNEL_LABEL, Device, Hotspot
 

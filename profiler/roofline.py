@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from kernelbot.kernel_library.base import DTYPE_NAMES
+from kernelbot.dtypes import DTYPE_NAMES
 
 ITEMSIZE = {"float": 4, "c10::Half": 2, "c10::BFloat16": 2, "double": 8, "long int": 8, "int": 4, "bool": 1,
             "unsigned char": 1, "signed char": 1, "c10::Float8_e4m3fn": 1, "c10::Float8_e5m2": 1}

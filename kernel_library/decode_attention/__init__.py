@@ -10,7 +10,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from kernelbot.kernel_library.base import DTYPE_NAMES, Family, OpCall, dtype_name, rows
+from kernelbot.dtypes import DTYPE_NAMES
+from kernelbot.kernel_library.base import Family, OpCall, dtype_name, rows
 from kernelbot.kernel_library.decode_attention.cache import step_dynamic_layer
 from kernelbot.kernel_library.decode_attention.reference import Model, rope_cos_sin
 

@@ -7,7 +7,8 @@ from typing import Any
 
 import torch
 
-from kernelbot.kernel_library.base import DTYPE_NAMES, Family, OpCall, dtype_name
+from kernelbot.dtypes import DTYPE_NAMES
+from kernelbot.kernel_library.base import Family, OpCall, dtype_name
 
 
 def _init_args(m: torch.nn.Module) -> list[Any]:
