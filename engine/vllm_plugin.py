@@ -4,11 +4,12 @@ vLLM runs `register()` in every process it starts (API server, engine core, each
 `vllm.general_plugins` entry point (`VLLM_PLUGINS=kernelbot_pack` allowlists it), before any model is built. It
 registers out-of-tree replacements for the layer classes the pack (or a capture) needs: `CustomOp.register_oot` for
 RMSNorm (plain and with its fused residual add), SiluAndMul and RotaryEmbedding, `PluggableLayer.register_oot` for
-the linear layers. Each replacement is a subclass of vLLM's own class with the same name: vLLM builds it wherever
-the model asks for the original, and every call goes through engine/served_layers.py's router — to a pack kernel
-for the variants, shapes and dtypes it was verified on, to vLLM's own path for everything else (counted, with the
-reason). Linear layers are routed at their GEMM (the unquantized method's `apply`), so vLLM's own forward keeps its
-tensor-parallel gathers and reductions; their weights are kept before vLLM repacks them for oneDNN.
+the linear layers and the LM head (`ParallelLMHead`, whose GEMM runs inside `LogitsProcessor`). Each replacement is
+a subclass of vLLM's own class with the same name: vLLM builds it wherever the model asks for the original, and
+every call goes through engine/served_layers.py's router — to a pack kernel for the variants, shapes and dtypes it
+was verified on, to vLLM's own path for everything else (counted, with the reason). Linear layers and the LM head
+are routed at their GEMM (the unquantized method's `apply`), so vLLM's own forward keeps its tensor-parallel gathers
+and reductions; their weights are kept before vLLM repacks them for oneDNN.
 
 Environment: see engine/served_layers.py (KERNELBOT_PACK_DIR, KERNELBOT_COUNTS_DIR, KERNELBOT_CAPTURE_DIR).
 """
@@ -27,13 +28,19 @@ KNOWN_VERSIONS = ("0.32.0",)  # the vLLM releases whose layer classes and seams 
 
 ROUTER: Router | None = None  # this process's, once register() ran (engine/vllm_attention.py reads it)
 
+LINEAR_MODULE = "vllm.model_executor.layers.linear"
+LM_HEAD_MODULE = "vllm.model_executor.layers.vocab_parallel_embedding"
+GEMM_METHODS = {  # layers routed at their GEMM: vLLM class name → its unquantized method's class (same module)
+    **{name: "UnquantizedLinearMethod" for name in (
+        "ColumnParallelLinear", "MergedColumnParallelLinear", "QKVParallelLinear", "RowParallelLinear",
+        "ReplicatedLinear")},
+    "ParallelLMHead": "UnquantizedEmbeddingMethod",
+}
 LAYER_MODULES = {  # vLLM class name → the module that defines it
     "RMSNorm": "vllm.model_executor.layers.layernorm",
     "SiluAndMul": "vllm.model_executor.layers.activation",
     "RotaryEmbedding": "vllm.model_executor.layers.rotary_embedding.base",
-    **{name: "vllm.model_executor.layers.linear" for name in (
-        "ColumnParallelLinear", "MergedColumnParallelLinear", "QKVParallelLinear", "RowParallelLinear",
-        "ReplicatedLinear")},
+    **{name: LM_HEAD_MODULE if name == "ParallelLMHead" else LINEAR_MODULE for name in GEMM_METHODS},
 }
 
 
@@ -86,6 +93,14 @@ def _pair(result: Any, call: dict[str, Any]) -> list[torch.Tensor]:
     return [t for t in result if isinstance(t, torch.Tensor)]
 
 
+def _gemm_spec(name: str) -> LayerSpec:
+    """A layer routed at its GEMM as the linear family; the LM head's GEMM runs inside LogitsProcessor's forward, which
+    is what a trace shows around it."""
+    traced = (lambda layer, call: "LogitsProcessor") if name == "ParallelLMHead" else None
+    return LayerSpec("linear", ("layer", "x", "bias"), inputs=lambda c: [c["x"]], run=lambda k, c: k(c["x"]),
+                     variant=_linear_variant, init_args=_linear_args, state=_linear_state, traced_as=traced)
+
+
 LAYERS: dict[str, list[LayerSpec]] = {
     "RMSNorm": [
         LayerSpec("add_rmsnorm", ("x", "residual"), inputs=lambda c: [c["x"], c["residual"]],
@@ -99,9 +114,7 @@ LAYERS: dict[str, list[LayerSpec]] = {
         "rotary_embedding", ("positions", "query", "key"), main=1, variant=_rotary_variant, outputs=_pair,
         inputs=lambda c: [c["positions"], c["query"], c["key"]],
         run=lambda k, c: k(c["positions"], c["query"], c["key"]))],
-    **{name: [LayerSpec("linear", ("layer", "x", "bias"), inputs=lambda c: [c["x"]], run=lambda k, c: k(c["x"]),
-                        variant=_linear_variant, init_args=_linear_args, state=_linear_state)]
-       for name in LAYER_MODULES if name.endswith("Linear")},
+    **{name: [_gemm_spec(name)] for name in GEMM_METHODS},
 }
 
 
@@ -153,8 +166,8 @@ def register() -> None:
 
 def _install(base: type, specs: list[LayerSpec], router: Router) -> None:
     """vLLM's class replaced, out of tree, by a subclass of the same name that routes its calls."""
-    if base.__name__.endswith("Linear"):
-        sub = _linear_subclass(base, specs, router)
+    if base.__name__ in GEMM_METHODS:
+        sub = _gemm_subclass(base, specs, router)
         base.register_oot(sub, name=base.__name__)
     else:
         def forward(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
@@ -168,10 +181,10 @@ def _install(base: type, specs: list[LayerSpec], router: Router) -> None:
             sub.name = registry_name  # register_oot renames it; vLLM enables custom ops by their registry name
 
 
-def _linear_subclass(base: type, specs: list[LayerSpec], router: Router) -> type:
-    from vllm.model_executor.layers.linear import UnquantizedLinearMethod
+def _gemm_subclass(base: type, specs: list[LayerSpec], router: Router) -> type:
+    unquantized: type = getattr(importlib.import_module(base.__module__), GEMM_METHODS[base.__name__])
 
-    class KernelbotLinearMethod(UnquantizedLinearMethod):
+    class KernelbotLinearMethod(unquantized):  # type: ignore[valid-type,misc]
         """vLLM's unquantized GEMM, with the weight kept before vLLM repacks it and each call routed."""
 
         def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
@@ -185,7 +198,7 @@ def _linear_subclass(base: type, specs: list[LayerSpec], router: Router) -> type
 
     def __init__(self: torch.nn.Module, *args: Any, **kwargs: Any) -> None:
         base.__init__(self, *args, **kwargs)
-        if type(getattr(self, "quant_method", None)) is UnquantizedLinearMethod:
+        if type(getattr(self, "quant_method", None)) is unquantized:
             self.quant_method.__class__ = KernelbotLinearMethod  # quantized layers keep their own method
 
     return type(base.__name__, (base,), {"__init__": __init__, "__module__": base.__module__,

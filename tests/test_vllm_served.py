@@ -42,9 +42,10 @@ def test_the_served_loop_runs_its_kernels_inside_vllms_worker_and_measures_both_
     assert code == 0
     report = Report.model_validate_json((run_dir / "report.json").read_text())
     assert report.engine == "vllm" and report.serving is not None and report.serving.version == "0.32.0"
-    # vLLM's own layers, as its plugin captured them in the worker: its RMSNorm and its attention backend
+    # vLLM's own layers, as its plugin captured them in the worker: its RMSNorm, its attention backend and the LM
+    # head (a GEMM inside LogitsProcessor's forward, found by the trace under that module)
     families = {(h.module_class, h.family) for h in report.hotspots_before}
-    assert {("RMSNorm", "add_rmsnorm"), ("Attention", "paged_attention")} <= families
+    assert {("RMSNorm", "add_rmsnorm"), ("Attention", "paged_attention"), ("LogitsProcessor", "linear")} <= families
     accepted = [k for k in report.kernels if k.status == "accepted"]
     pack = Pack.model_validate_json((run_dir / "pack" / "manifest.json").read_text())
     assert {e.candidate_id for e in pack.entries} == {k.candidate_id.replace("/", "__") for k in accepted}

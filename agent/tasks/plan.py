@@ -170,7 +170,8 @@ class ServedTasks:
     def refuse(self, hotspot: Hotspot) -> str | None:
         if hotspot.family is None:
             return (f"not integrable: no seam of {self.engine} carries a kernel for {hotspot.module_class} into the "
-                    "server (kernelbot's plugin routes its norms, activations, rotary embeddings and linear layers)")
+                    "server (kernelbot's plugin routes its norms, activations, rotary embeddings, linear layers, LM "
+                    "head and attention)")
         capture = self._capture(hotspot)
         if capture is None:
             return f"not integrable: the plugin captured no {hotspot.family} call of {hotspot.module_class}"
