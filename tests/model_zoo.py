@@ -52,6 +52,13 @@ def _gpt_neox() -> Any:
                          rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25})
 
 
+def _gpt2() -> Any:
+    from transformers import GPT2Config
+
+    return GPT2Config(n_embd=TINY["hidden_size"], n_layer=TINY["num_hidden_layers"], n_head=TINY["num_attention_heads"],
+                      vocab_size=TINY["vocab_size"], n_positions=TINY["max_position_embeddings"])
+
+
 def _mixtral() -> Any:
     from transformers import MixtralConfig
 
@@ -85,6 +92,8 @@ ZOO: dict[str, ZooModel] = {m.name: m for m in [
     ZooModel("qwen2", "GQA with biased q/k/v projections", _qwen2),
     ZooModel("mistral", "sliding-window attention shorter than the sequence", _mistral),
     ZooModel("gpt-neox", "LayerNorm, parallel residual, partial rotary (1/4), plain GELU MLP, fused qkv", _gpt_neox),
+    ZooModel("gpt2", "Conv1D projections (addmm over a [in, out] weight), fused c_attn, learned positions, no "
+             "rotary, GELU (tanh) MLP, dropout layers", _gpt2),
     ZooModel("mixtral", "mixture of experts (4 experts, top 2)", _mixtral),
     ZooModel("qwen2-moe", "mixture of experts with a gated shared expert", _qwen2_moe),
     ZooModel("gemma2", "attention and final-logit soft-capping, alternating sliding window, tied embeddings, eager "

@@ -188,12 +188,64 @@ def test_the_fused_config_computes_rmsnorm_in_one_loop_nest_without_aten_compute
     cpp = aten_cpp.cpp_source(aten_cpp.trace_reference(module), aten_cpp.GenericConfig(mode=Mode.FUSED))
     fast_path = cpp.split("} else {")[0]
     assert cpp.count("at::parallel_for") == 1 and "acc_" in fast_path
-    assert not re.search(r"at::_ops::\w+::call", fast_path.split("run(std::vector<at::Tensor> args)")[1])
+    assert not re.search(r"at::_ops::\w+::call", fast_path.split("kb_run(std::vector<at::Tensor> args")[1])
     # at run time: the loop ran, not the ATen fallback (whose ops a dispatch mode would see)
     reference, candidate = models(fused_candidate(REFS / "residual_rmsnorm_bf16.py", tmp_path), 0)
     inputs = module.get_inputs()
     assert run_logged(candidate, inputs)[1] == set()
     assert {"pow", "mean", "rsqrt", "mul", "add"} <= run_logged(reference, inputs)[1]
+
+
+# GPT-2's Conv1D (addmm with the [K,N] weight as it is), a Linear without bias over a transposed parameter (mm
+# through t), and a product of two activations, which is no weight and stays ATen's
+GEMM_GRAPH = """
+def graph(p0, p1, p2, p3, x0):
+    view = torch.ops.aten.view.default(x0, [8, 512])
+    addmm = torch.ops.aten.addmm.default(p1, view, p2)
+    gelu = torch.ops.aten.gelu.default(addmm, approximate='tanh')
+    t = torch.ops.aten.t.default(p0)
+    t_1 = torch.ops.aten.t.default(t)
+    mm = torch.ops.aten.mm.default(gelu, t_1)
+    add = torch.ops.aten.add.Tensor(mm, p3)
+    t_2 = torch.ops.aten.t.default(view)
+    mm_1 = torch.ops.aten.mm.default(view, t_2)
+    return (add, mm_1)
+"""
+
+
+@pytest.mark.parametrize("fixture", ["mlp_bf16", "mlp_fp32"])
+def test_products_with_a_parameter_run_the_projects_own_gemm_and_repack_when_the_weight_changes(
+        fixture: str, tmp_path: Path) -> None:
+    path = tmp_path / "reference.py"
+    path.write_text(reference_with_graph((REFS / f"{fixture}.py").read_text(), GEMM_GRAPH))
+    traced = aten_cpp.trace_reference(aten_cpp.load_generic_reference(path))
+    assert [n.name for n in aten_cpp.gemm_nodes(traced)] == ["addmm", "mm"]  # not the activations' product
+    module = fused_candidate(path, tmp_path / "fused")
+    reference, candidate = models(module, 0)
+    x = module.get_inputs()
+    got, ran = run_logged(candidate, x)
+    assert "addmm" not in ran and ran <= {"mm"}, ran  # ATen multiplied only the two activations
+    assert_same(got, outputs(reference(*x)), Mode.FUSED.value)
+    with torch.no_grad():  # a weight written in place, then one replaced: the packed copies follow
+        for model in (reference, candidate):
+            model.get_parameter("fc2.weight").mul_(-0.5)
+        assert_same(outputs(candidate(*x)), outputs(reference(*x)), Mode.FUSED.value)
+        fresh = torch.randn(1376, 512).to(reference.get_parameter("fc1.weight").dtype) * 0.03
+        for model in (reference, candidate):
+            model.fc1.weight = torch.nn.Parameter(fresh.clone(), requires_grad=False)
+        assert_same(outputs(candidate(*x)), outputs(reference(*x)), Mode.FUSED.value)
+
+
+def test_kernelbot_verify_accepts_a_generated_mlp_whose_gemms_are_its_own(tmp_path: Path) -> None:
+    from kernelbot.agent.verify.run import task_from_reference, verify
+
+    reference = REFS / "mlp_bf16.py"
+    path = tmp_path / "fused" / "candidate.py"
+    path.parent.mkdir()
+    path.write_text(next(s for c, s in generated(reference) if c["mode"] == Mode.FUSED.value))
+    verdict = verify(task_from_reference(reference), reference, path, tmp_path / "verify", timeout=120)
+    # reference_fallback among them: before, the generated C++ called aten::addmm for the products
+    assert verdict.verdict == "pass", [(c.id, c.detail) for c in verdict.checks if c.status == "fail"]
 
 
 def test_the_ops_config_calls_every_op_through_its_typed_aten_entry_point() -> None:

@@ -45,3 +45,22 @@ def test_a_gpt_neox_model_directory_gets_generic_kernels_for_ops_no_family_cover
 @pytest.mark.parametrize("name", ["qwen2", "mixtral", "gemma2", "phi"])
 def test_other_architectures_get_generic_kernels_and_keep_their_outputs(tmp_path, name):
     check_generic_kernels_ran(run_generic(tmp_path, name))
+
+
+@pytest.mark.slow
+def test_a_gpt2_models_conv1d_projections_get_verified_kernels_of_their_own(tmp_path):
+    # GPT-2's Conv1D is addmm over an [in, out] weight: the generated C++ multiplies with the project's own GEMM, so
+    # its candidates pass reference_fallback (they called aten::addmm before, and failed it). Wider than the zoo's
+    # tiny models: at hidden 64 a projection is all call overhead, which the fallback check counts as library time.
+    from transformers import GPT2Config
+
+    model = tmp_path / "gpt2-256"
+    GPT2Config(n_embd=256, n_layer=2, n_head=4, vocab_size=256, n_positions=128).save_pretrained(model)
+    opts = OptimizeOptions(model=str(model), dtype="float32", batch=2, prompt_len=8, decode_steps=6,
+                           run_dir=tmp_path / "run", families=["generic"], max_tasks=4, iterations=1,
+                           e2e_rounds=3, bench_rounds=9, compile=False, min_share=0.01, device="cpu")
+    report = optimize(opts)
+    products = [k for k in report.kernels if k.module in ("Conv1D", "GPT2MLP")]
+    assert products, [(k.module, k.reason) for k in report.kernels]
+    assert all(k.outcome.verified for k in products), [(k.module, k.reason) for k in products]
+    assert report.fidelity.passed, report.fidelity.summary()

@@ -12,7 +12,11 @@ of `torch.ops.aten.*` calls printed from make_fx. `generate()` turns it into can
   and rounding to bf16/fp16 exactly where the graph's op rounds (each op's result in its own dtype). Operands are
   read through their strides, so broadcasts and views need no copies. At run time a group checks that its operands
   have the dtypes, layout and shapes it was built for; if not, it runs its ops through `_ops`, so every input the
-  graph accepts stays correct.
+  graph accepts stays correct. Matrix products whose right operand is a view of a parameter (`mm`, `addmm`: a
+  Linear's `t(weight)`, a GPT-2 `Conv1D`'s weight as it is) run the project's own small-M GEMMs
+  (kernel_library/small_m_gemm.h, the linear family's kernels) with the bias added in the GEMM's epilogue: the
+  weight is packed into panels on the first call and kept by the candidate, repacked when the weight is replaced or
+  written in place.
 
 The candidate file is the reference's own text plus the C++ as a string and a `ModelNew(Model)` that calls the
 built extension with `[*self.params(), *inputs]`. Candidates run in a sandbox whose filesystem is read-only, so the
@@ -86,6 +90,7 @@ class Traced:
     args: list[Any]  # the reference's own parameters and inputs
     values: dict[fx.Node, Any]  # each node's value on them
     title: str  # the reference docstring's first line
+    n_params: int  # how many of `args` (the first) are the reference's parameters and buffers
 
     @property
     def graph(self) -> fx.Graph:
@@ -111,7 +116,8 @@ def trace_reference(module: ModuleType) -> Traced:
         torch.manual_seed(0)
         try:
             model = module.Model(*module.get_init_inputs()).eval()
-            args = [*model.params(), *module.get_inputs()]
+            params = list(model.params())
+            args = [*params, *module.get_inputs()]
             values = _run(gm.graph, args)
         except Unsupported:
             raise
@@ -120,7 +126,7 @@ def trace_reference(module: ModuleType) -> Traced:
             raise KernelbotError(f"the reference's graph does not run on its own inputs ({why}); regenerate "
                                  "the reference") from None
     doc = (module.__doc__ or "").strip().splitlines()
-    return Traced(gm, args, values, doc[0] if doc else "")
+    return Traced(gm, args, values, doc[0] if doc else "", len(params))
 
 
 BINARY_OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
@@ -796,7 +802,7 @@ def decomposed(traced: Traced) -> Traced:
     if not changed:
         return traced
     with torch.no_grad():
-        return Traced(gm, traced.args, _run(gm.graph, traced.args), traced.title)
+        return Traced(gm, traced.args, _run(gm.graph, traced.args), traced.title, traced.n_params)
 
 
 def _last_dim_float(x: Any) -> bool:
@@ -1301,7 +1307,8 @@ static inline int64_t kb_grain(int64_t n, int64_t elements) {
 
 
 def cpp_source(traced: Traced, config: GenericConfig) -> str:
-    """The C++ extension for one config: `std::vector<at::Tensor> run(std::vector<at::Tensor> args)`."""
+    """The C++ extension for one config: `run(args, packs)` -> the graph's outputs, then the packs (GEMMs' packed
+    weights) as they are after the call."""
     if config.mode is Mode.FUSED:
         traced = decomposed(traced)
     lowering = OpsLowering(traced)
@@ -1315,11 +1322,14 @@ def cpp_source(traced: Traced, config: GenericConfig) -> str:
         lowering.declare(node, var_name(node))
         body.append(f"at::Tensor {var_name(node)} = args[{i}];")
     plan = FusionPlan(traced) if config.mode is Mode.FUSED else None
+    gemms = {n: i * PACK_SLOTS for i, n in enumerate(gemm_nodes(traced))} if config.mode is Mode.FUSED else {}
     for node in traced.graph.nodes:
         if node.op != "call_function":
             continue
         group = plan.group_of.get(node) if plan else None
-        if group is None:
+        if node in gemms:
+            body += gemm_statement(lowering, node, var_name(node), gemms[node])
+        elif group is None:
             body += lowering.statement(node, var_name(node))
         elif node is group.nodes[-1]:
             body += GroupEmitter(group, plan, lowering, config.grain).emit()
@@ -1328,22 +1338,159 @@ def cpp_source(traced: Traced, config: GenericConfig) -> str:
         if not isinstance(out, fx.Node) or lowering.values.get(out).kind is not Kind.TENSOR:
             raise Unsupported(f"graph output {out!r} is not a tensor")
         outs.append(lowering.values.get(out).expr)
-    body.append(f"return {{{', '.join(outs)}}};")
-    return _assemble(traced, config, sorted(lowering.headers), body)
+    body += [f"std::vector<at::Tensor> kb_out = {{{', '.join(outs)}}};",
+             "kb_out.insert(kb_out.end(), packs.begin(), packs.end());  // the GEMMs' packed weights, kept by ModelNew",
+             "return kb_out;"]
+    headers = sorted(lowering.headers | (set(GEMM_HEADERS) if gemms else set()))
+    return _assemble(traced, config, headers, body, gemms=bool(gemms))
 
 
-def _assemble(traced: Traced, config: GenericConfig, headers: list[str], body: list[str]) -> str:
+def _assemble(traced: Traced, config: GenericConfig, headers: list[str], body: list[str], *, gemms: bool) -> str:
     fused = config.mode is Mode.FUSED
     parts = [f"// kernelbot agent/propose/aten_cpp.py, config {config.model_dump(mode='json')}: {traced.title}",
              *[f"#include <{h}>" for h in [*PRECOMPILED, *headers]], PRELUDE]
     if fused:
         lanes = (LIBRARY_ROOT / "lanes.h").read_text().replace("#pragma once\n", "")
         parts += ["// kernel_library/lanes.h, inlined (the candidate's C++ is one string)", lanes, FUSED_PRELUDE]
-    parts.append("std::vector<at::Tensor> run(std::vector<at::Tensor> args) {")
+    if gemms:
+        parts += ["// kernel_library/small_m_gemm.h, inlined", inlined_header(LIBRARY_ROOT / "small_m_gemm.h"),
+                  GEMM_PRELUDE]
+    parts.append("std::vector<at::Tensor> kb_run(std::vector<at::Tensor> args, std::vector<at::Tensor> packs) {")
     parts += ["  " + line for line in body]
     parts.append("}")
-    parts.append('\nPYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("run", &run); }\n')
+    parts.append('\nPYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("run", &kb_run); }\n')
     return "\n".join(parts)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# GEMMs in the `fused` translation: the project's own small-M kernels
+
+
+GEMM_OPS = {aten.mm.default: 1, aten.addmm.default: 2}  # op → the index of its [K,N] right operand
+WEIGHT_VIEWS = (aten.t.default, aten.transpose.int, aten.permute.default, aten.view.default,
+                aten._unsafe_view.default, aten.alias.default, aten.detach.default)
+PACK_SLOTS = 3  # a GEMM's entries in the candidate's packs: the weight view packed, its panels, the weight's version
+GEMM_HEADERS = ("ATen/ops/constant_pad_nd.h", "ATen/ops/empty.h", "immintrin.h")
+
+
+def _is_parameter_view(node: Any, traced: Traced) -> bool:
+    """Is `node` one of the reference's parameters (or buffers), through views only? Only then may a packed copy be
+    kept between calls: an activation's storage is reused by the allocator, a parameter's is not while it lives."""
+    while isinstance(node, fx.Node) and node.op == "call_function" and node.target in WEIGHT_VIEWS:
+        node = node.args[0]
+    if not isinstance(node, fx.Node) or node.op != "placeholder":
+        return False
+    placeholders = [n for n in traced.graph.nodes if n.op == "placeholder"]
+    return placeholders.index(node) < traced.n_params
+
+
+def gemm_nodes(traced: Traced) -> list[fx.Node]:
+    """The matrix products the project's GEMMs compute: float32 or bf16 `mm`/`addmm` (bias over the output columns,
+    alpha = beta = 1) whose right operand is a parameter seen through views."""
+    found = []
+    for node in traced.graph.nodes:
+        if node.op != "call_function" or node.target not in GEMM_OPS:
+            continue
+        value = traced.values.get(node)
+        right = node.args[GEMM_OPS[node.target]]
+        if not isinstance(value, torch.Tensor) or value.dtype not in (torch.float32, torch.bfloat16):
+            continue
+        if node.target is aten.addmm.default:
+            bias = traced.values.get(node.args[0]) if isinstance(node.args[0], fx.Node) else None
+            scales = [node.kwargs.get(k, 1) for k in ("beta", "alpha")] + list(node.args[3:])
+            if not isinstance(bias, torch.Tensor) or bias.dim() != 1 or any(c != 1 for c in scales):
+                continue
+        if _is_parameter_view(right, traced):
+            found.append(node)
+    return found
+
+
+def gemm_statement(lowering: OpsLowering, node: fx.Node, var: str, slot: int) -> list[str]:
+    """`var` = the product by kb_gemm where its operands fit it at run time, else by ATen's own op (as `ops` does)."""
+    label = op_label(node.target)
+    aten_call = lowering.statement(node, var)  # declares `var` as the node's tensor
+    assert len(aten_call) == 1 and aten_call[0].startswith(f"auto {var} = ")
+    left, right = node.args[GEMM_OPS[node.target] - 1], node.args[GEMM_OPS[node.target]]
+    a, b = lowering.values.tensor(left, label), lowering.values.tensor(right, label)
+    bias = ("c10::nullopt" if node.target is aten.mm.default
+            else f"c10::optional<at::Tensor>({lowering.values.tensor(node.args[0], label)})")
+    return [f"at::Tensor {var};",
+            f"if (kb_gemm_fits({a}, {b}, {bias})) {{",
+            f"  {var} = kb_gemm(packs, {slot}, {a}, {b}, {bias});",
+            "} else {",
+            "  " + aten_call[0].replace(f"auto {var} = ", f"{var} = ", 1),
+            "}"]
+
+
+def inlined_header(path: Path) -> str:
+    """A library header's text for a one-string extension: its own includes of the library and of torch/extension.h
+    dropped (the extension includes ATen's headers itself)."""
+    keep = [line for line in path.read_text().splitlines()
+            if line.strip() != "#pragma once" and not re.match(r'#include\s+("|<torch/extension\.h>)', line.strip())]
+    return "\n".join(keep)
+
+
+GEMM_PRELUDE = r"""
+// y = a @ b (+ bias) with b a view of a parameter: W = b^T ([N,K], read through b's strides) packed once into
+// small_m_gemm.h's panels (bf16 [NP,1,K/2,16,2] on CPUs with avx512_bf16, else fp32 [NP,1,K,8], zero-padded) and
+// kept in `packs` (PACK_SLOTS per GEMM: the view packed, its panels, the weight's version counter then); a weight
+// replaced (another storage, sizes or strides) or written in place (its version moved) is packed again.
+static bool kb_gemm_fits(const at::Tensor& a, const at::Tensor& b, const c10::optional<at::Tensor>& bias) {
+  const auto dt = a.scalar_type();
+  if ((dt != at::kFloat && dt != at::kBFloat16) || b.scalar_type() != dt || a.dim() != 2 || b.dim() != 2) return false;
+  if (!a.device().is_cpu() || !b.device().is_cpu() || a.size(1) != b.size(0)) return false;
+  if (a.size(0) == 0 || b.size(0) == 0 || b.size(1) == 0) return false;
+  return !bias.has_value() || (bias->dim() == 1 && bias->size(0) == b.size(1) && bias->scalar_type() == dt &&
+                               bias->is_contiguous() && bias->device().is_cpu());
+}
+
+template <typename T, typename P, int LANES, int PAIR>
+static at::Tensor kb_pack(const at::Tensor& b, at::ScalarType type) {
+  const int64_t K = b.size(0), N = b.size(1), sk = b.stride(0), sn = b.stride(1);
+  const int64_t NP = (N + LANES - 1) / LANES, KS = (K + PAIR - 1) / PAIR;
+  at::Tensor panels = PAIR == 2 ? at::empty({NP, 1, KS, LANES, 2}, b.options().dtype(type))
+                                : at::empty({NP, 1, KS, LANES}, b.options().dtype(type));
+  const T* w = b.const_data_ptr<T>();
+  P* p = panels.mutable_data_ptr<P>();
+  at::parallel_for(0, NP, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t np = begin; np < end; ++np)
+      for (int64_t ks = 0; ks < KS; ++ks)
+        for (int64_t j = 0; j < LANES; ++j)
+          for (int64_t t = 0; t < PAIR; ++t) {
+            const int64_t n = np * LANES + j, k = ks * PAIR + t;
+            p[((np * KS + ks) * LANES + j) * PAIR + t] = (n < N && k < K) ? static_cast<P>(w[k * sk + n * sn])
+                                                                         : static_cast<P>(0.f);
+          }
+  });
+  return panels;
+}
+
+static at::Tensor kb_gemm(std::vector<at::Tensor>& packs, size_t slot, const at::Tensor& a, const at::Tensor& b,
+                          const c10::optional<at::Tensor>& bias) {
+  const bool bf16 = a.scalar_type() == at::kBFloat16 && has_avx512_bf16();
+  at::Tensor &source = packs[slot], &panels = packs[slot + 1], &version = packs[slot + 2];
+  const bool fresh = source.numel() > 0 && source.data_ptr() == b.data_ptr() && source.sizes() == b.sizes() &&
+                     source.strides() == b.strides() && source.scalar_type() == b.scalar_type() &&
+                     version.numel() == 1 && version.const_data_ptr<int64_t>()[0] == b._version() &&
+                     panels.dim() == (bf16 ? 5 : 4);
+  if (!fresh) {
+    if (bf16) {
+      panels = kb_pack<c10::BFloat16, c10::BFloat16, 16, 2>(b, at::kBFloat16);
+    } else if (b.scalar_type() == at::kBFloat16) {
+      panels = kb_pack<c10::BFloat16, float, 8, 1>(b, at::kFloat);
+    } else {
+      panels = kb_pack<float, float, 8, 1>(b, at::kFloat);
+    }
+    version = at::empty({1}, b.options().dtype(at::kLong));
+    version.mutable_data_ptr<int64_t>()[0] = b._version();
+    source = b;
+  }
+  const int64_t N = b.size(1);
+  if (a.is_contiguous() && bf16 && a.size(1) % 2 == 0) return small_m_linear_bf16(a, panels, bias, N, 4);
+  if (a.is_contiguous() && a.scalar_type() == at::kFloat) return small_m_linear(a, panels, bias, N, 4);
+  return small_m_project(a, panels, bias, N, 4);  // a conversion, padding or copy first
+}
+"""
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -1373,20 +1520,22 @@ class ModelNew(Model):
         super().__init__(*args)
         self._kb_extension = _kb_load_cpp_source(KB_CPP_SOURCE, {name!r}, {precompiled!r})
         self._kb_slots = [_kb_slot(self, name, kind) for name, _shape, _dtype, kind in PARAMS]
+        self._kb_packs = [torch.empty(0)] * {packs}  # the GEMMs' weights as packed (filled by the first call)
 
     def forward(self, *inputs):
-        out = self._kb_extension.run([slots[key] for slots, key in self._kb_slots] + list(inputs))
+        out = self._kb_extension.run([slots[key] for slots, key in self._kb_slots] + list(inputs), self._kb_packs)
+        out, self._kb_packs = out[:len(out) - {packs}], out[len(out) - {packs}:]
         return out[0] if len(out) == 1 else tuple(out)
 '''
 
 
-def candidate_source(reference_text: str, cpp: str, config: GenericConfig) -> str:
+def candidate_source(reference_text: str, cpp: str, config: GenericConfig, packs: int) -> str:
     """The reference's own text (Model, graph and params identical), then the C++ and ModelNew."""
     readable = "'''" not in cpp and not cpp.endswith("\\")  # then a raw string shows the C++ as it is
     literal = f"r'''{cpp}'''" if readable else repr(cpp)
     return reference_text.rstrip("\n") + "\n" + CANDIDATE.format(
         config=config.model_dump(mode="json"), source=literal, mode=config.mode.value, name=EXTENSION_NAME,
-        precompiled=PRECOMPILED)
+        precompiled=PRECOMPILED, packs=packs)
 
 
 def generate(reference_path: Path, *, prebuild: bool = True,
@@ -1407,7 +1556,8 @@ def generate(reference_path: Path, *, prebuild: bool = True,
             except Exception as exc:  # a generator bug for some op: the other config may still build
                 failures.append(f"{config.mode.value}: {_first_error(str(exc))}")
                 continue
-        out.append((config.model_dump(mode="json"), candidate_source(text, cpp, config)))
+        packs = PACK_SLOTS * len(gemm_nodes(traced)) if config.mode is Mode.FUSED else 0
+        out.append((config.model_dump(mode="json"), candidate_source(text, cpp, config, packs)))
     if not out:
         raise Unsupported(f"the generated C++ does not build ({'; '.join(failures)})"[:500])
     return out
