@@ -99,7 +99,7 @@ class ModelNew(nn.Module):
             pass
 """)
     t0 = time.perf_counter()
-    verdict = verify(TASK, ref, cand, tmp_path / "w", timeout=15)
+    verdict = verify(TASK, ref, cand, tmp_path / "w", timeout=10)
     assert "timeout" in verdict.failed
     assert time.perf_counter() - t0 < 60
     assert not (tmp_path / "w" / "box").exists()  # the work dir is removed

@@ -292,6 +292,7 @@ class ModelNew(RMSNormCpp):
 '''
 
 
+@pytest.mark.slow  # 40 s on 2 cores: the benchmark's own rounds must run to catch it
 def test_a_candidate_right_only_for_its_first_calls_passes_verification_but_not_the_benchmark(tmp_path):
     ref = write_module(tmp_path / "reference.py", reference_source(RMS_TASK))
     cand = write_module(tmp_path / "cand" / "candidate.py", RIGHT_ONLY_AT_FIRST)
