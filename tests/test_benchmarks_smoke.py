@@ -140,3 +140,12 @@ def test_served_runs_its_smallest_loop_on_vllm(tmp_path):
                str(tmp_path / "runs"), cwd=tmp_path, timeout=3600)
     rows = [line for line in out.splitlines() if line.startswith("| llama-micro |")]
     assert len(rows) == 1 and (tmp_path / "runs" / "llama-micro" / "report.json").exists()
+
+
+@pytest.mark.slow
+def test_architectures_runs_the_smallest_gpt2(tmp_path):
+    out = _run("architectures.py", "--smallest", "--models", "gpt2", "--out", str(tmp_path / "runs"), cwd=tmp_path,
+               timeout=1800)
+    rows = [line for line in out.splitlines() if line.startswith("| gpt2 |")]
+    assert len(rows) == 1 and rows[0].count("|") == 9 and "x |" in rows[0]
+    assert (tmp_path / "runs" / "run-gpt2" / "report.json").exists()

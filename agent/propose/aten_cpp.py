@@ -1405,6 +1405,11 @@ def gemm_nodes(traced: Traced) -> list[fx.Node]:
     return found
 
 
+def pack_slots(traced: Traced, config: GenericConfig) -> int:
+    """How many tensors the candidate keeps for its GEMMs' packed weights (cpp_source's `packs`)."""
+    return PACK_SLOTS * len(gemm_nodes(decomposed(traced))) if config.mode is Mode.FUSED else 0
+
+
 def gemm_statement(lowering: OpsLowering, node: fx.Node, var: str, slot: int) -> list[str]:
     """`var` = the product by kb_gemm where its operands fit it at run time, else by ATen's own op (as `ops` does)."""
     label = op_label(node.target)
@@ -1556,8 +1561,7 @@ def generate(reference_path: Path, *, prebuild: bool = True,
             except Exception as exc:  # a generator bug for some op: the other config may still build
                 failures.append(f"{config.mode.value}: {_first_error(str(exc))}")
                 continue
-        packs = PACK_SLOTS * len(gemm_nodes(traced)) if config.mode is Mode.FUSED else 0
-        out.append((config.model_dump(mode="json"), candidate_source(text, cpp, config, packs)))
+        out.append((config.model_dump(mode="json"), candidate_source(text, cpp, config, pack_slots(traced, config))))
     if not out:
         raise Unsupported(f"the generated C++ does not build ({'; '.join(failures)})"[:500])
     return out
