@@ -213,7 +213,7 @@ def graph(p0, p1, p2, p3, x0):
 """
 
 
-@pytest.mark.parametrize("fixture", ["mlp_bf16", "mlp_fp32"])
+@pytest.mark.parametrize("fixture", ["mlp_bf16", pytest.param("mlp_fp32", marks=pytest.mark.slow)])
 def test_products_with_a_parameter_run_the_projects_own_gemm_and_repack_when_the_weight_changes(
         fixture: str, tmp_path: Path) -> None:
     path = tmp_path / "reference.py"
