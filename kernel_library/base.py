@@ -92,8 +92,6 @@ def rows(shape: list[int]) -> int:
     return math.prod(shape[:-1])
 
 
-
-
 def dtype_name(dtype: torch.dtype) -> str:
     """'bfloat16' for torch.bfloat16: how records and init args name a dtype."""
     return str(dtype).removeprefix("torch.")

@@ -1342,23 +1342,25 @@ def cpp_source(traced: Traced, config: GenericConfig) -> str:
              "kb_out.insert(kb_out.end(), packs.begin(), packs.end());  // the GEMMs' packed weights, kept by ModelNew",
              "return kb_out;"]
     headers = sorted(lowering.headers | (set(GEMM_HEADERS) if gemms else set()))
-    return _assemble(traced, config, headers, body, gemms=bool(gemms))
+    return _assemble(traced, config, headers, body, packs=len(gemms) * PACK_SLOTS)
 
 
-def _assemble(traced: Traced, config: GenericConfig, headers: list[str], body: list[str], *, gemms: bool) -> str:
+def _assemble(traced: Traced, config: GenericConfig, headers: list[str], body: list[str], *, packs: int) -> str:
     fused = config.mode is Mode.FUSED
     parts = [f"// kernelbot agent/propose/aten_cpp.py, config {config.model_dump(mode='json')}: {traced.title}",
              *[f"#include <{h}>" for h in [*PRECOMPILED, *headers]], PRELUDE]
     if fused:
         lanes = (LIBRARY_ROOT / "lanes.h").read_text().replace("#pragma once\n", "")
         parts += ["// kernel_library/lanes.h, inlined (the candidate's C++ is one string)", lanes, FUSED_PRELUDE]
-    if gemms:
+    if packs:
         parts += ["// kernel_library/small_m_gemm.h, inlined", inlined_header(LIBRARY_ROOT / "small_m_gemm.h"),
                   GEMM_PRELUDE]
     parts.append("std::vector<at::Tensor> kb_run(std::vector<at::Tensor> args, std::vector<at::Tensor> packs) {")
     parts += ["  " + line for line in body]
     parts.append("}")
-    parts.append('\nPYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("run", &kb_run); }\n')
+    # `packs`: how many tensors the caller keeps for the GEMMs' packed weights and passes back on every call
+    parts.append(f'\nPYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {{\n  m.def("run", &kb_run);\n'
+                 f'  m.attr("packs") = {packs};\n}}\n')
     return "\n".join(parts)
 
 
@@ -1403,11 +1405,6 @@ def gemm_nodes(traced: Traced) -> list[fx.Node]:
         if _is_parameter_view(right, traced):
             found.append(node)
     return found
-
-
-def pack_slots(traced: Traced, config: GenericConfig) -> int:
-    """How many tensors the candidate keeps for its GEMMs' packed weights (cpp_source's `packs`)."""
-    return PACK_SLOTS * len(gemm_nodes(decomposed(traced))) if config.mode is Mode.FUSED else 0
 
 
 def gemm_statement(lowering: OpsLowering, node: fx.Node, var: str, slot: int) -> list[str]:
@@ -1525,22 +1522,24 @@ class ModelNew(Model):
         super().__init__(*args)
         self._kb_extension = _kb_load_cpp_source(KB_CPP_SOURCE, {name!r}, {precompiled!r})
         self._kb_slots = [_kb_slot(self, name, kind) for name, _shape, _dtype, kind in PARAMS]
-        self._kb_packs = [torch.empty(0)] * {packs}  # the GEMMs' weights as packed (filled by the first call)
+        # the GEMMs' weights as packed (filled by the first call), passed back on every call
+        self._kb_packs = [torch.empty(0)] * self._kb_extension.packs
 
     def forward(self, *inputs):
         out = self._kb_extension.run([slots[key] for slots, key in self._kb_slots] + list(inputs), self._kb_packs)
-        out, self._kb_packs = out[:len(out) - {packs}], out[len(out) - {packs}:]
+        kept = len(out) - len(self._kb_packs)
+        out, self._kb_packs = out[:kept], out[kept:]
         return out[0] if len(out) == 1 else tuple(out)
 '''
 
 
-def candidate_source(reference_text: str, cpp: str, config: GenericConfig, packs: int) -> str:
+def candidate_source(reference_text: str, cpp: str, config: GenericConfig) -> str:
     """The reference's own text (Model, graph and params identical), then the C++ and ModelNew."""
     readable = "'''" not in cpp and not cpp.endswith("\\")  # then a raw string shows the C++ as it is
     literal = f"r'''{cpp}'''" if readable else repr(cpp)
     return reference_text.rstrip("\n") + "\n" + CANDIDATE.format(
         config=config.model_dump(mode="json"), source=literal, mode=config.mode.value, name=EXTENSION_NAME,
-        precompiled=PRECOMPILED, packs=packs)
+        precompiled=PRECOMPILED)
 
 
 def generate(reference_path: Path, *, prebuild: bool = True,
@@ -1561,7 +1560,7 @@ def generate(reference_path: Path, *, prebuild: bool = True,
             except Exception as exc:  # a generator bug for some op: the other config may still build
                 failures.append(f"{config.mode.value}: {_first_error(str(exc))}")
                 continue
-        out.append((config.model_dump(mode="json"), candidate_source(text, cpp, config, pack_slots(traced, config))))
+        out.append((config.model_dump(mode="json"), candidate_source(text, cpp, config)))
     if not out:
         raise Unsupported(f"the generated C++ does not build ({'; '.join(failures)})"[:500])
     return out
