@@ -13,9 +13,10 @@ from kernelbot.kernel_library.paged_attention import FAMILY as PAGED_ATTENTION
 from kernelbot.kernel_library.rmsnorm import FAMILY as RMSNORM
 from kernelbot.kernel_library.rotary_embedding import FAMILY as ROTARY_EMBEDDING
 from kernelbot.kernel_library.silu_and_mul import FAMILY as SILU_AND_MUL
+from kernelbot.kernel_library.sparse_moe import FAMILY as SPARSE_MOE
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (RMSNORM, ADD_RMSNORM, GATED_MLP, LINEAR, SILU_AND_MUL,
-                                                     ROTARY_EMBEDDING, DECODE_ATTENTION, PAGED_ATTENTION)}
+                                                     ROTARY_EMBEDDING, DECODE_ATTENTION, PAGED_ATTENTION, SPARSE_MOE)}
 
 
 def family_for(module_class: str, covered: Mapping[str, str] | None = None, by_name: bool = True) -> Family | None:

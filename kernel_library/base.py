@@ -46,6 +46,7 @@ class Family:
     free_dims: Callable[[list[list[int]]], list[list[int]]] = _leading_dims
     # the call's (dims, type names) from the ops the module ran, where its first op does not show them
     call_dims: Callable[[list[OpCall]], tuple[list[list[int]], list[str]] | None] | None = None
+    call_ops: int = 256  # how many of the module's first ops call_dims reads
     # structural test of a live module, whatever its class is called: does it compute the family's reference?
     covers: Callable[[torch.nn.Module], bool] | None = None
     # the dims that make calls one hotspot (calls differing elsewhere, e.g. in a KV cache's length, are one group)

@@ -161,6 +161,11 @@ class Verdict(BaseModel):
     seed: int | None = None  # replays this verification with `kernelbot verify --seed`
     notes: list[str] = Field(default_factory=list)
 
+    @property
+    def problems(self) -> list[str]:
+        """`check: detail` of every failed check, for a message that says why the verdict is what it is."""
+        return [f"{c.id}: {c.detail}" for c in self.checks if c.status == "fail"]
+
 
 class GpuState(BaseModel):
     """One NVML reading of the GPU a run uses; every field None (and `note` saying why) where NVML is absent."""

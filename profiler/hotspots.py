@@ -50,7 +50,7 @@ def _describe(ops: pd.DataFrame, ts: np.ndarray, row, family) -> tuple[str, list
         return "", [], []
     name, dims, types = first[0]
     if family is not None and family.call_dims is not None and not name.startswith(KERNEL_LABEL):
-        found = family.call_dims(_ops_within(ops, ts, row.ts, row.ts + row.dur, row.tid, 256))
+        found = family.call_dims(_ops_within(ops, ts, row.ts, row.ts + row.dur, row.tid, family.call_ops))
         if found is not None:
             dims, types = found
     return name, [d for d in dims if d], [t for t in types if t]

@@ -395,4 +395,4 @@ def test_the_honest_wrapper_passes(tmp_path, backend):
     ref = write_module(tmp_path / "reference.py", reference_source(RMS_TASK))
     cand = _candidate(tmp_path, backend, "honest", "def forward(self, x):\n    return self.kernel(x)\n")
     verdict = verify(RMS_TASK, ref, cand, tmp_path / "work", timeout=300)
-    assert verdict.verdict == "pass", verdict.checks
+    assert verdict.verdict == "pass", verdict.problems

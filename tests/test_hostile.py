@@ -174,7 +174,7 @@ def test_protections_are_recorded(tmp_path, monkeypatch):
     # torch exports TORCHINDUCTOR_CACHE_DIR once it has used its cache; a child must not inherit a path outside
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "outside"))
     verdict = _run(tmp_path, "from torch._inductor.runtime.cache_dir_utils import cache_dir\ncache_dir()")
-    assert verdict.failed == ["reference_fallback"], verdict.checks  # harmless, but all PyTorch
+    assert verdict.failed == ["reference_fallback"], verdict.problems  # harmless, but all PyTorch
     text = " ".join(verdict.protections)
     assert "timeout" in text and "secrets scrubbed" in text
     if namespaces_available():

@@ -8,8 +8,9 @@ import torch
 from kernelbot.agent.verify.run import load_reference
 from kernelbot.kernel_library import FAMILIES, family_for
 
-INIT = {"rmsnorm": [96, 1e-6], "linear": [72, 40, True], "gated_mlp": [64, 88], "silu_and_mul": []}
-FEATURES = {"rmsnorm": 96, "linear": 72, "gated_mlp": 64, "silu_and_mul": 2 * 45}  # the input's last dim
+INIT = {"rmsnorm": [96, 1e-6], "linear": [72, 40, True], "gated_mlp": [64, 88], "silu_and_mul": [],
+        "sparse_moe": [64, 40, 6, 2]}
+FEATURES = {"rmsnorm": 96, "linear": 72, "gated_mlp": 64, "silu_and_mul": 2 * 45, "sparse_moe": 64}  # last dim
 SHAPES = [[8, 1], [1, 1], [3, 7], [13, 1], [2, 33]]  # leading dims
 
 
@@ -18,8 +19,8 @@ def _wrapper(family, backend):
     return getattr(importlib.import_module(f"kernelbot.kernel_library.{family.name}.{module}"), cls)
 
 
-@pytest.mark.parametrize("backend", ["cpp", "triton"])
-@pytest.mark.parametrize("name", sorted(n for n, f in FAMILIES.items() if f.inputs == 1))
+@pytest.mark.parametrize(("name", "backend"), sorted((n, b) for n, f in FAMILIES.items() if f.inputs == 1
+                                                     for b in f.wrappers))
 def test_family_matches_reference(name, backend):
     family = FAMILIES[name]
     torch.manual_seed(0)

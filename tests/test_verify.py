@@ -53,7 +53,7 @@ def test_library_kernel_passes(tmp_path):
     cand = write_module(tmp_path / "cand" / "candidate.py",
                         "from kernelbot.kernel_library.rmsnorm.cpp import RMSNormCpp as ModelNew\n")
     verdict = verify(RMS_TASK, ref, cand, tmp_path / "work")
-    assert verdict.verdict == "pass", verdict.checks
+    assert verdict.verdict == "pass", verdict.problems
     assert [c.id for c in verdict.checks] == list(CHECK_IDS)
     status = {c.id: c.status for c in verdict.checks}
     # C++ on a CPU: judged by varied thread counts (one thread, more than there are cores), not by a sanitizer
@@ -68,7 +68,7 @@ def test_library_triton_kernel_passes_in_the_interpreter(tmp_path):
     cand = write_module(tmp_path / "cand" / "candidate.py",
                         "from kernelbot.kernel_library.rmsnorm.triton_kernel import RMSNormTriton as ModelNew\n")
     verdict = verify(RMS_TASK, ref, cand, tmp_path / "work")
-    assert verdict.verdict == "pass", verdict.checks
+    assert verdict.verdict == "pass", verdict.problems
     details = {c.id: (c.status, c.detail) for c in verdict.checks}
     assert details["race"][0] == "pass" and "reversed and shuffled" in details["race"][1]
     assert "Triton launches" in details["out_of_bounds"][1]
@@ -93,7 +93,7 @@ def test_a_bf16_models_task_keeps_its_weights_in_bf16(tmp_path, family, live, sh
     cand = write_module(tmp_path / "cand" / "candidate.py",
                         f"from kernelbot.kernel_library.{path} import {cls} as ModelNew\n")
     verdict = verify(task, ref, cand, tmp_path / "work")
-    assert verdict.verdict == "pass", verdict.checks
+    assert verdict.verdict == "pass", verdict.problems
 
 
 ROPE_TASK = Task(id="rope", hotspot_id="h", family="rotary_embedding", module_class="RotaryEmbedding",
@@ -113,7 +113,7 @@ def test_rotary_candidates_are_checked_at_random_positions(tmp_path, body, verdi
                         "import torch\nfrom kernelbot.kernel_library.rotary_embedding.cpp import RotaryEmbeddingCpp\n\n"
                         f"class ModelNew(RotaryEmbeddingCpp):\n    pass\n{body}")
     verdict = verify(ROPE_TASK, ref, cand, tmp_path / "work")
-    assert verdict.verdict == verdict_, verdict.checks
+    assert verdict.verdict == verdict_, verdict.problems
     assert verdict.shapes[1] == [[1], [1, 128], [1, 64]]  # all three inputs fuzzed along their tokens dim
     if verdict_ == "fail":
         assert "correctness" in verdict.failed

@@ -27,7 +27,7 @@ def _verify(tmp_path, reference: str, candidate: str, **kwargs):
 
 
 def _failed_alone(verdict, check: str) -> None:
-    assert verdict.verdict == "fail" and verdict.failed == [check], verdict.checks
+    assert verdict.verdict == "fail" and verdict.failed == [check], verdict.problems
 
 
 def test_a_real_liger_kernel_softmax_passes(tmp_path):
@@ -44,14 +44,14 @@ class ModelNew(nn.Module):
         return LigerSoftmaxFunction.apply(x)
 """)
     verdict = verify(task_from_reference(ref), ref, cand, tmp_path / "work", seed=4)
-    assert verdict.verdict == "pass", verdict.checks
+    assert verdict.verdict == "pass", verdict.problems
     fallback = next(c.detail for c in verdict.checks if c.id == "reference_fallback")
     assert "Triton launch" in fallback  # the interpreter ran the package's own kernels
 
 
 def test_a_lock_protected_accumulation_passes_and_reports_its_order_dependence(tmp_path):
     verdict = _verify(tmp_path, "colsum_ref", "colsum_locked")
-    assert verdict.verdict == "pass", verdict.checks
+    assert verdict.verdict == "pass", verdict.problems
     assert any("writes inside a lock in _locked_colsum" in n for n in verdict.notes)
 
 
@@ -146,7 +146,7 @@ def test_a_case_the_plan_never_made_catches_its_cheat(tmp_path, reference, candi
 
 def test_the_two_pass_layer_norm_passes_every_case(tmp_path):
     verdict = _verify(tmp_path, "layernorm_ref", "layernorm_two_pass")
-    assert verdict.verdict == "pass", verdict.checks
+    assert verdict.verdict == "pass", verdict.problems
     assert any("offset by a large mean" in c for c in verdict.cases)
     assert any("beyond the scaled sizes" in c for c in verdict.cases)
     assert any("rows permuted" in c for c in verdict.cases)
@@ -157,7 +157,7 @@ def test_parameters_named_otherwise_still_get_new_weights(tmp_path, baked, verdi
     ref = write_module(tmp_path / "reference.py", reference_source(RMS_TASK))
     name = "rmsnorm_renamed_baked" if baked else "rmsnorm_renamed"
     verdict = verify(RMS_TASK, ref, CORPUS / f"{name}.py", tmp_path / "work", seed=4)
-    assert verdict.verdict == verdict_, verdict.checks
+    assert verdict.verdict == verdict_, verdict.problems
     caching = next(c.detail for c in verdict.checks if c.id == "result_caching")
     if baked:
         assert verdict.failed == ["result_caching"] and "new weights" in caching

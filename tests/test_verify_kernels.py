@@ -241,14 +241,14 @@ def _verify(tmp_path, reference: str, candidate: str, rmsnorm: bool = False, **k
 ], ids=["rmsnorm", "swiglu"])
 def test_liger_style_triton_kernels_pass_with_special_values_included(tmp_path, reference, candidate):
     verdict = _verify(tmp_path, reference, candidate, rmsnorm=candidate is LIGER_STYLE_RMSNORM)
-    assert verdict.verdict == "pass", verdict.checks
+    assert verdict.verdict == "pass", verdict.problems
     assert any("±inf and NaN" in c for c in verdict.cases)
     assert next(c for c in verdict.checks if c.id == "race").status == "pass"
 
 
 def test_a_split_reduction_with_float_atomics_passes_and_reports_its_order_dependence(tmp_path):
     verdict = _verify(tmp_path, ROW_SUM_REFERENCE, SPLIT_SUM_WITH_ATOMICS)
-    assert verdict.verdict == "pass", verdict.checks
+    assert verdict.verdict == "pass", verdict.problems
     assert any("depend on program order" in n and "_split_row_sum" in n for n in verdict.notes), verdict.notes
     assert "float atomic adds" in next(c.detail for c in verdict.checks if c.id == "race")
 
@@ -256,7 +256,7 @@ def test_a_split_reduction_with_float_atomics_passes_and_reports_its_order_depen
 @pytest.mark.slow
 def test_require_deterministic_fails_a_reduction_whose_bits_depend_on_program_order(tmp_path):
     verdict = _verify(tmp_path, ROW_SUM_REFERENCE, SPLIT_SUM_WITH_ATOMICS, require_deterministic=True)
-    assert verdict.failed == ["nondeterminism"], verdict.checks
+    assert verdict.failed == ["nondeterminism"], verdict.problems
     assert "--require-deterministic" in next(c.detail for c in verdict.checks if c.id == "nondeterminism")
 
 
@@ -267,9 +267,9 @@ def test_require_deterministic_fails_a_reduction_whose_bits_depend_on_program_or
 def test_an_online_softmax_is_checked_on_fully_masked_and_left_padded_rows(tmp_path, pad, verdict_):
     """Random masks almost never mask a whole block of a row: only the masked-row fuzzing finds the NaN."""
     verdict = _verify(tmp_path, MASKED_SOFTMAX_REFERENCE, ONLINE_SOFTMAX.replace("PAD", pad))
-    assert verdict.verdict == verdict_, verdict.checks
+    assert verdict.verdict == verdict_, verdict.problems
     if verdict_ == "fail":
-        assert verdict.failed == ["correctness"], verdict.checks
+        assert verdict.failed == ["correctness"], verdict.problems
         detail = next(c.detail for c in verdict.checks if c.id == "correctness")
         assert "masked" in detail and "NaN/Inf" in detail and "observed" not in detail
 

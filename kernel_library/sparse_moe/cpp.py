@@ -1,0 +1,56 @@
+"""The sparse MoE block's C++ backend: the model's own router (the same ops, so the same experts are chosen), then
+every chosen expert's gated MLP over its tokens in one call into kernel_library/sparse_moe/moe.cpp, whose experts'
+weights are packed once into the small-M GEMMs' panels."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kernelbot.kernel_library.cpp_build import load_cpp
+from kernelbot.kernel_library.linear.cpp import PackedWeights, bf16_path, pack_panels, pack_panels_bf16
+from kernelbot.kernel_library.sparse_moe.reference import Model
+
+SOURCE = Path(__file__).with_name("moe.cpp")
+Pack = Callable[[list[torch.Tensor]], torch.Tensor]
+
+
+@functools.cache
+def _per_expert(pack: Pack, halves: int) -> Pack:
+    """A packer of [E, halves * N, K] stacked weights -> each expert's panels stacked [E, ...]; with two halves (gate
+    rows, then up rows) the panels interleave them, as the gated kernels take them. Cached: one packer per kind, so
+    PackedWeights sees the same packer and keeps its panels."""
+    return lambda ws: torch.stack([pack(list(expert.chunk(halves, dim=0))) for expert in ws[0].detach()])
+
+
+class SparseMoeCpp(Model):
+    CONFIG: dict[str, Any] = {"grain": 4}
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self._ext = load_cpp(SOURCE)
+        self._gate_up = PackedWeights()
+        self._down = PackedWeights()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.bound(x.dtype)(x)
+
+    def bound(self, dtype: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor]:
+        """forward for inputs of this dtype, with every expert's weights packed once: the engine's hot path."""
+        ext, grain = self._ext, self.CONFIG["grain"]
+        experts = self.experts
+        inter, hidden = experts.down_proj.shape[-1], experts.down_proj.shape[-2]
+        pack = pack_panels_bf16 if bf16_path(ext, dtype) else pack_panels
+        gate_up = self._gate_up.get([experts.gate_up_proj], _per_expert(pack, 2))
+        down = self._down.get([experts.down_proj], _per_expert(pack, 1))
+
+        def run(x: torch.Tensor) -> torch.Tensor:
+            rows = x.reshape(-1, hidden).contiguous()
+            weights, index = self.route(rows)
+            out = ext.moe_experts(rows, index.contiguous(), weights.contiguous(), gate_up, down, inter, grain)
+            return out.to(x.dtype).view(x.shape)
+        return run
