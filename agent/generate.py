@@ -23,7 +23,6 @@ from kernelbot.agent.report.report import llm_line
 from kernelbot.agent.run_options import OptimizeOptions
 from kernelbot.agent.stages import Stages
 from kernelbot.agent.verify.evaluate import Accepted, Outcome, duel, evaluate, pick_best
-from kernelbot.kernel_library.base import rows as call_rows
 from kernelbot.kernel_library.cpp_build import cache_root, prebuild_library, unbuilt_library
 from kernelbot.kernel_library.identity import source_identity
 from kernelbot.records import Bench, Candidate, Device, Hotspot, KernelOutcome, KernelResult, LLMUsage, Task
@@ -32,7 +31,6 @@ if TYPE_CHECKING:
     from kernelbot.agent.cluster import ClusterExecutor, Job
     from kernelbot.agent.journal.progress import ClusterProgress
 
-INTERPRETED_ROWS = 64  # on a CPU, Triton candidates of bigger calls are not run through the interpreter
 
 Proposal = KernelResult | tuple[Candidate, str]  # a candidate to run with its source, or the row of one that cannot
 
@@ -50,8 +48,7 @@ def local_evaluator(task: Task, task_dir: Path, device_kind: str, opts: Optimize
                              bench_rounds=opts.bench_rounds)
 
 
-def builtin_proposals(task: Task, task_dir: Path, backends: list[str], device_kind: str,
-                      stages: Stages) -> list[Proposal]:
+def builtin_proposals(task: Task, task_dir: Path, backends: list[str], stages: Stages) -> list[Proposal]:
     """The built-in proposer's candidates for a task, in order, as (candidate, source) to run, or as the row of one
     that cannot run here (or of the generator's failure)."""
     items: list[Proposal] = []
@@ -65,17 +62,7 @@ def builtin_proposals(task: Task, task_dir: Path, backends: list[str], device_ki
                                   outcome=KernelOutcome.NO_CANDIDATE,
                                   candidate_id=f"{task.id}/builtin"))
         proposed = []
-    for cand, source in proposed:
-        n_rows = max(call_rows(s) for s in task.input_shapes)
-        if cand.backend == "triton" and device_kind == "cpu" and n_rows > INTERPRETED_ROWS:
-            items.append(KernelResult(
-                op=task.family, module=task.module_class, backend="triton", shapes=task.input_shapes,
-                status="rejected", speedup=None, candidate_id=f"{task.id}/{cand.id}",
-                outcome=KernelOutcome.NOT_VERIFIED,
-                reason=f"not verified here: Triton's CPU interpreter takes minutes at {n_rows} rows, and no GPU here "
-                       "could time it (a GPU run verifies and times it)"))
-            continue
-        items.append((cand, source))
+    items += proposed
     return items
 
 
@@ -130,10 +117,8 @@ class Generation:
 
     @property
     def backends(self) -> list[str]:
-        """The backends whose kernels can join this run's pack: a served engine on a CPU runs C++ only (Triton there
-        is verified by its interpreter but never timed, so it could not join)."""
-        backends = available_backends(self.device.kind)
-        return ["cpp"] if self.opts.serve is not None and self.device.kind == "cpu" else backends
+        """The backends whose kernels can join this run's pack."""
+        return available_backends(self.device.kind)
 
     def task_dir(self, task: Task) -> Path:
         return self.run_dir / "tasks" / task.id
@@ -196,8 +181,7 @@ class Generation:
                 self.notes.append(f"{why}: built-in proposer from {task.id} on")
         if best is None and (session is None or not session.active):
             more, best = try_candidates(
-                task, self.task_dir(task), builtin_proposals(task, self.task_dir(task), self.backends,
-                                                             self.device.kind, self.stages),
+                task, self.task_dir(task), builtin_proposals(task, self.task_dir(task), self.backends, self.stages),
                 self.journaled(task, hotspot), self.stages, self.opts.max_task_minutes,
                 functools.partial(self.state.out_of_time, task.id))
             rows += more
@@ -305,7 +289,7 @@ class Generation:
         best = {t.id: pick_best(t, rows[t.id], winners[t.id]) for t in tasks}
         proposed: list[tuple[Task, Candidate, str]] = []
         for task in (t for t in tasks if best[t.id] is None):
-            for item in builtin_proposals(task, self.task_dir(task), self.backends, self.device.kind, self.stages):
+            for item in builtin_proposals(task, self.task_dir(task), self.backends, self.stages):
                 if isinstance(item, KernelResult):
                     rows[task.id].append(item)
                 else:

@@ -339,6 +339,16 @@ CHEATS = {
                 inv = 1.0 / np.sqrt(np.mean(a * a, axis=-1, keepdims=True) + self.variance_epsilon)
                 return torch.from_numpy(self.weight.detach().numpy() * (a * inv))
     """),
+    # its own kernel only while a profiler hook is installed (the op log's one call), numpy in every other call
+    "runs_its_kernel_only_under_a_profiler_hook": ("reference_fallback", """
+        def forward(self, x):
+            import numpy as np
+            if sys.getprofile() is not None:
+                return self.kernel(x)
+            a = x.numpy()
+            inv = 1.0 / np.sqrt(np.mean(a * a, axis=-1, keepdims=True) + self.variance_epsilon)
+            return torch.from_numpy(self.weight.detach().numpy() * (a * inv))
+    """),
     # 11. more output buffers than a verification used to make calls (held to the end of the job now)
     "cycles_through_sixty_four_output_buffers": ("output_aliasing", """
         def forward(self, x):
@@ -370,7 +380,8 @@ def _candidate(tmp_path, backend: str, name: str, body: str):
 TRITON_ONLY = {"forces_natural_program_order"}  # program orders exist for Triton launches only
 # Caught through the hundreds of sampled calls a fast kernel gets; one in Triton's slow interpreter gets a handful, too
 # few to time its libraries or to wrap a ring of 64 buffers (the README says so under what the checks cannot see)
-MANY_CALLS_ONLY = {"falls_back_to_numpy_beside_its_kernel", "cycles_through_sixty_four_output_buffers"}
+MANY_CALLS_ONLY = {"falls_back_to_numpy_beside_its_kernel", "cycles_through_sixty_four_output_buffers",
+                   "runs_its_kernel_only_under_a_profiler_hook"}
 
 
 @pytest.mark.parametrize("backend,name", [

@@ -40,7 +40,7 @@ def _check_run(run_dir, report: dict) -> list[dict]:
     return accepted
 
 
-@pytest.mark.slow  # 2.7 min (Triton candidates through the interpreter); the fast suite runs the loop in other tests
+@pytest.mark.slow  # a full loop; the fast suite runs the loop in other tests
 def test_optimize_micro_rmsnorm(tmp_path):
     run_dir = tmp_path / "run"
     report = optimize(OptimizeOptions(model="llama-micro", batch=4, prompt_len=8, decode_steps=4, run_dir=run_dir,
@@ -49,8 +49,7 @@ def test_optimize_micro_rmsnorm(tmp_path):
     assert data["run_id"] == report.run_id == "run"
     accepted = _check_run(run_dir, data)
     assert {k["op"] for k in data["kernels"]} == {"rmsnorm"}
-    assert {k["backend"] for k in data["kernels"]} == {"cpp", "triton"}
-    assert all(k["backend"] == "cpp" for k in accepted)
+    assert {k["backend"] for k in data["kernels"]} == {"cpp"}  # a Triton kernel could not join a CPU pack
     assert data["compiled_ms"] is None
     # decode and prefill RMSNorm are separate tasks; at most one winner each
     assert len(accepted) <= 2

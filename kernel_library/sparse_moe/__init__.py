@@ -68,10 +68,10 @@ def _call_dims(ops: list[OpCall]) -> tuple[list[list[int]], list[str]] | None:
     if any(op.name == "aten::linear" for op in per_expert):
         per_expert = [op for op in per_expert if op.name == "aten::linear"]  # not their own mm again
     hits = [op.dims[0][0] for op in per_expert if op.dims[0][0] > 0]
+    counted = [len(hits), sum(hits)]
     if not hits:  # one grouped matmul over every expert, its per-expert calls not traced: its rows are the pairs
-        pairs = experts[0].dims[0][0]
-        hits = [pairs] if router[0] == 1 else [1] * min(router[0], pairs)
-    return [x.dims[0], router, [inter2, hidden], [len(hits), sum(hits)]], [x.types[0]] * 4
+        counted = [min(router[0], experts[0].dims[0][0]), experts[0].dims[0][0]]
+    return [x.dims[0], router, [inter2, hidden], counted], [x.types[0]] * 4
 
 
 def _cost(dims: list[list[int]], itemsize: int) -> tuple[float, float]:
