@@ -21,7 +21,7 @@ from kernelbot.engine.device import DeviceChoice
 from kernelbot.engine.serving.load import Workload
 from kernelbot.engine.serving.serve_options import ServeOptions
 from kernelbot.engine.serving.served import Profiled, ServedEngine, round_ms, split_hotspots
-from kernelbot.engine.torch_engine import TorchEngine
+from kernelbot.engine.torch_engine import TorchEngine, without_grouped_experts
 from kernelbot.kernel_library import classes_covered
 from kernelbot.profiler.hotspots import op_breakdown, rank_hotspots
 from kernelbot.profiler.trace import load_trace
@@ -178,21 +178,21 @@ def _twin_model(spec: ModelSpec, model_dir: Path, dtype: torch.dtype) -> torch.n
         served = spec.model_copy(update={"path": str(model_dir) if spec.path is not None else None,
                                          "dtype": "float32"})
         _TWINS.clear()  # one model at a time: they can be large
-        _TWINS[key] = build_model(served).to(dtype)
+        _TWINS[key] = without_grouped_experts(build_model(served).to(dtype))
     return _TWINS[key]
 
 
 def _twin_logprobs(spec: ModelSpec, model_dir: Path, contexts: list[list[int]]) -> list[torch.Tensor]:
     """Per context, the float64 twin's log-probabilities of the next token at every position but the last."""
+    out = []
     try:
         model = _twin_model(spec, model_dir, torch.float64)
-    except Exception as exc:  # an architecture this transformers cannot build in float64
+        with torch.inference_mode():
+            for ctx in contexts:
+                logits = model(input_ids=torch.tensor([ctx])).logits[0, :-1]
+                out.append(torch.log_softmax(logits.double(), -1))
+    except Exception as exc:  # an architecture this transformers cannot build or run in float64
         raise KernelbotError(f"{type(exc).__name__}: {exc}") from None
-    out = []
-    with torch.inference_mode():
-        for ctx in contexts:
-            logits = model(input_ids=torch.tensor([ctx])).logits[0, :-1]
-            out.append(torch.log_softmax(logits.double(), -1))
     return out
 
 

@@ -1,9 +1,10 @@
-"""The served loop's target, side by side: `kernelbot optimize --engine vllm` on the built-in model and on a
-SmolLM2-135M-shaped config (30 layers, hidden 576, 9 heads, 3 KV heads), each in bf16 on vLLM's CPU build; prints
+"""The served loop's target, side by side: `kernelbot optimize --engine vllm` on the built-in model, on a
+SmolLM2-135M-shaped config (30 layers, hidden 576, 9 heads, 3 KV heads) and (`--models mixtral`) on a small Mixtral
+(hidden 512, 4 layers, 4 experts, top 2), each in bf16 on vLLM's CPU build; prints
 stock vs packed decode throughput (median of the interleaved rounds), whether the rounds separate, fidelity, which
 ops got accepted kernels with their calls in the server's processes, and the host's load over the rounds.
 
-    python benchmarks/served.py [--engine-python .venv-vllm/bin/python] [--models llama-tiny,smollm2-135m]
+    python benchmarks/served.py [--engine-python .venv-vllm/bin/python] [--models llama-tiny,smollm2-135m,mixtral]
                                 [--out DIR] [--rounds 7] [--max-tasks 12] [--smallest]
 
 --smallest runs llama-micro with two families: a smoke run of this script, not a measurement.
@@ -25,15 +26,21 @@ SMOLLM2_135M = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "h
                 "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9,
                 "num_key_value_heads": 3, "head_dim": 64, "vocab_size": 49152, "rms_norm_eps": 1e-5,
                 "rope_theta": 100000.0, "max_position_embeddings": 2048, "tie_word_embeddings": True}
+# benchmarks/architectures.py's Mixtral (hidden 512, 4 layers, 4 experts, top 2): its experts through vLLM's MoE method
+MIXTRAL = {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "hidden_size": 512,
+           "intermediate_size": 1376, "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 4,
+           "vocab_size": 8192, "max_position_embeddings": 512, "num_local_experts": 4, "num_experts_per_tok": 2}
+CONFIGS = {"smollm2-135m": SMOLLM2_135M, "mixtral": MIXTRAL}
 
 
 def model_argument(name: str, work: Path) -> str:
-    """A built-in name as it is; smollm2-135m as a config-only directory (seeded weights are written by the run)."""
-    if name != "smollm2-135m":
+    """A built-in name as it is; the configs above as config-only directories (seeded weights are written by the
+    run)."""
+    if name not in CONFIGS:
         return name
-    directory = work / "smollm2-135m"
+    directory = work / name
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / "config.json").write_text(json.dumps(SMOLLM2_135M, indent=1))
+    (directory / "config.json").write_text(json.dumps(CONFIGS[name], indent=1))
     return str(directory)
 
 

@@ -23,7 +23,7 @@ from kernelbot.engine.patching import PackPatcher
 from kernelbot.records import ModelSpec, Pack
 
 
-def _without_grouped_experts(model: torch.nn.Module) -> torch.nn.Module:
+def without_grouped_experts(model: torch.nn.Module) -> torch.nn.Module:
     """Mixture-of-experts layers default to torch's grouped_mm, which has no float64 kernel; the plain per-expert
     loop computes the same in any dtype."""
     implementation = getattr(getattr(model, "config", None), "_experts_implementation", None)
@@ -131,7 +131,7 @@ class TorchEngine:
         home = self.device if self.device.holds(nbytes) else pick_device("cpu")
         twin = object.__new__(TorchEngine)
         twin.spec, twin.prompts, twin.device = self.spec, self.prompts.to(home.torch_device), home
-        twin._use(_without_grouped_experts(float64_copy(self.model, home.torch_device)))
+        twin._use(without_grouped_experts(float64_copy(self.model, home.torch_device)))
         twin.patcher = PackPatcher(twin.model)
         return twin
 

@@ -3,13 +3,14 @@
 vLLM runs `register()` in every process it starts (API server, engine core, each worker) through the
 `vllm.general_plugins` entry point (`VLLM_PLUGINS=kernelbot_pack` allowlists it), before any model is built. It
 registers out-of-tree replacements for the layer classes the pack (or a capture) needs: `CustomOp.register_oot` for
-RMSNorm (plain and with its fused residual add), SiluAndMul and RotaryEmbedding, `PluggableLayer.register_oot` for
-the linear layers and the LM head (`ParallelLMHead`, whose GEMM runs inside `LogitsProcessor`). Each replacement is
-a subclass of vLLM's own class with the same name: vLLM builds it wherever the model asks for the original, and
+RMSNorm (plain and with its fused residual add), SiluAndMul, RotaryEmbedding and the unquantized MoE method (a
+FusedMoE's experts, once vLLM's router has chosen them), `PluggableLayer.register_oot` for the linear layers and the
+LM head (`ParallelLMHead`, whose GEMM runs inside `LogitsProcessor`). Each replacement is a subclass of vLLM's own
+class with the same name: vLLM builds it wherever the model asks for the original, and
 every call goes through engine/served_layers.py's router — to a pack kernel for the variants, shapes and dtypes it
 was verified on, to vLLM's own path for everything else (counted, with the reason). Linear layers and the LM head
 are routed at their GEMM (the unquantized method's `apply`), so vLLM's own forward keeps its tensor-parallel gathers
-and reductions; their weights are kept before vLLM repacks them for oneDNN.
+and reductions; their weights (and the experts') are kept before vLLM repacks them for its CPU kernels.
 
 Environment: see engine/served_layers.py (KERNELBOT_PACK_DIR, KERNELBOT_COUNTS_DIR, KERNELBOT_CAPTURE_DIR).
 """
@@ -118,6 +119,50 @@ LAYERS: dict[str, list[LayerSpec]] = {
 }
 
 
+MOE_LAYER = "RoutedExperts"  # a FusedMoE's experts, routed at their unquantized method's apply
+MOE_METHOD = ("vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method", "UnquantizedFusedMoEMethod")
+MOE_PARAMS = ("layer", "x", "topk_weights", "topk_ids", "shared_experts", "shared_experts_input")
+
+
+def _moe_weights(layer: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(w13 [E, 2I, H], w2 [E, H, I]) as loaded, kept before vLLM pads and repacks them."""
+    return getattr(layer, "_kernelbot_moe", None)
+
+
+def _moe_args(layer: torch.nn.Module) -> list[Any]:
+    kept = _moe_weights(layer)
+    assert kept is not None, "a MoE layer without its weights"
+    w13, w2 = kept
+    return [int(w2.shape[1]), int(w2.shape[2]), int(w13.shape[0]), int(layer.top_k),
+            str(w13.dtype).removeprefix("torch.")]
+
+
+def _moe_variant(layer: torch.nn.Module, call: dict[str, Any], dtype: str) -> str:
+    kept = _moe_weights(layer)
+    if kept is None:
+        return "weights not kept (loaded before the plugin)"
+    if call.get("shared_experts") is not None:
+        return "shared experts run inside the call"
+    if str(getattr(layer, "activation", "")).lower().rsplit(".", 1)[-1] != "silu":
+        return f"activation {getattr(layer, 'activation', None)} (the kernel computes SiLU-and-mul)"
+    if getattr(layer, "expert_map", None) is not None or int(getattr(layer, "global_num_experts", -1)) != \
+            int(kept[0].shape[0]):
+        return "expert parallelism (this rank holds some of the experts)"
+    if getattr(layer, "apply_router_weight_on_input", False) or getattr(layer, "w13_bias", None) is not None or \
+            getattr(layer, "swiglu_limit", None) is not None:
+        return "router weight on the input, expert biases or a clamped SwiGLU"
+    if call["x"].dim() != 2:
+        return "not a [tokens, hidden] input"
+    return ""
+
+
+MOE = LayerSpec("moe_experts", MOE_PARAMS, inputs=lambda c: [c["x"], c["topk_weights"], c["topk_ids"]],
+                run=lambda k, c: k(c["x"], c["topk_weights"], c["topk_ids"]), variant=_moe_variant,
+                init_args=_moe_args, state=lambda layer: dict(zip(("w13_weight", "w2_weight"), _moe_weights(layer),
+                                                                  strict=True)),
+                traced_as=lambda layer, call: "MoERunner")  # the module whose forward runs the router and experts
+
+
 ATTENTION_IMPL = "CPUAttentionBackendImpl"  # the attention backend's implementation, routed by its class name
 ROPE_NUMERICS = ("forward", "forward_native", "forward_static", "forward_cpu", "forward_cuda")
 
@@ -148,12 +193,13 @@ def register() -> None:
     classes.update(_rope_classes())
     targets = {name: LAYERS.get(name, LAYERS["RotaryEmbedding"]) for name in classes}
     targets[ATTENTION_IMPL] = vllm_attention.ATTENTION
+    targets[MOE_LAYER] = [MOE]
     router = router_from_env("vllm", targets)
     if router is None:
         return
     ROUTER = router
     wanted = set(targets) if router.capturing else {cls for cls, _family in router.routes}
-    for name in sorted(wanted - {ATTENTION_IMPL}):
+    for name in sorted(wanted - {ATTENTION_IMPL, MOE_LAYER}):
         _install(classes[name], targets[name], router)
         router.hooked.append(f"{classes[name].__module__}.{name}")
     if ATTENTION_IMPL in wanted:
@@ -161,6 +207,12 @@ def register() -> None:
 
         register_backend(AttentionBackendEnum.CPU_ATTN, f"{vllm_attention.__name__}.KernelbotCPUAttentionBackend")
         router.hooked.append(f"{vllm_attention.__name__}.{ATTENTION_IMPL}")
+    if MOE_LAYER in wanted:
+        method = getattr(importlib.import_module(MOE_METHOD[0]), MOE_METHOD[1])
+        sub = _moe_method(method, targets[MOE_LAYER], router)
+        method.register_oot(sub, name=method.__name__)
+        sub.name = method.name  # register_oot renames it; vLLM enables custom ops by their registry name
+        router.hooked.append(f"{MOE_METHOD[0]}.{MOE_METHOD[1]}")
     router.write(force=True)
 
 
@@ -179,6 +231,25 @@ def _install(base: type, specs: list[LayerSpec], router: Router) -> None:
         base.register_oot(sub, name=base.__name__)
         if registry_name is not None:
             sub.name = registry_name  # register_oot renames it; vLLM enables custom ops by their registry name
+
+
+def _moe_method(method: type, specs: list[LayerSpec], router: Router) -> type:
+    """vLLM's unquantized MoE method, built wherever vLLM builds it (CustomOp.register_oot), with the experts'
+    weights kept before vLLM pads and repacks them for its CPU kernel, and each call of its experts routed (the
+    router's choices already made: vLLM's own routing decides which experts a token runs)."""
+
+    def process_weights_after_loading(self: Any, layer: torch.nn.Module) -> None:
+        layer._kernelbot_moe = (layer.w13_weight.detach(), layer.w2_weight.detach())
+        method.process_weights_after_loading(self, layer)
+
+    def apply(self: Any, layer: torch.nn.Module, x: torch.Tensor, topk_weights: torch.Tensor,
+              topk_ids: torch.Tensor, shared_experts: Any = None, shared_experts_input: Any = None) -> Any:
+        return router.handle(specs, layer, lambda *a, **k: method.apply(self, *a, **k),
+                             (layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input), {})
+
+    return type(method.__name__, (method,), {"process_weights_after_loading": process_weights_after_loading,
+                                             "apply": apply, "__module__": method.__module__,
+                                             "__qualname__": method.__qualname__})
 
 
 def _gemm_subclass(base: type, specs: list[LayerSpec], router: Router) -> type:

@@ -56,6 +56,9 @@ class Family:
     # module's output, or None where this call is not one the kernel was verified for
     engine_call: Callable[[torch.nn.Module, torch.nn.Module, tuple, dict, list[list[int]]],
                           Callable[[], Any] | None] | None = None
+    # a served call's weights' dims from the layer's constructor arguments, after its inputs' for `cost` (an engine's
+    # plugin captures a call's inputs; its weights are the layer's)
+    weight_dims: Callable[[list[Any]], list[list[int]]] | None = None
 
     @property
     def reference_path(self) -> Path:

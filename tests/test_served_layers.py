@@ -141,3 +141,44 @@ def test_a_kernel_slower_than_the_engines_own_path_in_the_engine_stops_taking_ca
     assert norm_calls.kernel_us == 5.0 and norm_calls.engine_us == 1.0
     assert norm_calls.disabled.startswith("slower in the engine than its own path (5.0 vs 1.0 µs")
     assert report.fallback["RMSNorm"] == {norm_calls.disabled: 3}
+
+
+class RoutedExperts(nn.Module):
+    """vLLM's FusedMoE experts under its class name: stacked w13 [E, 2I, H] (gate rows first) and w2 [E, H, I], kept
+    as the plugin's MoE method keeps them, computed here densely (every expert on every token, then each token's
+    chosen ones mixed): another way to the same numbers than the family's reference."""
+
+    def __init__(self, hidden: int, inter: int, experts: int, top_k: int) -> None:
+        super().__init__()
+        self.top_k, self.global_num_experts, self.expert_map, self.activation = top_k, experts, None, "SILU"
+        self._kernelbot_moe = (torch.randn(experts, 2 * inter, hidden) / hidden ** 0.5,
+                               torch.randn(experts, hidden, inter) / inter ** 0.5)
+
+    def apply(self, layer, x, topk_weights, topk_ids, shared_experts=None, shared_experts_input=None):
+        w13, w2 = self._kernelbot_moe
+        gate, up = torch.einsum("th,eih->eti", x, w13).chunk(2, dim=-1)
+        every = torch.einsum("eti,ehi->eth", torch.nn.functional.silu(gate) * up, w2)  # [E, T, H]
+        chosen = every[topk_ids.long(), torch.arange(x.shape[0])[:, None]]  # [T, k, H]
+        return (chosen * topk_weights[..., None]).sum(1)
+
+
+def test_vllms_moe_experts_are_captured_when_the_reference_agrees_and_refused_with_shared_experts(monkeypatch,
+                                                                                                  tmp_path):
+    for name in (served_layers.PACK_ENV, served_layers.COUNTS_ENV):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(served_layers.CAPTURE_ENV, str(tmp_path / "counts"))
+    router = router_from_env("vllm", {"RoutedExperts": [vllm_plugin.MOE]})
+    layer = RoutedExperts(HIDDEN, 40, 4, 2)
+    with torch.no_grad():
+        for tokens, shared in ((8, None), (3, None), (8, nn.Identity())):
+            ids = torch.stack([torch.randperm(4)[:2] for _ in range(tokens)]).to(torch.int32)
+            weights = torch.softmax(torch.randn(tokens, 2), -1)
+            router.handle([vllm_plugin.MOE], layer, layer.apply, (layer, torch.randn(tokens, HIDDEN), weights, ids,
+                                                                  shared, None), {})
+    router.write(force=True)
+    (report,) = read_reports(tmp_path / "counts")
+    by = {c.why: c for c in report.captures}
+    plain = by[""]
+    assert plain.family == "moe_experts" and plain.module_class == "MoERunner" and plain.agrees
+    assert plain.init_args == [HIDDEN, 40, 4, 2, "float32"] and plain.rows == {"8": 1, "3": 1}
+    assert by["shared experts run inside the call"].agrees is None  # refused, so never judged

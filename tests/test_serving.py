@@ -18,7 +18,7 @@ from kernelbot.engine.serving import fidelity
 from kernelbot.engine.serving.apis import APIS, ServerSetup, engine_version
 from kernelbot.engine.serving.load import Workload, run_load
 from kernelbot.engine.serving.serve_options import EngineKind
-from kernelbot.engine.serving.served import merge_captures, row_buckets, split_hotspots
+from kernelbot.engine.serving.served import WORKER_TRACE, merge_captures, row_buckets, split_hotspots
 from kernelbot.engine.serving.server import Launch, ServerProcess
 from kernelbot.records import Device, Hotspot, LayerCapture, PluginReport
 
@@ -142,6 +142,14 @@ def test_captured_variants_split_a_traced_class_into_decode_and_prefill_hotspots
     assert any(h.module_class == "Sampler" for h in hotspots)
     decode, prefill = row_buckets(captures[0])
     assert decode.rows == {"8": 90, "7": 6} and prefill.rows == {"225": 4}
+
+
+def test_the_workers_traces_are_told_from_the_api_servers_whatever_the_engine_prefixes():
+    workers = ["rank0.1796443882080849069.pt.trace.json.gz",  # vLLM, a dense model
+               "dp0_pp0_tp0_dcp0_ep0_rank1.1796443882080849069.pt.trace.json.gz",  # vLLM, a MoE model
+               "1733291822.5-TP-0.trace.json.gz"]  # SGLang
+    api = ["vm_13728.async_llm.1796443881875612423.pt.trace.json.gz", "franky.trace.json.gz"]
+    assert [bool(WORKER_TRACE.search(n)) for n in workers + api] == [True] * 3 + [False] * 2
 
 
 def test_a_round_waits_for_a_server_still_busy_after_its_last_request_and_not_for_an_idle_one(tmp_path):

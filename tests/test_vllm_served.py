@@ -8,6 +8,7 @@ killed and resumed against an uninterrupted run."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -99,3 +100,31 @@ def test_an_llm_served_run_killed_and_resumed_ends_as_an_uninterrupted_run_does(
     packs = [Pack.model_validate_json((d / "pack" / "manifest.json").read_text()) for d in (killed, tmp_path / "whole")]
     assert [sorted((e.candidate_id, e.source_hash) for e in p.entries) for p in packs][0] == \
         [sorted((e.candidate_id, e.source_hash) for e in p.entries) for p in packs][1]
+
+
+MIXTRAL = {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "hidden_size": 256,
+           "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+           "head_dim": 64, "vocab_size": 1000, "num_local_experts": 4, "num_experts_per_tok": 2,
+           "max_position_embeddings": 512, "tie_word_embeddings": False}
+
+
+@pytest.mark.slow
+def test_a_mixtral_served_by_vllm_runs_a_verified_kernel_for_its_experts_through_vllms_moe_method(tmp_path):
+    model = tmp_path / "mixtral"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(MIXTRAL))
+    run_dir, port = tmp_path / "run", free_port()
+    args = [a if a != "llama-micro" else str(model) for a in SMALL]
+    code = main(["optimize", *args, "--dtype", "bfloat16", "--port", str(port), "--run-dir", str(run_dir),
+                 "--max-tasks", "1", "--families", "moe_experts"])
+    assert code == 0
+    report = Report.model_validate_json((run_dir / "report.json").read_text())
+    # vLLM's experts, captured at its MoE method (vLLM's router has chosen them) and traced under its MoERunner;
+    # the family's reference reproduced vLLM's own CPU kernel on a live call, or no task would have been made
+    assert ("MoERunner", "moe_experts") in {(h.module_class, h.family) for h in report.hotspots_before}
+    ran = [k for k in report.kernels if k.outcome in (KernelOutcome.ACCEPTED, KernelOutcome.SLOWER_IN_MODEL)]
+    assert ran and all(k.op == "moe_experts" and k.calls > 0 for k in ran), [k.reason for k in report.kernels]
+    workers = [p for p in report.serving.processes if ran_layers(p)]
+    assert workers and all(sum(c.calls for c in p.custom.values()) > 0 for p in workers), workers
+    # the float64 twin runs Mixtral's experts one by one (grouped_mm has no float64 kernel)
+    assert report.fidelity.kl is not None and report.fidelity.passed, report.fidelity.summary()

@@ -171,7 +171,7 @@ class ServedTasks:
         if hotspot.family is None:
             return (f"not integrable: no seam of {self.engine} carries a kernel for {hotspot.module_class} into the "
                     "server (kernelbot's plugin routes its norms, activations, rotary embeddings, linear layers, LM "
-                    "head and attention)")
+                    "head, attention and MoE experts)")
         capture = self._capture(hotspot)
         if capture is None:
             return f"not integrable: the plugin captured no {hotspot.family} call of {hotspot.module_class}"

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import time
 from collections.abc import Callable
@@ -92,11 +93,11 @@ def merge_captures(reports: list[PluginReport]) -> list[LayerCapture]:
 
 
 def profiled_dims(capture: LayerCapture, shapes: list[list[int]] | None = None) -> list[list[int]]:
-    """A variant's dims as the family's cost reads them: its inputs, plus a linear's [out, in] weight."""
+    """A variant's dims as the family's cost reads them: its inputs, then its weights' where the family reads them
+    (a linear's [out, in])."""
     shapes = shapes if shapes is not None else capture.input_shapes
-    if capture.family == "linear":
-        return [*shapes, [int(capture.init_args[1]), int(capture.init_args[0])]]
-    return shapes
+    weights = FAMILIES[capture.family].weight_dims
+    return [*shapes, *weights(capture.init_args)] if weights is not None else shapes
 
 
 def row_buckets(capture: LayerCapture) -> list[LayerCapture]:
@@ -315,13 +316,17 @@ class ServedEngine:
                                    exact)
 
 
+WORKER_TRACE = re.compile(r"(^|_)rank\d+\.|-TP-\d+")  # a worker's trace, not the API server's
+
+
 def _collected(out_dir: Path, ranks: int, timeout: float = 300.0) -> list[Path]:
     """The workers' traces, once every rank's file exists and none grew since the last look (ranks write after
-    /stop_profile returns, each at its own pace). vLLM names them rank<N>.*, SGLang *-TP-<N>.*."""
+    /stop_profile returns, each at its own pace). vLLM names them rank<N>.* (dp0_pp0_tp0_dcp0_ep0_rank<N>.* for a
+    MoE model), SGLang *-TP-<N>.*."""
     deadline = time.monotonic() + timeout
     sizes: dict[Path, int] = {}
     while time.monotonic() < deadline:
-        traces = sorted(p for p in out_dir.glob("*.trace.json.gz") if p.name.startswith("rank") or "-TP-" in p.name)
+        traces = sorted(p for p in out_dir.glob("*.trace.json.gz") if WORKER_TRACE.search(p.name))
         now = {t: t.stat().st_size for t in traces}
         if len(traces) >= ranks and now == sizes:
             return traces

@@ -16,4 +16,5 @@ FAMILY = Family(
     init_args=lambda m: [int(m.in_features), int(m.out_features), m.bias is not None, dtype_name(m.weight.dtype)],
     cost=_cost,
     matches=lambda m, dims: len(dims) > 1 and list(m.weight.shape) == dims[1],
+    weight_dims=lambda args: [[int(args[1]), int(args[0])]],  # [out, in]
 )

@@ -20,7 +20,7 @@ Pack = Callable[[list[torch.Tensor]], torch.Tensor]
 
 
 @functools.cache
-def _per_expert(pack: Pack, halves: int) -> Pack:
+def per_expert(pack: Pack, halves: int) -> Pack:
     """A packer of [E, halves * N, K] stacked weights -> each expert's panels stacked [E, ...]; with two halves (gate
     rows, then up rows) the panels interleave them, as the gated kernels take them. Cached: one packer per kind, so
     PackedWeights sees the same packer and keeps its panels."""
@@ -45,8 +45,8 @@ class SparseMoeCpp(Model):
         experts = self.experts
         inter, hidden = experts.down_proj.shape[-1], experts.down_proj.shape[-2]
         pack = pack_panels_bf16 if bf16_path(ext, dtype) else pack_panels
-        gate_up = self._gate_up.get([experts.gate_up_proj], _per_expert(pack, 2))
-        down = self._down.get([experts.down_proj], _per_expert(pack, 1))
+        gate_up = self._gate_up.get([experts.gate_up_proj], per_expert(pack, 2))
+        down = self._down.get([experts.down_proj], per_expert(pack, 1))
 
         def run(x: torch.Tensor) -> torch.Tensor:
             rows = x.reshape(-1, hidden).contiguous()
