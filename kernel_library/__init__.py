@@ -7,6 +7,7 @@ import torch
 from kernelbot.kernel_library.add_rmsnorm import FAMILY as ADD_RMSNORM
 from kernelbot.kernel_library.base import Family
 from kernelbot.kernel_library.decode_attention import FAMILY as DECODE_ATTENTION
+from kernelbot.kernel_library.fused_attention import FAMILY as FUSED_ATTENTION
 from kernelbot.kernel_library.gated_mlp import FAMILY as GATED_MLP
 from kernelbot.kernel_library.linear import FAMILY as LINEAR
 from kernelbot.kernel_library.moe_experts import FAMILY as MOE_EXPERTS
@@ -17,8 +18,8 @@ from kernelbot.kernel_library.silu_and_mul import FAMILY as SILU_AND_MUL
 from kernelbot.kernel_library.sparse_moe import FAMILY as SPARSE_MOE
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (RMSNORM, ADD_RMSNORM, GATED_MLP, LINEAR, SILU_AND_MUL,
-                                                     ROTARY_EMBEDDING, DECODE_ATTENTION, PAGED_ATTENTION, SPARSE_MOE,
-                                                     MOE_EXPERTS)}
+                                                     ROTARY_EMBEDDING, DECODE_ATTENTION, FUSED_ATTENTION,
+                                                     PAGED_ATTENTION, SPARSE_MOE, MOE_EXPERTS)}
 
 
 def family_for(module_class: str, covered: Mapping[str, str] | None = None, by_name: bool = True) -> Family | None:

@@ -276,11 +276,13 @@ static void rope_attend_items(const Raw<T>* qkv, int64_t row, const Raw<T>* cos,
 }
 
 // x [B, T, hidden]; qkv_panels: q, k and v weights stacked along N and packed (linear's pack_panels or
-// pack_panels_bf16); o_panels likewise for o_proj; cos, sin [1 or B, T, head_dim]; key_cache, value_cache
+// pack_panels_bf16); o_panels likewise for o_proj, o_bias its bias or none; cos, sin [1 or B, T, head_dim]
+// (ones and zeros: no rotation); key_cache, value_cache
 // [B, kv_heads, capacity >= past_len + T, head_dim] (strided views allowed), written at past_len.. in place.
 // Returns [B, T, hidden].
 at::Tensor step(const at::Tensor& x, const at::Tensor& qkv_panels, const c10::optional<at::Tensor>& qkv_bias,
-                const at::Tensor& o_panels, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& key_cache,
+                const at::Tensor& o_panels, const c10::optional<at::Tensor>& o_bias, const at::Tensor& cos,
+                const at::Tensor& sin, const at::Tensor& key_cache,
                 const at::Tensor& value_cache, int64_t past_len, int64_t heads, double scaling, int64_t grain) {
   TORCH_CHECK(x.dim() == 3, "step: hidden_states must be [B, T, hidden]");
   const int64_t B = x.size(0), T = x.size(1), hidden = x.size(2);
@@ -310,7 +312,7 @@ at::Tensor step(const at::Tensor& x, const at::Tensor& qkv_panels, const c10::op
                             static_cast<float>(scaling));
     });
   }
-  return small_m_project(attn, o_panels, c10::nullopt, hidden, grain).view({B, T, hidden});
+  return small_m_project(attn, o_panels, o_bias, hidden, grain).view({B, T, hidden});
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

@@ -75,6 +75,6 @@ class DecodeAttentionCpp(Model):
                 raise KernelbotError(f"decode_attention: the caches are {key_cache.dtype}, the activations "
                                      f"{hidden_states.dtype}, the kernel was bound for {dtype}: allocate the caches "
                                      "in the activations' dtype")
-            return ext.step(hidden_states, qkv, bias, o, cos, sin, key_cache, value_cache, past_len, heads, scaling,
-                            grain)
+            return ext.step(hidden_states, qkv, bias, o, None, cos, sin, key_cache, value_cache, past_len, heads,
+                            scaling, grain)
         return BoundStep(self.num_kv_heads, self.head_dim, step)

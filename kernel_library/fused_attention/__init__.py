@@ -1,0 +1,152 @@
+"""GPT-2-style self-attention with a KV cache (GPT2Attention and look-alikes, found by structure): one fused QKV
+projection `c_attn` and an output projection `c_proj`, both Conv1D with biases, no rotary embedding, every head its
+own keys; three inputs, hidden_states [B,T,hidden], past key and value [B,heads,P,D]; B, T and P vary between calls."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from kernelbot.dtypes import DTYPE_NAMES
+from kernelbot.kernel_library.base import Family, OpCall, dtype_name, rows
+from kernelbot.kernel_library.decode_attention.cache import step_dynamic_layer
+from kernelbot.kernel_library.fused_attention.reference import Model, causal_mask
+
+
+def _conv1d(m: Any, n_in: int, n_out: int) -> bool:
+    """transformers' Conv1D layout: weight [in, out], bias [out]."""
+    weight, bias = getattr(m, "weight", None), getattr(m, "bias", None)
+    return (isinstance(weight, torch.Tensor) and isinstance(bias, torch.Tensor) and type(m).__name__ == "Conv1D"
+            and list(weight.shape) == [n_in, n_out] and list(bias.shape) == [n_out])
+
+
+def _is_fused_attention(m: nn.Module) -> bool:
+    heads, d = getattr(m, "num_heads", None), getattr(m, "head_dim", None)
+    if not isinstance(heads, int) or not isinstance(d, int) or not hasattr(m, "c_attn") or not hasattr(m, "c_proj"):
+        return False
+    hidden = m.c_attn.weight.shape[0] if isinstance(getattr(m.c_attn, "weight", None), torch.Tensor) else -1
+    return (_conv1d(m.c_attn, hidden, 3 * heads * d) and _conv1d(m.c_proj, heads * d, hidden)
+            and not getattr(m, "is_cross_attention", False) and getattr(m, "is_causal", True)
+            and isinstance(getattr(m, "scaling", None), float) and getattr(m, "layer_idx", None) is not None)
+
+
+def _init_args(m: nn.Module) -> list[Any]:
+    return [int(m.c_attn.weight.shape[0]), int(m.num_heads), int(m.head_dim), float(m.scaling),
+            dtype_name(m.c_attn.weight.dtype)]
+
+
+def _covers(m: nn.Module) -> bool:
+    """A module of any class with the structure above that computes the reference: run once on 3 tokens with no cache
+    and an additive causal mask (which eager and sdpa attention both take), against the reference with the module's
+    weights."""
+    if not _is_fused_attention(m):
+        return False
+    try:
+        weight = m.c_attn.weight
+        dtype, tokens = weight.dtype, 3
+        reference = Model(*_init_args(m)).to(weight.device)
+        reference.load_state_dict(m.state_dict())
+        x = torch.randn(1, tokens, weight.shape[0], dtype=dtype, device=weight.device)
+        mask = torch.zeros(tokens, tokens, dtype=dtype, device=weight.device).masked_fill(
+            ~causal_mask(tokens, 0, weight.device), torch.finfo(dtype).min)
+        past = x.new_zeros(1, m.num_heads, 0, m.head_dim)
+        with torch.no_grad():
+            got = m(x, attention_mask=mask[None, None])
+            want = reference(x, past, past)[0]
+    except Exception:  # another signature or state layout: not this op
+        return False
+    got = got[0] if isinstance(got, tuple) else got
+    if not isinstance(got, torch.Tensor) or got.shape != want.shape:
+        return False
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    return torch.allclose(got.double(), want.double(), rtol=tol, atol=tol)
+
+
+def _cost(dims: list[list[int]], itemsize: int) -> tuple[float, float]:
+    (batch, tokens, hidden), (_, heads, past, d) = dims[0], dims[1]
+    if len(dims[0]) != 3 or len(dims[1]) != 4:
+        raise ValueError("not a fused_attention call")
+    width, m = heads * d, rows(dims[0])
+    weights = hidden * 3 * width + width * hidden
+    seen = tokens * past + tokens * (tokens + 1) // 2  # each new token t sees past + t + 1 keys
+    flops = 2.0 * m * weights + 4.0 * batch * heads * d * seen
+    moved = weights + 4 * width + 2 * m * hidden + 2 * batch * heads * (past + tokens) * d
+    return flops, float(moved * itemsize)
+
+
+def _group_dims(dims: list[list[int]]) -> list[list[int]]:
+    """Calls that differ only in the cache's length (successive decode steps) are one hotspot."""
+    return [[*x[:2], *x[3:]] if i in (1, 2) and len(x) == 4 else x for i, x in enumerate(dims)]
+
+
+def _engine_call(kernel: nn.Module, module: nn.Module, args: tuple, kwargs: dict,
+                 verified: list[list[int]]) -> Callable[[], Any] | None:
+    """A transformers GPT2Attention call (hidden_states, a DynamicCache, no attention mask) on the kernel, appending to
+    the cache layer in place; routed only without a mask (no padding), cross-attention or attention weights asked
+    for, with a plain DynamicLayer, at the batch, tokens and dtype the kernel was verified and timed at (the cache's
+    length is free)."""
+    hidden = kwargs.get("hidden_states", args[0] if args else None)
+    layers = getattr(kwargs.get("cache", kwargs.get("past_key_values")), "layers", None)
+    if (not isinstance(hidden, torch.Tensor) or len(args) > 1 or kwargs.get("attention_mask") is not None
+            or kwargs.get("encoder_hidden_states") is not None or kwargs.get("output_attentions")
+            or layers is None or type(layers[module.layer_idx]) is not _dynamic_layer()
+            or hidden.dtype != module.c_attn.weight.dtype or hidden.shape != tuple(verified[0])):
+        return None
+    return lambda: (step_dynamic_layer(kernel, layers[module.layer_idx], hidden, None, None), None)
+
+
+@functools.cache
+def _dynamic_layer() -> type:
+    from transformers.cache_utils import DynamicLayer
+
+    return DynamicLayer
+
+
+def _matches(m: nn.Module, dims: list[list[int]]) -> bool:
+    if not _is_fused_attention(m) or len(dims) < 3:
+        return False
+    return (len(dims[0]) == 3 and dims[0][-1] == m.c_attn.weight.shape[0]
+            and all(len(x) == 4 and x[1] == m.num_heads and x[3] == m.head_dim for x in dims[1:3]))
+
+
+def _call_dims(ops: list[OpCall]) -> tuple[list[list[int]], list[str]] | None:
+    """From GPT2Attention's ops: hidden_states from the first 3-D floating input, c_attn's weight from the first addmm,
+    and the heads, head_dim and keys' length P+T from the attention op (sdpa's query and key, or eager's q @ k^T)."""
+    x = next((op for op in ops if op.dims and len(op.dims[0]) == 3 and op.types and op.types[0] in DTYPE_NAMES), None)
+    addmm = next((op for op in ops if op.name == "aten::addmm" and len(op.dims) >= 3 and len(op.dims[2]) == 2), None)
+    if x is None or addmm is None:
+        return None
+    (batch, tokens, hidden), weight = x.dims[0], addmm.dims[2]
+    attention = next((op for op in ops if op.name in ("aten::scaled_dot_product_attention", "aten::matmul")
+                      and len(op.dims) > 1 and len(op.dims[0]) == 4 and len(op.dims[1]) == 4
+                      and op.dims[0][2] == tokens), None)
+    if attention is None or weight[0] != hidden:
+        return None
+    (_, heads, _, d), k = attention.dims[0], attention.dims[1]
+    keys = k[2] if attention.name == "aten::scaled_dot_product_attention" else k[3]  # eager multiplies by k^T
+    if keys < tokens or weight[1] != 3 * heads * d:
+        return None
+    past = [batch, heads, keys - tokens, d]
+    return [x.dims[0], past, past, weight], [x.types[0]] * 4
+
+
+FAMILY = Family(
+    name="fused_attention",
+    module_classes=(),  # found by structure (covers), whatever an attention's class is called
+    wrappers={"cpp": "cpp:FusedAttentionCpp"},
+    configs={"cpp": [{"grain": 1}, {"grain": 4}, {"grain": 16}]},
+    dtypes={"cpp": ("float32", "bfloat16")},
+    init_args=_init_args,
+    cost=_cost,
+    matches=_matches,
+    inputs=3,
+    free_dims=lambda shapes: [[0, 1], [0, 2], [0, 2]][:len(shapes)],
+    call_dims=_call_dims,
+    covers=_covers,
+    group_dims=_group_dims,
+    engine_call=_engine_call,
+)

@@ -1,0 +1,72 @@
+"""GPT-2-style attention on decode_attention's C++ step (kernel_library/decode_attention/attention.cpp): the fused
+c_attn weight is already q, k and v stacked (transposed once into panels), c_proj's bias goes into its GEMM, and the
+rotation is the identity (cos 1, sin 0: exact in any dtype)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from kernelbot import KernelbotError
+from kernelbot.kernel_library.cpp_build import load_cpp
+from kernelbot.kernel_library.decode_attention.cache import BoundStep, pure_forward
+from kernelbot.kernel_library.decode_attention.cpp import SOURCE
+from kernelbot.kernel_library.fused_attention.reference import Model
+from kernelbot.kernel_library.linear.cpp import PackedWeights, bf16_path, pack_panels, pack_panels_bf16
+
+
+def _transposed(pack: Any) -> Any:
+    return lambda weights: pack([w.detach().t() for w in weights])
+
+
+PACK, PACK_BF16 = _transposed(pack_panels), _transposed(pack_panels_bf16)  # built once: PackedWeights keys on them
+
+
+class FusedAttentionCpp(Model):
+    """`step` is the engine's path (appends into caches it is given), one C++ call; `forward` is the pure form for
+    verification."""
+
+    CONFIG: dict[str, Any] = {"grain": 4}
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self._ext = load_cpp(SOURCE)
+        self._qkv = PackedWeights()
+        self._o = PackedWeights()
+
+    def forward(self, hidden_states: torch.Tensor, past_key: torch.Tensor,
+                past_value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return pure_forward(self, hidden_states, None, None, past_key, past_value)
+
+    def step(self, hidden_states: torch.Tensor, cos: None, sin: None, key_cache: torch.Tensor,
+             value_cache: torch.Tensor, past_len: int) -> torch.Tensor:
+        """Attention of hidden_states' T tokens at positions past_len.., appending their keys and values to
+        key_cache/value_cache [B, heads, capacity >= past_len + T, D] (written in place) -> [B, T, hidden]."""
+        return self.bound(hidden_states.dtype).step(hidden_states, cos, sin, key_cache, value_cache, past_len)
+
+    def bound(self, dtype: torch.dtype) -> BoundStep:
+        """step for activations of this dtype, with the weights packed and the constants taken once: the engine's hot
+        path (bound again whenever a pack is applied)."""
+        ext, heads, d, scaling, grain = self._ext, self.num_heads, self.head_dim, self.scaling, self.CONFIG["grain"]
+        bf16 = bf16_path(ext, dtype)
+        qkv = self._qkv.get([self.c_attn.weight], PACK_BF16 if bf16 else PACK)
+        o = self._o.get([self.c_proj.weight], PACK_BF16 if bf16 else PACK)
+        bias_dtype = torch.bfloat16 if bf16 else torch.float32
+        qkv_bias = self.c_attn.bias.detach().to(bias_dtype).contiguous()
+        o_bias = self.c_proj.bias.detach().to(bias_dtype).contiguous()
+        identity: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # tokens -> (cos, sin)
+
+        def step(hidden_states: torch.Tensor, cos: None, sin: None, key_cache: torch.Tensor,
+                 value_cache: torch.Tensor, past_len: int) -> torch.Tensor:
+            if key_cache.dtype != dtype or value_cache.dtype != dtype or hidden_states.dtype != dtype:
+                raise KernelbotError(f"fused_attention: the caches are {key_cache.dtype}, the activations "
+                                     f"{hidden_states.dtype}, the kernel was bound for {dtype}: allocate the caches "
+                                     "in the activations' dtype")
+            tokens = hidden_states.shape[1]
+            if tokens not in identity:
+                identity[tokens] = (hidden_states.new_ones(1, tokens, d), hidden_states.new_zeros(1, tokens, d))
+            one, zero = identity[tokens]
+            return ext.step(hidden_states, qkv, qkv_bias, o, o_bias, one, zero, key_cache, value_cache, past_len,
+                            heads, scaling, grain)
+        return BoundStep(self.num_heads, self.head_dim, step)
