@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -12,7 +11,7 @@ from torch import nn
 
 from kernelbot.dtypes import DTYPE_NAMES
 from kernelbot.kernel_library.base import Family, OpCall, dtype_name, rows
-from kernelbot.kernel_library.decode_attention.cache import step_dynamic_layer
+from kernelbot.kernel_library.decode_attention.cache import dynamic_layer_type, step_dynamic_layer
 from kernelbot.kernel_library.decode_attention.reference import Model, rope_cos_sin
 
 
@@ -113,19 +112,14 @@ def _engine_call(kernel: nn.Module, module: nn.Module, args: tuple, kwargs: dict
     layers = getattr(kwargs.get("cache", kwargs.get("past_key_values")), "layers", None)
     if (not isinstance(hidden, torch.Tensor) or len(args) > 1 or kwargs.get("attention_mask") is not None
             or not isinstance(cos_sin, tuple) or layers is None
-            or type(layers[module.layer_idx]) is not _dynamic_layer() or hidden.dtype != module.q_proj.weight.dtype):
+            or type(layers[module.layer_idx]) is not dynamic_layer_type()
+            or hidden.dtype != module.q_proj.weight.dtype):
         return None
     cos, sin = cos_sin
     if hidden.shape != tuple(verified[0]) or cos.shape != tuple(verified[1]) or sin.shape != tuple(verified[2]):
         return None
     return lambda: (step_dynamic_layer(kernel, layers[module.layer_idx], hidden, cos, sin), None)
 
-
-@functools.cache
-def _dynamic_layer() -> type:
-    from transformers.cache_utils import DynamicLayer
-
-    return DynamicLayer
 
 
 def _matches(m: nn.Module, dims: list[list[int]]) -> bool:

@@ -4,6 +4,7 @@ buffers with spare room, which the kernels' `step` writes the new tokens into; t
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -90,3 +91,12 @@ def step_dynamic_layer(attention: SteppingAttention, layer: Any, hidden_states: 
     out = attention.step(hidden_states, cos, sin, key_cache, value_cache, past_len)
     layer.keys, layer.values = key_cache, value_cache
     return out
+
+
+@functools.cache
+def dynamic_layer_type() -> type:
+    """transformers' plain DynamicLayer (imported once, when a call is first routed): the only cache layer kind the
+    attention kernels step (sliding, quantized and offloaded layers keep their module's path)."""
+    from transformers.cache_utils import DynamicLayer
+
+    return DynamicLayer

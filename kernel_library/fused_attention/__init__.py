@@ -4,7 +4,6 @@ own keys; three inputs, hidden_states [B,T,hidden], past key and value [B,heads,
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -13,7 +12,7 @@ from torch import nn
 
 from kernelbot.dtypes import DTYPE_NAMES
 from kernelbot.kernel_library.base import Family, OpCall, dtype_name, rows
-from kernelbot.kernel_library.decode_attention.cache import step_dynamic_layer
+from kernelbot.kernel_library.decode_attention.cache import dynamic_layer_type, step_dynamic_layer
 from kernelbot.kernel_library.fused_attention.reference import Model, causal_mask
 
 
@@ -93,17 +92,11 @@ def _engine_call(kernel: nn.Module, module: nn.Module, args: tuple, kwargs: dict
     layers = getattr(kwargs.get("cache", kwargs.get("past_key_values")), "layers", None)
     if (not isinstance(hidden, torch.Tensor) or len(args) > 1 or kwargs.get("attention_mask") is not None
             or kwargs.get("encoder_hidden_states") is not None or kwargs.get("output_attentions")
-            or layers is None or type(layers[module.layer_idx]) is not _dynamic_layer()
+            or layers is None or type(layers[module.layer_idx]) is not dynamic_layer_type()
             or hidden.dtype != module.c_attn.weight.dtype or hidden.shape != tuple(verified[0])):
         return None
     return lambda: (step_dynamic_layer(kernel, layers[module.layer_idx], hidden, None, None), None)
 
-
-@functools.cache
-def _dynamic_layer() -> type:
-    from transformers.cache_utils import DynamicLayer
-
-    return DynamicLayer
 
 
 def _matches(m: nn.Module, dims: list[list[int]]) -> bool:

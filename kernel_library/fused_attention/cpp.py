@@ -4,6 +4,7 @@ rotation is the identity (cos 1, sin 0: exact in any dtype)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -15,8 +16,11 @@ from kernelbot.kernel_library.decode_attention.cpp import SOURCE
 from kernelbot.kernel_library.fused_attention.reference import Model
 from kernelbot.kernel_library.linear.cpp import PackedWeights, bf16_path, pack_panels, pack_panels_bf16
 
+Pack = Callable[[list[torch.Tensor]], torch.Tensor]
 
-def _transposed(pack: Any) -> Any:
+
+def _transposed(pack: Pack) -> Pack:
+    """Conv1D weights ([in, out]) packed as the [out, in] weights the GEMMs take."""
     return lambda weights: pack([w.detach().t() for w in weights])
 
 
@@ -34,6 +38,7 @@ class FusedAttentionCpp(Model):
         self._ext = load_cpp(SOURCE)
         self._qkv = PackedWeights()
         self._o = PackedWeights()
+        self._identity: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # (tokens, dtype, device) -> (cos, sin)
 
     def forward(self, hidden_states: torch.Tensor, past_key: torch.Tensor,
                 past_value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -55,7 +60,7 @@ class FusedAttentionCpp(Model):
         bias_dtype = torch.bfloat16 if bf16 else torch.float32
         qkv_bias = self.c_attn.bias.detach().to(bias_dtype).contiguous()
         o_bias = self.c_proj.bias.detach().to(bias_dtype).contiguous()
-        identity: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # tokens -> (cos, sin)
+        identity = self._identity
 
         def step(hidden_states: torch.Tensor, cos: None, sin: None, key_cache: torch.Tensor,
                  value_cache: torch.Tensor, past_len: int) -> torch.Tensor:
@@ -63,10 +68,10 @@ class FusedAttentionCpp(Model):
                 raise KernelbotError(f"fused_attention: the caches are {key_cache.dtype}, the activations "
                                      f"{hidden_states.dtype}, the kernel was bound for {dtype}: allocate the caches "
                                      "in the activations' dtype")
-            tokens = hidden_states.shape[1]
-            if tokens not in identity:
-                identity[tokens] = (hidden_states.new_ones(1, tokens, d), hidden_states.new_zeros(1, tokens, d))
-            one, zero = identity[tokens]
+            key = (hidden_states.shape[1], hidden_states.dtype, hidden_states.device)
+            if key not in identity:  # constants, made once per shape: cos 1 and sin 0 rotate nothing
+                identity[key] = (hidden_states.new_ones(1, key[0], d), hidden_states.new_zeros(1, key[0], d))
+            one, zero = identity[key]
             return ext.step(hidden_states, qkv, qkv_bias, o, o_bias, one, zero, key_cache, value_cache, past_len,
                             heads, scaling, grain)
         return BoundStep(self.num_heads, self.head_dim, step)
