@@ -11,6 +11,7 @@ from kernelbot.kernel_library.fused_attention import FAMILY as FUSED_ATTENTION
 from kernelbot.kernel_library.gated_mlp import FAMILY as GATED_MLP
 from kernelbot.kernel_library.linear import FAMILY as LINEAR
 from kernelbot.kernel_library.moe_experts import FAMILY as MOE_EXPERTS
+from kernelbot.kernel_library.neox_attention import FAMILY as NEOX_ATTENTION
 from kernelbot.kernel_library.paged_attention import FAMILY as PAGED_ATTENTION
 from kernelbot.kernel_library.rmsnorm import FAMILY as RMSNORM
 from kernelbot.kernel_library.rotary_embedding import FAMILY as ROTARY_EMBEDDING
@@ -19,7 +20,7 @@ from kernelbot.kernel_library.sparse_moe import FAMILY as SPARSE_MOE
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (RMSNORM, ADD_RMSNORM, GATED_MLP, LINEAR, SILU_AND_MUL,
                                                      ROTARY_EMBEDDING, DECODE_ATTENTION, FUSED_ATTENTION,
-                                                     PAGED_ATTENTION, SPARSE_MOE, MOE_EXPERTS)}
+                                                     NEOX_ATTENTION, PAGED_ATTENTION, SPARSE_MOE, MOE_EXPERTS)}
 
 
 def family_for(module_class: str, covered: Mapping[str, str] | None = None, by_name: bool = True) -> Family | None:

@@ -143,6 +143,15 @@ def test_served_runs_its_smallest_loop_on_vllm(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(not VLLM_PY.exists(), reason=f"no vLLM engine environment at {VLLM_PY.parent.parent} "
+                                                 "(create it with .ci/vllm_env.sh)")
+def test_served_ceiling_measures_the_smallest_model_on_vllm(tmp_path):
+    out = _run("served_ceiling.py", "--smallest", "--engine-python", str(VLLM_PY), cwd=tmp_path, python=VLLM_PY)
+    rows = [line for line in out.splitlines() if line.startswith("| llama-micro |")]
+    assert len(rows) == 1 and rows[0].count("|") == 12 and rows[0].endswith("x |")
+
+
+@pytest.mark.slow
 def test_architectures_runs_the_smallest_gpt2(tmp_path):
     out = _run("architectures.py", "--smallest", "--models", "gpt2", "--out", str(tmp_path / "runs"), cwd=tmp_path,
                timeout=1800)

@@ -105,8 +105,8 @@ def _run(kernel, reference, exact, inputs):
 
 # --- the reference is transformers' attention -----------------------------------------------------------------------
 
-def _hf_attention(kind: str) -> tuple[torch.nn.Module, LlamaRotaryEmbedding, object]:
-    kw = {"hidden_size": HIDDEN, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128,
+def _hf_attention(kind: str, kv_heads: int = 2) -> tuple[torch.nn.Module, LlamaRotaryEmbedding, object]:
+    kw = {"hidden_size": HIDDEN, "num_attention_heads": 4, "num_key_value_heads": kv_heads, "intermediate_size": 128,
           "num_hidden_layers": 1, "rope_theta": 50000.0}
     if kind == "llama":
         config = LlamaConfig(**kw)
@@ -348,9 +348,11 @@ def test_kv_with_room_grows_in_place_until_the_room_is_used_then_copies_once():
     assert k5.shape == (2, 2, 0, 8) and k5.untyped_storage().nbytes() == 2 * 2 * 2 * 8 * 4
 
 
-@pytest.mark.parametrize("backend", ["cpp", "triton"])
-def test_step_dynamic_layer_is_a_drop_in_for_llama_attention_with_a_dynamic_cache(backend):
-    module, rope, config = _hf_attention("llama")
+@pytest.mark.parametrize(("backend", "kv_heads"), [("cpp", 2), ("triton", 2), ("cpp", 1)])
+def test_step_dynamic_layer_is_a_drop_in_for_llama_attention_with_a_dynamic_cache(backend, kv_heads):
+    # kv_heads 1: multi-query attention, every query head reading the one cached head
+    module, rope, config = _hf_attention("llama", kv_heads)
+    assert FAMILY.covers(module)
     kernel = _wrapper(backend)(*FAMILY.init_args(module)).eval()
     kernel.load_state_dict(module.state_dict())
     theirs, ours = DynamicCache(config=config), DynamicCache(config=config)

@@ -1,7 +1,8 @@
 // Attention over a KV cache for decode and prefill, as one op (`step`), nothing between its parts in Python:
 //   q, k and v projected by one small-M GEMM over their stacked weights (small_m_gemm.h);
-//   per (batch, kv head): the new queries and keys rotated (RoPE, rotate_half form), the rotated keys and the new
-//   values written into preallocated caches at positions past_len..past_len+T-1 (no concatenation), then the group's
+//   per (batch, kv head): the new queries and keys rotated (RoPE, rotate_half form, over all of a head or its first
+//   R dims), the rotated keys and the new values written into preallocated caches at positions
+//   past_len..past_len+T-1 (no concatenation), then the group's
 //   queries over the first past_len+t+1 cached positions (causal with offset past_len, GQA), fp32 accumulation with
 //   an online softmax over blocks of keys, rounded once to the output type;
 //   the o projection by the same GEMM.
@@ -33,15 +34,17 @@ struct CacheStrides {
   int64_t at(int64_t b, int64_t h, int64_t p) const { return b * batch + h * head + p * pos; }
 };
 
-// x * cos + rotate_half(x) * sin for one head, from fp32 cos/sin rows, rounded once.
+// x * cos + rotate_half(x) * sin over a head's first R dims (partial rotary: NeoX rotates a fraction of each head,
+// rotate_half pairing dim i with i + R/2), its other D - R dims as they are; from fp32 cos/sin rows, rounded once.
 template <typename T>
-static inline void rotate_head(const Raw<T>* x, const float* cs, const float* sn, Raw<T>* o, int64_t D) {
+static inline void rotate_head(const Raw<T>* x, const float* cs, const float* sn, Raw<T>* o, int64_t D, int64_t R) {
   using L = Lanes<T>;
-  const int64_t half = D / 2;
+  const int64_t half = R / 2;
 #pragma omp simd
   for (int64_t i = 0; i < half; ++i) o[i] = L::out(L::in(x[i]) * cs[i] - L::in(x[half + i]) * sn[i]);
 #pragma omp simd
-  for (int64_t i = half; i < D; ++i) o[i] = L::out(L::in(x[i]) * cs[i] + L::in(x[i - half]) * sn[i]);
+  for (int64_t i = half; i < R; ++i) o[i] = L::out(L::in(x[i]) * cs[i] + L::in(x[i - half]) * sn[i]);
+  std::copy(x + R, x + D, o + R);
 }
 
 static RowStrides row_strides(const at::Tensor& x) { return {x.stride(0), x.stride(1)}; }
@@ -230,38 +233,38 @@ struct GroupAttentionBf16 {
 template <typename T>
 static void rope_attend_items(const Raw<T>* qkv, int64_t row, const Raw<T>* cos, const Raw<T>* sin, RowStrides cs,
                               bool cos_per_batch, Raw<T>* kc, CacheStrides kcs, Raw<T>* vc, CacheStrides vcs,
-                              Raw<T>* out, int64_t B, int64_t T_, int64_t H, int64_t KVH, int64_t D, int64_t past_len,
-                              float scale) {
+                              Raw<T>* out, int64_t B, int64_t T_, int64_t H, int64_t KVH, int64_t D, int64_t R,
+                              int64_t past_len, float scale) {
   using L = Lanes<T>;
   const int64_t G = H / KVH;
   const bool fast = std::is_same_v<T, c10::BFloat16> && has_avx512_bf16();
   at::parallel_for(0, B * KVH, 1, [&](int64_t i0, int64_t i1) {
     GroupAttention<T> group(G, D);
     GroupAttentionBf16 group_bf16;
-    std::vector<float> cf(D), sf(D);
+    std::vector<float> cf(R), sf(R);
     std::vector<Raw<T>> q_rot(G * D);
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t b = i / KVH, h = i % KVH;
       for (int64_t t = 0; t < T_; ++t) {  // the new keys first: token t attends to every new key up to itself
         const Raw<T>* r = qkv + (b * T_ + t) * row;
         const int64_t c = cs.at(cos_per_batch ? b : 0, t);
-        for (int64_t d = 0; d < D; ++d) {
+        for (int64_t d = 0; d < R; ++d) {
           cf[d] = L::in(cos[c + d]);
           sf[d] = L::in(sin[c + d]);
         }
-        rotate_head<T>(r + (H + h) * D, cf.data(), sf.data(), kc + kcs.at(b, h, past_len + t), D);
+        rotate_head<T>(r + (H + h) * D, cf.data(), sf.data(), kc + kcs.at(b, h, past_len + t), D, R);
         const Raw<T>* v = r + (H + KVH + h) * D;
         std::copy(v, v + D, vc + vcs.at(b, h, past_len + t));
       }
       for (int64_t t = 0; t < T_; ++t) {
         const Raw<T>* r = qkv + (b * T_ + t) * row;
         const int64_t c = cs.at(cos_per_batch ? b : 0, t);
-        for (int64_t d = 0; d < D; ++d) {
+        for (int64_t d = 0; d < R; ++d) {
           cf[d] = L::in(cos[c + d]);
           sf[d] = L::in(sin[c + d]);
         }
         for (int64_t g = 0; g < G; ++g)
-          rotate_head<T>(r + (h * G + g) * D, cf.data(), sf.data(), q_rot.data() + g * D, D);
+          rotate_head<T>(r + (h * G + g) * D, cf.data(), sf.data(), q_rot.data() + g * D, D, R);
         const Raw<T>* k = kc + kcs.at(b, h, 0);
         const Raw<T>* v = vc + vcs.at(b, h, 0);
         Raw<T>* o = out + ((b * T_ + t) * H + h * G) * D;
@@ -276,8 +279,8 @@ static void rope_attend_items(const Raw<T>* qkv, int64_t row, const Raw<T>* cos,
 }
 
 // x [B, T, hidden]; qkv_panels: q, k and v weights stacked along N and packed (linear's pack_panels or
-// pack_panels_bf16); o_panels likewise for o_proj, o_bias its bias or none; cos, sin [1 or B, T, head_dim]
-// (ones and zeros: no rotation); key_cache, value_cache
+// pack_panels_bf16); o_panels likewise for o_proj, o_bias its bias or none; cos, sin [1 or B, T, R] for the first R
+// dims of each head, R even and at most head_dim (ones and zeros: no rotation); key_cache, value_cache
 // [B, kv_heads, capacity >= past_len + T, head_dim] (strided views allowed), written at past_len.. in place.
 // Returns [B, T, hidden].
 at::Tensor step(const at::Tensor& x, const at::Tensor& qkv_panels, const c10::optional<at::Tensor>& qkv_bias,
@@ -286,13 +289,14 @@ at::Tensor step(const at::Tensor& x, const at::Tensor& qkv_panels, const c10::op
                 const at::Tensor& value_cache, int64_t past_len, int64_t heads, double scaling, int64_t grain) {
   TORCH_CHECK(x.dim() == 3, "step: hidden_states must be [B, T, hidden]");
   const int64_t B = x.size(0), T = x.size(1), hidden = x.size(2);
-  TORCH_CHECK(cos.dim() == 3 && cos.sizes() == sin.sizes(), "step: cos and sin must be [1 or B, T, head_dim] alike");
-  const int64_t D = cos.size(2);
-  TORCH_CHECK(D > 0 && D % 2 == 0, "step: head_dim must be even (RoPE pairs its halves)");
-  TORCH_CHECK((cos.size(0) == 1 || cos.size(0) == B) && cos.size(1) == T,
-              "step: cos/sin must be [1 or B, T, head_dim] for the hidden states' B and T");
+  TORCH_CHECK(cos.dim() == 3 && cos.sizes() == sin.sizes(), "step: cos and sin must be [1 or B, T, R] alike");
   TORCH_CHECK(key_cache.dim() == 4 && key_cache.size(1) > 0 && heads % key_cache.size(1) == 0,
               "step: key_cache must be [B, kv_heads, capacity, head_dim] with kv_heads dividing heads");
+  const int64_t D = key_cache.size(3), R = cos.size(2);
+  TORCH_CHECK(D > 0 && R > 0 && R % 2 == 0 && R <= D,
+              "step: cos/sin must cover an even number of each head's dims, at most head_dim (RoPE pairs halves)");
+  TORCH_CHECK((cos.size(0) == 1 || cos.size(0) == B) && cos.size(1) == T,
+              "step: cos/sin must be [1 or B, T, R] for the hidden states' B and T");
   const int64_t KVH = key_cache.size(1);
   TORCH_CHECK(past_len >= 0, "step: past_len must be >= 0");
   check_cache(key_cache, "step: key_cache", B, KVH, D, past_len + T, x);
@@ -308,7 +312,7 @@ at::Tensor step(const at::Tensor& x, const at::Tensor& qkv_panels, const c10::op
                             raw_ptr<T_>(sn.data_ptr<T_>()), row_strides(cs), cs.size(0) == B && B > 1,
                             raw_ptr<T_>(key_cache.data_ptr<T_>()), cache_strides(key_cache),
                             raw_ptr<T_>(value_cache.data_ptr<T_>()), cache_strides(value_cache),
-                            raw_ptr<T_>(attn.data_ptr<T_>()), B, T, heads, KVH, D, past_len,
+                            raw_ptr<T_>(attn.data_ptr<T_>()), B, T, heads, KVH, D, R, past_len,
                             static_cast<float>(scaling));
     });
   }

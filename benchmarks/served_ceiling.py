@@ -1,0 +1,203 @@
+"""What kernels can gain at most in a model served by vLLM on this host, measured, beside what they gain: for each model
+(the built-in one and served.py's SmolLM2-135M shape by default), in bf16 at `--batch` sequences:
+
+- the decode step as the server runs it: a stock vLLM server (the model's seeded weights, `kernelbot optimize`'s
+  server flags) under served.py's load; inter-token latency p50, tok/s, and the cores its worker is bound to;
+- the model's forward in that step: the same engine in this process (vLLM's in-process executor), the median
+  decode step of `model.forward`;
+- the step's weight GEMMs alone (every projection of every layer and the LM head, distinct weights as the model
+  streams them) on the worker's one thread: vLLM's own oneDNN GEMM, kernelbot's small-M GEMM, and the stream
+  ceiling (a plain sum reading the same bytes);
+- the served gain those imply: the step with vLLM's GEMMs replaced by kernelbot's, by GEMMs at the stream ceiling,
+  and with the whole forward taking no time at all (no kernel can beat that).
+
+    .venv-vllm/bin/python benchmarks/served_ceiling.py [--models llama-tiny,smollm2-135m] [--batch 8] [--rounds 3]
+                                                       [--smallest]
+
+Runs under the vLLM environment's Python (.ci/vllm_env.sh): it imports vLLM. --smallest: llama-micro, one round (a
+smoke run of this script, not a measurement). Nothing else should run meanwhile: the figures are timings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from served import model_argument
+
+from kernelbot.engine import builtin_spec, host
+from kernelbot.engine.serving.apis import VLLMAPI, ServerSetup
+from kernelbot.engine.serving.load import Workload, random_prompts, run_load
+from kernelbot.engine.serving.served import served_model_dir
+from kernelbot.engine.serving.server import Launch, ServerProcess, free_port
+from kernelbot.kernel_library.linear.cpp import LinearCpp
+
+
+def best_of(fn: Callable[[], object], repeats: int = 5) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def weight_shapes(model_dir: Path) -> list[tuple[int, int]]:
+    """[N, K] of every weight a decode step multiplies (a Llama-shaped config): each layer's QKV, output, gate/up and
+    down projections, then the LM head."""
+    c = json.loads((model_dir / "config.json").read_text())
+    hidden, heads = c["hidden_size"], c["num_attention_heads"]
+    kv_heads, head_dim = c.get("num_key_value_heads") or heads, c.get("head_dim") or hidden // heads
+    layer = [((heads + 2 * kv_heads) * head_dim, hidden), (hidden, heads * head_dim),
+             (2 * c["intermediate_size"], hidden), (hidden, c["intermediate_size"])]
+    return [*layer * c["num_hidden_layers"], (c["vocab_size"], hidden)]
+
+
+def gemm_step_seconds(shapes: list[tuple[int, int]], rows: int) -> dict[str, float]:
+    """One decode step's weight GEMMs on one thread: vLLM's oneDNN, kernelbot's small-M GEMM, the stream ceiling."""
+    import vllm._custom_ops as ops
+
+    torch.set_num_threads(1)
+    weights = [torch.randn(n, k).to(torch.bfloat16) for n, k in shapes]
+    xs = {k: torch.randn(rows, k).to(torch.bfloat16) for _n, k in shapes}
+    inputs = [xs[k] for _n, k in shapes]
+    handlers = [ops.create_onednn_mm(w.t(), 32) for w in weights]
+    ours = []
+    for w in weights:
+        kernel = LinearCpp(w.shape[1], w.shape[0], False, "bfloat16")
+        kernel.weight.data.copy_(w)
+        ours.append(kernel.bound(torch.bfloat16))
+    as_float = [w.view(torch.float32) if w.shape[1] % 2 == 0 else w.float() for w in weights]  # same bytes read
+    return {
+        "onednn": best_of(lambda: [ops.onednn_mm(h, x, None) for h, x in zip(handlers, inputs, strict=True)]),
+        "kernelbot": best_of(lambda: [f(x) for f, x in zip(ours, inputs, strict=True)]),
+        "stream": best_of(lambda: [f.sum() for f in as_float]),
+        "bytes": float(sum(w.numel() * 2 for w in weights)),
+    }
+
+
+def in_process_forward_ms(model_dir: Path, vocab: int, batch: int, tokens: int) -> float:
+    """The median decode step of vLLM's model.forward, the engine in this process."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    llm = LLM(model=str(model_dir), skip_tokenizer_init=True, dtype="bfloat16", enforce_eager=True,
+              gpu_memory_utilization=0.1, disable_log_stats=True)
+    prompts = [TokensPrompt(prompt_token_ids=p) for p in random_prompts(batch, tokens, vocab, seed=0)]
+    params = SamplingParams(max_tokens=tokens, ignore_eos=True, temperature=0)
+    llm.generate(prompts, params, use_tqdm=False)
+    model = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner.model
+    steps: list[float] = []
+    forward = model.forward
+
+    def timed(*args: object, **kwargs: object) -> object:
+        start = time.perf_counter()
+        out = forward(*args, **kwargs)
+        steps.append(time.perf_counter() - start)
+        return out
+
+    model.forward = timed
+    llm.generate(prompts, params, use_tqdm=False)
+    del llm
+    return statistics.median(steps[1:]) * 1e3  # steps[0] is the prefill
+
+
+def served_step(model_dir: Path, vocab: int, args: argparse.Namespace, work: Path) -> dict[str, float | str]:
+    """Stock vLLM under served.py's load: ITL p50, tok/s (medians of the rounds), the worker's cores."""
+    api = VLLMAPI()
+    setup = ServerSetup(model_dir=model_dir, dtype="bfloat16", memory_fraction=0.1)
+    program = [args.engine_python, "-m", api.module]
+    launch = Launch(name="vllm", command=lambda port: api.command(program, setup, port), env=api.environment(setup))
+    workload = Workload(num_prompts=4 * args.batch, input_len=args.tokens, output_len=args.tokens,
+                        concurrency=args.batch)
+    with ServerProcess(launch, work / "server.log", free_port(18300)) as server:
+        server.wait_ready()
+        run_load(api, server.url, workload, vocab)
+        rounds = []
+        for _ in range(args.rounds):
+            server.settle()
+            rounds.append(run_load(api, server.url, workload, vocab))
+        worker = worker_cores(server.proc.pid if server.proc else 0)
+    return {"itl_ms": statistics.median(r.median_itl_ms for r in rounds),
+            "tok_s": statistics.median(r.output_throughput for r in rounds), "worker_cores": worker}
+
+
+def worker_cores(root: int) -> str:
+    """The CPU affinity of the server's `VLLM::Worker` processes (vLLM binds each worker's threads)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if open(f"/proc/{pid}/comm").read().startswith("VLLM::Worker") and _descends(int(pid), root):
+                found.append(",".join(map(str, sorted(os.sched_getaffinity(int(pid))))))
+        except OSError:
+            continue
+    return " / ".join(found) or "?"
+
+
+def _descends(pid: int, root: int) -> bool:
+    while pid > 1:
+        if pid == root:
+            return True
+        pid = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+    return False
+
+
+def measure(name: str, args: argparse.Namespace, work: Path) -> str:
+    spec, _ = builtin_spec(model_argument(name, work), dtype="bfloat16", batch=args.batch, prompt_len=args.tokens,
+                           decode_steps=args.tokens)
+    model_dir = served_model_dir(spec, work / name)
+    vocab = spec.vocab
+    served = served_step(model_dir, vocab, args, work / name)
+    forward_ms = in_process_forward_ms(model_dir, vocab, args.batch, args.tokens)
+    timed = gemm_step_seconds(weight_shapes(model_dir), args.batch)
+    gemm = {k: v * 1e3 if k != "bytes" else v for k, v in timed.items()}
+    step = float(served["itl_ms"])
+
+    def gain(saved_ms: float) -> str:
+        return f"{step / max(step - saved_ms, 1e-9):.2f}x"
+
+    stream_gbps = gemm["bytes"] / gemm["stream"] / 1e6
+    return (f"| {name} | {step:.1f} | {served['tok_s']:.0f} | {served['worker_cores']} | {forward_ms:.1f} "
+            f"({forward_ms / step:.0%}) | {gemm['onednn']:.1f} | {gemm['kernelbot']:.1f} | {gemm['stream']:.1f} "
+            f"({stream_gbps:.1f} GB/s) | {gain(gemm['onednn'] - gemm['kernelbot'])} | "
+            f"{gain(gemm['onednn'] - gemm['stream'])} | {gain(forward_ms)} |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default="llama-tiny,smollm2-135m")
+    parser.add_argument("--engine-python", default=os.environ.get("VLLM_PYTHON", ".venv-vllm/bin/python"))
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--tokens", type=int, default=32, help="prompt and output tokens per request")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--smallest", action="store_true")
+    args = parser.parse_args()
+    models = ["llama-micro"] if args.smallest else args.models.split(",")
+    if args.smallest:
+        args.rounds, args.batch, args.tokens = 1, 4, 8
+    args.engine_python = str(Path(args.engine_python).absolute())
+    start = host.sample()
+    print(f"bf16, batch {args.batch}, {args.tokens} + {args.tokens} tokens")
+    print("| model | served step (ITL p50, ms) | served tok/s | worker cores | forward in the step, ms (share) | "
+          "GEMMs: vLLM oneDNN, ms | kernelbot, ms | stream ceiling, ms | gain at kernelbot's GEMMs | "
+          "at the stream ceiling | forward free |")
+    print("|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+    with tempfile.TemporaryDirectory(prefix="kb_ceiling_") as tmp:
+        for name in models:
+            print(measure(name, args, Path(tmp)), flush=True)
+    load = host.host_load(since=start)
+    print(f"host over the run: load average {load.load_1m} on {load.cpu_count} CPUs; this run and its servers "
+          f"{load.own_cores} cores, other processes {load.others_cores} cores")
+
+
+if __name__ == "__main__":
+    main()
