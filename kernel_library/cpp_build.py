@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import hashlib
 import os
 import re
 import subprocess
+import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,7 +26,22 @@ from kernelbot.loading import load_module
 from kernelbot.paths import CACHE_ENV, cache_dir
 
 CFLAGS = ["-O3", "-mavx2", "-mfma", "-fno-math-errno", "-fno-trapping-math", "-fopenmp"]  # no flag changes results
+# AddressSanitizer builds: a second build of the same source, loaded instead of the plain one in a process whose
+# environment names it (verification's ASan job, which runs with the ASan runtime preloaded): every load and store
+# the kernel makes is checked against the allocations' bounds
+SANITIZE_ENV = "KERNELBOT_CPP_SANITIZE"
+ASAN = "address"
+ASAN_SUFFIX = "_asan"
+# -O1 after -O3: builds faster; -U: the source cannot test for the sanitizer with the preprocessor
+ASAN_FLAGS = ["-fsanitize=address", "-fno-omit-frame-pointer", "-O1", "-U__SANITIZE_ADDRESS__"]
+ASAN_EXIT = 86  # how a process ends when AddressSanitizer found an invalid access
+PRECOMPILED_LIST = "precompiled.txt"  # beside a generated build: the headers it was given to precompile
 _loaded: dict[str, ModuleType] = {}
+
+
+def sanitizing() -> bool:
+    """Whether this process loads the AddressSanitizer builds (SANITIZE_ENV=address)."""
+    return os.environ.get(SANITIZE_ENV) == ASAN
 
 
 def cache_root() -> Path:
@@ -68,12 +85,18 @@ def library_env(device: str) -> dict[str, str]:
 
 
 def load_cpp(path: Path) -> ModuleType:
-    """Compile `path` as a torch extension (first call: tens of seconds) or load the cached build."""
+    """Compile `path` as a torch extension (first call: tens of seconds) or load the cached build; where
+    `sanitizing()`, its AddressSanitizer build (in a temporary directory when the cache has none and is read-only)."""
     name, built = _build_of(path)
+    if sanitizing():
+        name += ASAN_SUFFIX
+        built = cache_root() / name / f"{name}.so"
+        if not built.exists() and not _writable(built.parent):
+            built = Path(tempfile.mkdtemp(prefix="kb_cpp_")) / name / built.name
     if name in _loaded:
         return _loaded[name]
     if not built.exists():
-        _build(path, name, built.parent, built)
+        _build(path, name, built.parent, built, _flavour_flags())
     import torch  # noqa: F401  (the extension links against libtorch, which must be loaded first)
 
     module = load_module(built, name)  # the .so suffix selects the extension-module loader
@@ -87,8 +110,9 @@ def load_cpp_source(source: str, name: str, precompiled: Sequence[str] = ()) -> 
     cache holds no build and cannot be written (a read-only sandbox), it is built in a temporary directory.
     `precompiled`: headers the source includes that are worth a precompiled header (ATen's Tensor.h and pybind
     are most of a small extension's compile time); it is made once per cache, after the first build, and is only
-    an accelerator: without it (or with one the compiler finds stale) the build is the same, only slower."""
-    module_name = f"kb_{name}_{source_hash(source)}"
+    an accelerator: without it (or with one the compiler finds stale) the build is the same, only slower.
+    Where `sanitizing()`, the source's AddressSanitizer build (module name suffixed ASAN_SUFFIX) is loaded instead."""
+    module_name = f"kb_{name}_{source_hash(source)}" + (ASAN_SUFFIX if sanitizing() else "")
     if module_name in _loaded:
         return _loaded[module_name]
     build_dir = cache_root() / module_name
@@ -103,8 +127,9 @@ def load_cpp_source(source: str, name: str, precompiled: Sequence[str] = ()) -> 
             staged = path.with_suffix(f".{os.getpid()}.tmp")
             staged.write_text(source)
             os.replace(staged, path)  # a concurrent builder never reads a half-written file
+        (build_dir / PRECOMPILED_LIST).write_text("\n".join(precompiled))  # for build_sanitized
         pch = _precompiled_header(precompiled)
-        _build(path, module_name, build_dir, built, ["-include", str(pch)] if pch else [])
+        _build(path, module_name, build_dir, built, [*_flavour_flags(), *(["-include", str(pch)] if pch else [])])
         if precompiled and pch is None:
             _make_precompiled_header(precompiled, build_dir / "build.ninja")
     import torch  # noqa: F401  (the extension links against libtorch, which must be loaded first)
@@ -112,6 +137,53 @@ def load_cpp_source(source: str, name: str, precompiled: Sequence[str] = ()) -> 
     module = load_module(built, module_name)
     _loaded[module_name] = module
     return module
+
+
+def _flavour_flags() -> list[str]:
+    return ASAN_FLAGS if sanitizing() else []
+
+
+def build_sanitized(name: str) -> bool:
+    """Build (once, cached) the AddressSanitizer build of generated C++ whose plain build is module `name` (its text
+    and precompiled headers are in the cache): what a sandboxed ASan job then only loads. Built in a child process
+    with the ASan runtime preloaded (torch's builder imports what it builds, and an instrumented extension aborts a
+    process without that runtime). False when the cache holds no such source or the build failed."""
+    asan = name + ASAN_SUFFIX
+    if (cache_root() / asan / f"{asan}.so").exists():
+        return True
+    plain = cache_root() / name
+    match = re.fullmatch(r"kb_(\w+)_([0-9a-f]{16})", name)
+    runtime = asan_environment()
+    if match is None or not (plain / f"{name}.cpp").is_file() or not runtime:
+        return False
+    listed = plain / PRECOMPILED_LIST
+    headers = listed.read_text().split() if listed.is_file() else []
+    code = ("import sys; from kernelbot.kernel_library.cpp_build import load_cpp_source; "
+            "load_cpp_source(open(sys.argv[1]).read(), sys.argv[2], sys.argv[3:])")
+    done = subprocess.run([sys.executable, "-c", code, str(plain / f"{name}.cpp"), match.group(1), *headers],
+                          capture_output=True, env={**os.environ, **runtime}, timeout=600)
+    return done.returncode == 0 and (cache_root() / asan / f"{asan}.so").exists()
+
+
+@functools.cache
+def asan_runtime() -> str | None:
+    """The compiler's AddressSanitizer runtime (libasan.so), or None when the compiler has none."""
+    try:
+        found = subprocess.run(["c++", "-print-file-name=libasan.so"], capture_output=True, text=True, timeout=30)
+    except OSError:
+        return None
+    path = found.stdout.strip()
+    return os.path.realpath(path) if found.returncode == 0 and os.path.isabs(path) and os.path.exists(path) else None
+
+
+def asan_environment() -> dict[str, str]:
+    """The environment a process needs to run AddressSanitizer builds: the runtime preloaded, leak checking off
+    (Python never frees everything), the first error ends the process with exit code ASAN_EXIT; {} without a runtime."""
+    runtime = asan_runtime()
+    if runtime is None:
+        return {}
+    options = f"detect_leaks=0:halt_on_error=1:exitcode={ASAN_EXIT}:symbolize=0:detect_odr_violation=0"
+    return {"LD_PRELOAD": runtime, "ASAN_OPTIONS": options, SANITIZE_ENV: ASAN}
 
 
 def _writable(path: Path) -> bool:
@@ -124,7 +196,7 @@ def _writable(path: Path) -> bool:
 def _pch_path(headers: Sequence[str]) -> Path:
     import torch
 
-    key = hashlib.sha256("\n".join([*headers, *CFLAGS, torch.__version__]).encode()).hexdigest()[:16]
+    key = hashlib.sha256("\n".join([*headers, *CFLAGS, *_flavour_flags(), torch.__version__]).encode()).hexdigest()[:16]
     return cache_root() / f"pch_{key}" / "kb_precompiled.h"
 
 
@@ -170,5 +242,7 @@ def _build(path: Path, name: str, build_dir: Path, built: Path, cflags: Sequence
         if not built.exists():
             from torch.utils.cpp_extension import load
 
-            load(name, [str(path)], extra_cflags=[*CFLAGS, *cflags], extra_ldflags=["-fopenmp"],
+            ldflags = ["-fopenmp", *(f for f in cflags if f.startswith("-fsanitize"))]
+            load(name, [str(path)], extra_cflags=[*CFLAGS, *cflags], extra_ldflags=ldflags,
                  build_directory=str(build_dir), verbose=False)
+

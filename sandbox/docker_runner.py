@@ -171,7 +171,7 @@ def _drain(fd: int, stop: threading.Event, sink: bytearray) -> None:
 
 
 def run_job(job: dict[str, Any], workdir: Path, timeout: float, env: dict[str, str] | None = None,
-            wrapper: list[str] | None = None, gpu: int | None = None) -> SandboxResult:
+            wrapper: list[str] | None = None, gpu: int | None = None, address_limit: bool = True) -> SandboxResult:
     """runner.run_job, in a container: same box, same result files, same statuses, same GPU health check."""
     import docker
 
@@ -190,16 +190,17 @@ def run_job(job: dict[str, Any], workdir: Path, timeout: float, env: dict[str, s
     os.chmod(audit, 0o200 if uid == os.getuid() else 0o002)  # the container may write, never read
     environment, device = _environment(job, box, env, gpu)
     memory = memory_limit()
-    protections = _protections(tag, timeout, memory, uid, device)
+    limited = address_limit and device is None
+    protections = _protections(tag, timeout, memory, uid, device, limited)
     command = [sys.executable, "-c", LAUNCH, AUDIT_TARGET, *(wrapper or []), sys.executable, "-m",
                HARNESS, "job.json"]
     records, stop = bytearray(), threading.Event()
     reader = threading.Thread(target=_drain, args=(audit_fd, stop, records), daemon=True)
     reader.start()
-    # no address-space limit on a GPU job: the CUDA driver reserves virtual ranges far beyond any memory limit
-    # (the cgroup's memory limit still holds)
+    # no address-space limit on a GPU job or an AddressSanitizer one: the CUDA driver and ASan reserve virtual ranges
+    # far beyond any memory limit (the cgroup's memory limit still holds)
     ulimits = [docker.types.Ulimit(name=n, soft=v, hard=v) for n, v in
-               ((("as", memory),) if device is None else ()) +
+               ((("as", memory),) if limited else ()) +
                (("fsize", MAX_FILE_BYTES), ("core", 0), ("cpu", int(timeout) + 5))]
     ecc_before = None
     if gpu is not None:
@@ -257,11 +258,11 @@ def _environment(job: dict[str, Any], box: Path, env: dict[str, str] | None,
     return environment, device
 
 
-def _protections(tag: str, timeout: float, memory: int, uid: int, device: str | None) -> list[str]:
+def _protections(tag: str, timeout: float, memory: int, uid: int, device: str | None, limited: bool) -> list[str]:
     protections = [f"docker runner ({tag})", f"timeout {timeout:.0f} s (container killed)", "secrets scrubbed from env",
                    "no network (--network none)", "read-only root filesystem; host runtime mounted read-only",
                    "writable: the job's box only", f"memory {memory >> 30} GiB, no swap (cgroup)",
-                   f"address space {memory >> 30} GiB" if device is None else "no address-space limit (CUDA)",
+                   f"address space {memory >> 30} GiB" if limited else "no address-space limit (CUDA or ASan)",
                    f"≤ {MAX_PROCESSES} processes (--pids-limit)",
                    f"files ≤ {MAX_FILE_BYTES >> 30} GiB", "no core dumps", "no capabilities (--cap-drop ALL)",
                    "no new privileges", f"user {uid}", "own pid namespace; container removed afterwards"]

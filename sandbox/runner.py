@@ -129,20 +129,24 @@ def _end_everything(proc: subprocess.Popen, group: Path | None) -> set[int]:
 
 
 def run_job(job: dict[str, Any], workdir: Path, timeout: float, env: dict[str, str] | None = None,
-            wrapper: list[str] | None = None, gpu: int | None = None, runner: str | None = None) -> SandboxResult:
+            wrapper: list[str] | None = None, gpu: int | None = None, runner: str | None = None,
+            address_limit: bool = True) -> SandboxResult:
     """Run one job in a fresh child process inside a fresh box (sandbox/box.py: a directory of a random name,
     removed afterwards; result.json and outputs.pt come back to `workdir`, with the child's stderr.txt);
     whatever happens, nothing it started survives. `wrapper` prefixes the harness's command (a sanitizer).
     With `gpu`, the job sees only that GPU, and after a crash or timeout the GPU must come back healthy
     (gpu.GPUUnhealthy is raised when it does not). `runner` (else $KERNELBOT_SANDBOX): process, docker, or
-    auto (docker when a daemon is reachable and the sandbox image builds; see docker_runner)."""
+    auto (docker when a daemon is reachable and the sandbox image builds; see docker_runner). `address_limit`
+    False: no address-space limit (an AddressSanitizer job reserves terabytes of shadow memory it never touches; the
+    cgroup's memory limit, where there is one, still holds)."""
+    limited = address_limit and gpu is None
     if docker_runner.choose(runner) == "docker":
-        return docker_runner.run_job(job, workdir, timeout, env, wrapper, gpu)
+        return docker_runner.run_job(job, workdir, timeout, env, wrapper, gpu, limited)
     workdir = workdir.resolve()
     box = open_box(job, workdir)
     group = _make_cgroup()
     isolated = namespaces_available()
-    protections = _protections(timeout, group, isolated, gpu is None)
+    protections = _protections(timeout, group, isolated, limited)
     read_fd, write_fd = os.pipe()
     extra = {**box_env(box), "KERNELBOT_AUDIT_FD": str(write_fd), **(env or {}),
              **(gpu_env(gpu) if gpu is not None else {})}
@@ -165,7 +169,7 @@ def run_job(job: dict[str, Any], workdir: Path, timeout: float, env: dict[str, s
     with open(workdir / STDERR, "wb") as err:
         proc = subprocess.Popen(command, cwd=box, stdin=subprocess.DEVNULL, stdout=err, stderr=err,
                                 env=child_env(extra), start_new_session=True,
-                                preexec_fn=functools.partial(_limit_child, group, timeout, gpu is None,
+                                preexec_fn=functools.partial(_limit_child, group, timeout, limited,
                                                              isolated and loopback),
                                 pass_fds=(write_fd,))
         os.close(write_fd)
@@ -202,7 +206,8 @@ def _protections(timeout: float, group: Path | None, isolated: bool, address_lim
     protections = ["process runner", f"timeout {timeout:.0f} s", "own session and process group",
                    "secrets scrubbed from env",
                    f"address space {memory_limit() >> 30} GiB" if address_limited else
-                   "no address-space limit (the CUDA driver reserves more virtual memory than any limit allows)",
+                   "no address-space limit (the CUDA driver, or AddressSanitizer, reserves more virtual memory than "
+                   "any limit allows)",
                    f"files ≤ {MAX_FILE_BYTES >> 30} GiB", "no core dumps"]
     protections.append(f"≤ {MAX_PROCESSES} processes (pids cgroup)" if group else "no process cap (no pids cgroup)")
     if not isolated:

@@ -291,6 +291,9 @@ def test_kernelbot_verify_accepts_a_fused_candidate(tmp_path: Path) -> None:
     path.write_text(source)
     verdict = verify(task_from_reference(reference), reference, path, tmp_path / "verify", timeout=120)
     assert verdict.verdict == "pass", [(c.id, c.detail) for c in verdict.checks if c.status == "fail"]
+    # its C++ ran once more, built with AddressSanitizer, on unguarded inputs
+    assert "AddressSanitizer: no access outside an allocation" in next(
+        c.detail for c in verdict.checks if c.id == "out_of_bounds")
 
 
 def test_generated_cpp_builds_in_a_temporary_directory_when_the_cache_is_read_only(

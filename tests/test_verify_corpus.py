@@ -126,6 +126,16 @@ def get_init_inputs():
 
 
 @pytest.mark.slow
+def test_a_cpp_kernel_that_reads_past_its_input_fails_out_of_bounds_under_addresssanitizer(tmp_path):
+    load_module(CORPUS / "rowsum_overread.py", "kb_test_rowsum_overread")  # builds it (cached): the sandbox cannot
+    verdict = _verify(tmp_path, "rowsum_odd_ref", "rowsum_overread")
+    _failed_alone(verdict, "out_of_bounds")
+    detail = next(c.detail for c in verdict.checks if c.id == "out_of_bounds")
+    assert "guard regions around 1 input buffer(s) intact" in detail  # the guards saw nothing: it writes in bounds
+    assert "AddressSanitizer:" in detail and "READ" in detail
+
+
+@pytest.mark.slow
 def test_a_cpp_kernel_that_takes_its_chunks_for_its_threads_fails_race_with_one_thread(tmp_path):
     load_module(CORPUS / "rowsum_threads.py", "kb_test_rowsum_threads")  # builds it (cached): the sandbox cannot
     verdict = _verify(tmp_path, "rowsum_ref", "rowsum_threads")

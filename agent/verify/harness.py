@@ -6,7 +6,7 @@ Jobs (job.json in the working directory, a messages.Job):
   bench:    time Model (reference) and ModelNew, each in a runner of its own, call by call in interleaved
             rounds, on inputs that change before every call; some calls' outputs, picked after they returned,
             come back for the parent to check
-  sanitize: one call on the main input set, for compute-sanitizer to watch (a single process)
+  sanitize: one call on the main input set, for a sanitizer to watch (a single process)
   noop:     nothing (measures the sandbox's own cost per job)
 
 The harness forks each runner before it reads anything of the job. A runner confines itself further
@@ -1053,13 +1053,15 @@ def _bench(job: BenchJob) -> BenchResult | JobFailure:
 
 
 def _sanitize(job: SanitizeJob) -> Done:
-    """One call on the main case, for compute-sanitizer to watch (the parent wraps this process in it)."""
+    """One call on the main case, for a sanitizer to watch: compute-sanitizer on a GPU (the parent wraps this process
+    in it), AddressSanitizer on a CPU (the parent preloads its runtime; the candidate's C++ loads its ASan build)."""
     plan = SentPlan.model_validate(torch.load(job.plan))
     model = _build(_load(job.candidate, "ModelNew"), plan.init_args[0], torch.load(job.state_dicts[0]),
-                   job.init_seed, []).to("cuda")
+                   job.init_seed, []).to(job.device)
     with torch.inference_mode():
-        model(*_to(plan.cases[0].inputs, "cuda"))
-        torch.cuda.synchronize()
+        model(*_to(plan.cases[0].inputs, job.device))
+        if job.device == "cuda":
+            torch.cuda.synchronize()
     return Done()
 
 

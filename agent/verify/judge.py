@@ -306,7 +306,8 @@ class Judge:
         if report.launches:
             scope += f"; every load/store of {report.launches} Triton launches inside its arguments (interpreter)"
         elif self.device == "cpu":
-            scope += "; reads and output bounds of non-Triton kernels need compute-sanitizer on a GPU"
+            scope += ("; reads by non-Triton code: AddressSanitizer for generated C++ (below, where it ran), "
+                      "compute-sanitizer on a GPU")
         return check("out_of_bounds", problems, scope)
 
     def race(self) -> Check:

@@ -67,7 +67,8 @@ class VerifyJob(Message):
 
 
 class SanitizeJob(Message):
-    """One call on the main input set, for compute-sanitizer to watch."""
+    """One call on the main input set, for a sanitizer to watch (compute-sanitizer on a GPU, AddressSanitizer on a
+    CPU)."""
     kind: Literal["sanitize"] = "sanitize"
     candidate: str
     plan: str

@@ -10,7 +10,8 @@ here, in a process the candidate never runs in. Check ids (stable):
                       permuted and sizes past the scaled ones included, every Triton program order included
   unwritten_output    CPU allocations are poisoned (GPU: NaN-filled); no poison may remain in an output
   out_of_bounds       guard regions around every input buffer (and in a strided one's gaps) intact; Triton: every
-                      access inside an argument (interpreter instrumentation); CUDA on a GPU: memcheck
+                      access inside an argument (interpreter instrumentation); generated C++ on a CPU: its
+                      AddressSanitizer build on the main input set, unguarded (asan.py); CUDA on a GPU: memcheck
   race                Triton: no address written by one program and touched by another unless under one lock or by
                       commuting atomics, same bits in shuffled program order (kernels with float atomic adds or
                       locked writes kept in natural order) and in reversed order unless those kernels explain it;
@@ -46,6 +47,7 @@ import torch
 
 from kernelbot import KernelbotError
 from kernelbot.agent.verify import cases as casemod
+from kernelbot.agent.verify.asan import asan_check
 from kernelbot.agent.verify.judge import Judge, excerpt, guard, not_run, scrub
 from kernelbot.agent.verify.messages import (
     Failure,
@@ -171,10 +173,15 @@ def verify(task: Task, reference_path: Path, candidate_path: Path, workdir: Path
             checks += judge.checks()
             properties = judge.properties
             if device == "cuda":
-                sanitized = {c.id: c for c in sanitize(_sanitize_job(job, plan, sent, workdir), workdir, timeout,
-                                                       job_env)}
+                sanitized = {c.id: c for c in sanitize(_sanitize_job(job, plan, sent[0], workdir), workdir,
+                                                       timeout, job_env)}
                 checks = [_merge(c, sanitized.pop(c.id)) if c.id in sanitized else c for c in checks]
                 checks += list(sanitized.values())
+            elif report.profile is not None:  # unguarded inputs: ASan's redzones lie right past them
+                unguarded = [x.clone() if isinstance(x, torch.Tensor) else x for x in plan.cases[0].inputs]
+                found = asan_check(lambda: _sanitize_job(job, plan, unguarded, workdir), report.profile.own_kernels,
+                                   workdir, timeout, job_env)
+                checks = [_merge(c, found) if found is not None and c.id == found.id else c for c in checks]
     elif isinstance(report, Failure) and report.stage == "needs_gpu":
         why = "not run: the CUDA code compiled, but there is no GPU here to run it"
         checks += [not_run(cid, why) for cid in CHECK_IDS if cid not in {c.id for c in checks}]
@@ -196,10 +203,10 @@ def verify(task: Task, reference_path: Path, candidate_path: Path, workdir: Path
                    protections=[excerpt(p) for p in result.protections], seed=seed, notes=[scrub(n) for n in notes])
 
 
-def _sanitize_job(job: VerifyJob, plan: casemod.Plan, sent: list[list[Any]], workdir: Path) -> SanitizeJob:
-    """The sanitizer's job sees only the main input set (it runs the candidate in one process)."""
+def _sanitize_job(job: VerifyJob, plan: casemod.Plan, inputs: list[Any], workdir: Path) -> SanitizeJob:
+    """The sanitizer's job sees only the main input set, `inputs` as sent (it runs the candidate in one process)."""
     torch.save(SentPlan(init_args=plan.init_args[:1], cases=[SentCase(label=plan.cases[0].label, model=0,
-                                                                      inputs=sent[0])]).model_dump(),
+                                                                      inputs=inputs)]).model_dump(),
                workdir / "sanitize_plan.pt")
     main = plan.cases[0].model
     return SanitizeJob(candidate=job.candidate, plan=str((workdir / "sanitize_plan.pt").resolve()),
