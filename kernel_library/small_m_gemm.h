@@ -2,7 +2,7 @@
 // At decode M is the batch (a handful of rows), so the work is streaming W once: W is pre-packed
 // into panels of output columns laid out K-major (per precision, below); each panel is read once per
 // block of rows while the rows of x stay in L1. G = 2 interleaves a gate and an up projection so
-// the SiLU-and-mul epilogue of a gated MLP is applied in registers, never written out twice.
+// the act-and-mul epilogue of a gated MLP (SiLU, or GELU's tanh form) is applied in registers, never written out twice.
 // Included by the linear family's extension and by decode attention's (its q/k/v and o projections).
 #pragma once
 #include <torch/extension.h>
@@ -12,6 +12,12 @@
 #include <cstdint>
 
 #include "lanes.h"
+
+// A gated MLP's activation written as g * sigmoid(z): SiLU is z = g; GELU's tanh form,
+// 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))), is z = 2 sqrt(2/pi) (g + 0.044715 g^3).
+static inline float gate_arg(float g, bool gelu) {
+  return gelu ? 1.5957691216057308f * (g + 0.044715f * g * g * g) : g;
+}
 
 // fp32: W packed as [NP, G, K, 8]; one FMA per k multiplies x's k (broadcast) into 8 output columns.
 struct F32 {
@@ -41,8 +47,8 @@ struct F32 {
   static void store_bias(const float* acc, const float* bias, float* o, int64_t nv) {
     for (int64_t j = 0; j < nv; ++j) o[j] = acc[j] + (bias ? bias[j] : 0.f);
   }
-  static void store_silu_mul(const float* g, const float* u, float* o, int64_t nv) {
-    for (int64_t j = 0; j < nv; ++j) o[j] = g[j] / (1.f + std::exp(-g[j])) * u[j];
+  static void store_gated(const float* g, const float* u, float* o, int64_t nv, bool gelu) {
+    for (int64_t j = 0; j < nv; ++j) o[j] = g[j] / (1.f + std::exp(-gate_arg(g[j], gelu))) * u[j];
   }
 };
 
@@ -96,16 +102,22 @@ struct BF16 {
     if (bias) v = _mm512_add_ps(v, widen(bias));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(o), (__m256i)_mm512_cvtneps_pbh(v));
   }
-  // SiLU(g) * u with exp by range reduction (x = n ln2 + r, |r| <= ln2/2) and a degree-6 Taylor polynomial (its
-  // truncation under 1.2e-7 relative), far below the bf16 rounding that follows.
-  __attribute__((target("avx512f,avx512bf16"))) static void store_silu_mul(const float* g, const float* u,
-                                                                           uint16_t* o, int64_t nv) {
+  // act(g) * u (SiLU, or GELU's tanh form: see gate_arg) with exp by range reduction (x = n ln2 + r, |r| <= ln2/2)
+  // and a degree-6 Taylor polynomial (its truncation under 1.2e-7 relative), far below the bf16 rounding that follows.
+  __attribute__((target("avx512f,avx512bf16"))) static void store_gated(const float* g, const float* u, uint16_t* o,
+                                                                        int64_t nv, bool gelu) {
     if (nv < W) {
-      for (int64_t j = 0; j < nv; ++j) o[j] = L::out(g[j] / (1.f + std::exp(-g[j])) * u[j]);
+      for (int64_t j = 0; j < nv; ++j) o[j] = L::out(g[j] / (1.f + std::exp(-gate_arg(g[j], gelu))) * u[j]);
       return;
     }
     const __m512 x = _mm512_loadu_ps(g);
-    const __m512 e = exp512(_mm512_sub_ps(_mm512_setzero_ps(), x));
+    __m512 z = x;
+    if (gelu) {  // 2 sqrt(2/pi) (x + 0.044715 x^3)
+      const __m512 x2 = _mm512_mul_ps(x, x);
+      z = _mm512_mul_ps(_mm512_mul_ps(x, _mm512_fmadd_ps(x2, _mm512_set1_ps(0.044715f), _mm512_set1_ps(1.f))),
+                        _mm512_set1_ps(1.5957691216057308f));
+    }
+    const __m512 e = exp512(_mm512_sub_ps(_mm512_setzero_ps(), z));
     const __m512 s = _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.f), e));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(o),
                         (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(s, _mm512_loadu_ps(u))));
@@ -149,7 +161,8 @@ static void tile_rows(int64_t mb, const typename Isa::X* x, int64_t steps, const
 // broadcast of x, so the multiply-adds are not waiting on each other's latency. Decode keeps one panel per tile.
 template <typename Isa, int G, int MBMAX>
 static void run(const typename Isa::X* xp, int64_t M, int64_t steps, const typename Isa::P* pp, int64_t NP,
-                const typename Isa::L::raw* bias, typename Isa::L::raw* op, int64_t N, int64_t grain) {
+                const typename Isa::L::raw* bias, typename Isa::L::raw* op, int64_t N, int64_t grain,
+                bool gelu = false) {
   constexpr int W = Isa::W;
   const bool pairs = G == 1 && M > MBMAX;
   at::parallel_for(0, NP, grain, [&](int64_t p0, int64_t p1) {
@@ -165,7 +178,7 @@ static void run(const typename Isa::X* xp, int64_t M, int64_t steps, const typen
           const int64_t col = (p + q) * W, nv = std::min<int64_t>(W, N - col);
           for (int64_t m = 0; m < mb; ++m) {
             auto* o = op + (m0 + m) * N + col;
-            if constexpr (G == 2) Isa::store_silu_mul(buf + m * W, buf + (mb + m) * W, o, nv);
+            if constexpr (G == 2) Isa::store_gated(buf + m * W, buf + (mb + m) * W, o, nv, gelu);
             else Isa::store_bias(buf + (q * mb + m) * W, bias ? bias + col : nullptr, o, nv);
           }
         }
@@ -197,21 +210,26 @@ inline at::Tensor small_m_linear(const at::Tensor& x, const at::Tensor& panels, 
   return out;
 }
 
-inline at::Tensor gate_up_silu(const at::Tensor& x, const at::Tensor& panels, int64_t N, int64_t grain) {
+// act(x W_gate^T) * (x W_up^T) from one pass over x: SiLU, or with `gelu` GELU's tanh form.
+inline at::Tensor gate_up_act(const at::Tensor& x, const at::Tensor& panels, int64_t N, int64_t grain, bool gelu) {
   check(x, panels, 2, N);
   auto out = at::empty({x.size(0), N}, x.options());
   run<F32, 2, 4>(x.data_ptr<float>(), x.size(0), x.size(1), panels.data_ptr<float>(), panels.size(0), nullptr,
-                 out.data_ptr<float>(), N, grain);
+                 out.data_ptr<float>(), N, grain, gelu);
   return out;
+}
+
+inline at::Tensor gate_up_silu(const at::Tensor& x, const at::Tensor& panels, int64_t N, int64_t grain) {
+  return gate_up_act(x, panels, N, grain, false);
 }
 
 template <int G, int MBMAX>
 static void run_bf16(const at::Tensor& x, const at::Tensor& panels, const uint16_t* bias, at::Tensor& out, int64_t N,
-                     int64_t grain) {
+                     int64_t grain, bool gelu = false) {
   using R = uint16_t;
   run<BF16, G, MBMAX>(reinterpret_cast<const uint32_t*>(x.data_ptr<at::BFloat16>()), x.size(0), panels.size(2),
                       reinterpret_cast<const R*>(panels.data_ptr<at::BFloat16>()), panels.size(0), bias,
-                      reinterpret_cast<R*>(out.data_ptr<at::BFloat16>()), N, grain);
+                      reinterpret_cast<R*>(out.data_ptr<at::BFloat16>()), N, grain, gelu);
 }
 
 static void check_bf16(const at::Tensor& x, const at::Tensor& panels, int64_t G, int64_t N) {
@@ -239,11 +257,16 @@ inline at::Tensor small_m_linear_bf16(const at::Tensor& x, const at::Tensor& pan
   return out;
 }
 
-inline at::Tensor gate_up_silu_bf16(const at::Tensor& x, const at::Tensor& panels, int64_t N, int64_t grain) {
+inline at::Tensor gate_up_act_bf16(const at::Tensor& x, const at::Tensor& panels, int64_t N, int64_t grain,
+                                   bool gelu) {
   check_bf16(x, panels, 2, N);
   auto out = at::empty({x.size(0), N}, x.options());
-  run_bf16<2, 8>(x, panels, nullptr, out, N, grain);
+  run_bf16<2, 8>(x, panels, nullptr, out, N, grain, gelu);
   return out;
+}
+
+inline at::Tensor gate_up_silu_bf16(const at::Tensor& x, const at::Tensor& panels, int64_t N, int64_t grain) {
+  return gate_up_act_bf16(x, panels, N, grain, false);
 }
 
 // x [M,K] in fp32 or bf16 through panels packed for either precision (pack_panels: 4-dim fp32; pack_panels_bf16:

@@ -411,7 +411,8 @@ def test_the_family_describes_live_attention_modules():
     kw = {"hidden_size": HIDDEN, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128,
           "num_hidden_layers": 1}
     windowed = MistralAttention(MistralConfig(**kw, sliding_window=4096), 0)
-    assert not FAMILY.matches(windowed, dims)  # sliding window: not this op
+    assert FAMILY.matches(windowed, dims)  # a sliding window: the kernel's own argument
+    assert FAMILY.init_args(windowed) == [HIDDEN, 4, 2, 16, False, "float32", 16**-0.5, None, 4096]
     assert FAMILY.matches(MistralAttention(MistralConfig(**kw, sliding_window=None), 0), dims)
     assert not FAMILY.matches(Qwen3Attention(Qwen3Config(**kw, head_dim=16), 0), dims)  # q_norm / k_norm
     flops, nbytes = FAMILY.cost(dims, 4)

@@ -1,5 +1,6 @@
 """The never-slower gate (agent/measure/gate.py): kernels that win their own benchmark and lose in the model are
-dropped, with the reason; a pack that is not faster as a whole ships nothing."""
+dropped, with the reason, from a pack that is not faster and, where trials are cheap, from one that is; a pack that
+is not faster as a whole ships nothing."""
 
 from __future__ import annotations
 
@@ -86,3 +87,30 @@ def test_a_pack_faster_beyond_noise_is_left_alone():
 
     gated = never_slower([a], measured, no_trials)
     assert gated.kept == [a] and gated.dropped == [] and gated.measured is measured
+
+
+def test_a_kernel_that_hurts_a_faster_pack_is_dropped_where_trials_are_cheap():
+    helps, hurts, small = _kernel("helps", 2.0, -30.0), _kernel("hurts", 3.5, +8.0), _kernel("small", 1.2, -1.0)
+    full = _measured([helps, hurts, small])
+    assert faster(full.times)  # 77 ms against 100: faster, and faster still without `hurts`
+    gated = never_slower([helps, hurts, small], full, lambda subset, fresh: _measured(subset), take_apart_faster=True)
+    assert [k.name for k in gated.kept] == ["helps", "small"]
+    (dropped, why), = gated.dropped
+    assert dropped is hurts and why.startswith("faster alone (3.50x), slower in the model: the pack was 1.29x")
+    untouched = never_slower([helps, hurts, small], full, lambda subset, fresh: _measured(subset))
+    assert untouched.kept == [helps, hurts, small] and untouched.measured is full  # served: left whole
+
+
+def test_a_faster_pack_keeps_a_kernel_whose_absence_gains_only_noise_or_not_again():
+    a, b, c = _kernel("a", 2.0, -30.0), _kernel("b", 1.5, +0.5), _kernel("c", 1.4, -1.0)
+    gated = never_slower([a, b, c], _measured([a, b, c]), lambda subset, fresh: _measured(subset),
+                         take_apart_faster=True)
+    assert gated.kept == [a, b, c] and gated.dropped == []  # 0.5 ms of 70: under the bar
+
+    hurts = _kernel("hurts", 1.5, +8.0)
+
+    def lucky_once(subset, fresh):  # the trial without `hurts` drew lucky rounds; timed again, no gain
+        return _measured(subset if not fresh else [*subset, hurts])
+
+    gated = never_slower([a, hurts, c], _measured([a, hurts, c]), lucky_once, take_apart_faster=True)
+    assert gated.kept == [a, hurts, c] and gated.dropped == []

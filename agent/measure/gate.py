@@ -2,9 +2,12 @@
 caches they share, the calls they add); the end-to-end rounds decide. A pack that is not faster than the baseline
 is taken apart once, leave-one-out (each subset timed the way the pack was); then the kernels whose absence helped
 leave it one at a time, most helpful absence first, each smaller pack timed again in rounds of its own (the best of
-several noisy trials is biased upward: the winner's curse), and only those rounds decide and are reported. At most
-two trials a kernel: a served trial starts two servers (about 100 s on a 2-core host), and re-running the whole
-leave-one-out after every drop took an hour for nine kernels. A pack that still is not faster ships no kernel."""
+several noisy trials is biased upward: the winner's curse), and only those rounds decide and are reported. A pack
+that is faster is taken apart the same way where trials are cheap (in-process: a few workload rounds each), and
+loses a kernel only where leaving it out gained `HELPS` more both in its trial and timed again: a pack slower than
+one of its subsets does not ship either. At most two trials a kernel: a served trial starts two servers (about
+100 s on a 2-core host; a faster served pack is left whole), and re-running the whole leave-one-out after every
+drop took an hour for nine kernels. A pack that still is not faster ships no kernel."""
 
 from __future__ import annotations
 
@@ -41,18 +44,26 @@ class Gated:
     dropped: list[tuple[Accepted, str]] = field(default_factory=list)  # each with why, for the report
 
 
+HELPS = 1.03  # a faster pack loses a kernel only where its absence gains 3% more, in its trial and timed again
+
+
 def never_slower(accepted: list[Accepted], measured: Measured,
-                 trial: Callable[[list[Accepted], bool], Measured]) -> Gated:
+                 trial: Callable[[list[Accepted], bool], Measured], *, take_apart_faster: bool = False) -> Gated:
     """The pack as the rounds allow it: `trial(subset, again)` measures the model with a subset of the kernels
-    (`again`: in fresh rounds, not the ones a leave-one-out trial of the same subset recorded)."""
+    (`again`: in fresh rounds, not the ones a leave-one-out trial of the same subset recorded);
+    `take_apart_faster`: look for kernels that hurt a pack faster than the baseline too."""
     kept, current, dropped = list(accepted), measured, []
-    if len(kept) > 1 and not faster(current.times):  # (a single kernel's subset is the baseline itself)
+    if len(kept) > 1 and (take_apart_faster or not faster(current.times)):  # (one kernel's subset: the baseline)
         without = {id(a): ratio(trial([x for x in kept if x is not a], False).times) for a in kept}
         for worst in sorted(kept, key=lambda a: -without[id(a)]):
-            if len(kept) == 1 or faster(current.times) or without[id(worst)] <= ratio(current.times):
+            won = faster(current.times)
+            bar = ratio(current.times) * (HELPS if won else 1.0)
+            if len(kept) == 1 or (won and not take_apart_faster) or without[id(worst)] <= bar:
                 break
+            confirmed = trial([x for x in kept if x is not worst], True)
+            if won and ratio(confirmed.times) <= bar:
+                break  # its absence did not help again: a faster pack keeps it
             kept = [x for x in kept if x is not worst]
-            confirmed = trial(kept, True)
             dropped.append((worst, f"faster alone ({worst.bench.speedup:.2f}x), slower in the model: the pack was "
                                    f"{ratio(current.times):.2f}x of the baseline with it, {without[id(worst)]:.2f}x "
                                    f"without ({ratio(confirmed.times):.2f}x timed again)"))

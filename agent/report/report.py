@@ -102,7 +102,8 @@ def render_markdown(r: Report, figures: Iterable[str] = ()) -> str:
         "",
         *([r.floor.summary() + ".", ""] if r.floor is not None else []),
         *(_served_section(r.serving) if r.serving is not None else []),
-        (f"kernelbot vs torch.compile: {r.speedup_vs_compiled or 0:.2f}x. " if r.serving is None else "")
+        (f"kernelbot vs torch.compile: {r.speedup_vs_compiled:.2f}x. " if r.serving is None and r.speedup_vs_compiled
+         else "")
         + f"Fidelity: {r.fidelity.summary()}; passed: **{r.fidelity.passed}**.",
         "",
         f"## Kernels ({len(accepted)} accepted of {len(r.kernels)} candidates)",
@@ -226,11 +227,11 @@ def _end_to_end(r: Report) -> list[str]:
                 "| variant | round ms | vs stock |", "|---|---:|---:|",
                 f"| stock {r.engine} | {_ms(r.baseline_ms)} | 1.00x |",
                 f"| {r.engine} + kernelbot pack | {_ms(r.optimized_ms)} | {r.speedup:.2f}x |"]
+    compiled = (f"{r.baseline_ms / r.compiled_ms:.2f}x" if r.compiled_ms else "not timed")
     return [f"Medians of {r.timing_rounds} rounds, eager / kernelbot / torch.compile interleaved in each round.", "",
             "| variant | workload ms | vs eager |", "|---|---:|---:|",
             f"| eager | {_ms(r.baseline_ms)} | 1.00x |",
             f"| kernelbot | {_ms(r.optimized_ms)} | {r.speedup:.2f}x |",
-            f"| torch.compile (dynamic) | {_ms(r.compiled_ms)} | "
-            f"{(r.baseline_ms / r.compiled_ms if r.compiled_ms else 0):.2f}x |",
+            f"| torch.compile (dynamic) | {_ms(r.compiled_ms)} | {compiled} |",
             *([f"| CUDA-graph decode (static cache) | {_ms(r.graph_decode_ms)} | "
                f"{r.baseline_ms / r.graph_decode_ms:.2f}x |"] if r.graph_decode_ms else [])]

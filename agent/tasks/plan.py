@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Protocol
 
 from kernelbot.agent.tasks.extract import NotExtractable
-from kernelbot.agent.tasks.tasks import make_generic_task, make_task, module_labels, skip_reason, task_for, write_task
+from kernelbot.agent.tasks.tasks import make_generic_task, make_tasks, module_labels, skip_reason, task_for, write_task
 from kernelbot.engine import TorchEngine
 from kernelbot.kernel_library.base import GENERIC
 from kernelbot.records import Hotspot, LayerCapture, Task
@@ -41,8 +41,9 @@ class TaskSource(Protocol):
     def refuse(self, hotspot: Hotspot) -> str | None:
         """Why this loop can make no task for the hotspot, known before the task budget is counted; or None."""
 
-    def build(self, hotspot: Hotspot, planned: list[Task]) -> Planned | NoTask:
-        """The hotspot's task (`planned`: the tasks planned before it), or why it has none."""
+    def build(self, hotspot: Hotspot, planned: list[Task]) -> list[Planned] | NoTask:
+        """The hotspot's tasks (`planned`: the tasks planned before it): one, or one per variant of the layers
+        that make its calls; or why it has none."""
 
 
 class Selection(Protocol):
@@ -83,8 +84,9 @@ def plan_tasks(hotspots: list[Hotspot], source: TaskSource, opts: Selection, run
         if isinstance(planned, NoTask):
             _note(h, planned, opts, notes, iteration, deferred if over_budget else None)
             continue
-        write_task(planned.task, run_dir / "tasks" / planned.task.id, planned.reference)
-        tasks.append(planned.task)
+        for p in planned[:max(opts.max_tasks - len(tasks), 1)]:  # a hotspot's variants share the budget
+            write_task(p.task, run_dir / "tasks" / p.task.id, p.reference)
+            tasks.append(p.task)
     return tasks
 
 
@@ -115,17 +117,17 @@ class ModelTasks:
     def refuse(self, hotspot: Hotspot) -> str | None:
         return self.generic_refused if hotspot.family is None else None
 
-    def build(self, hotspot: Hotspot, planned: list[Task]) -> Planned | NoTask:
+    def build(self, hotspot: Hotspot, planned: list[Task]) -> list[Planned] | NoTask:
         if hotspot.family is None:
             return self._generic(hotspot, planned)
         if _inside(hotspot, self.labels or {}, self.covered):
             return NoTask("inside a module that a generic task replaces whole")
         try:
-            return Planned(make_task(hotspot, self.engine.model))
+            return [Planned(t) for t in make_tasks(hotspot, self.engine.model)]
         except LookupError as exc:
             return NoTask(str(exc), note=f"{hotspot.id} {hotspot.module_class} ({hotspot.share:.1%}): no task, {exc}")
 
-    def _generic(self, hotspot: Hotspot, planned: list[Task]) -> Planned | NoTask:
+    def _generic(self, hotspot: Hotspot, planned: list[Task]) -> list[Planned] | NoTask:
         if self.labels is None:
             self.labels = module_labels(self.engine.model, self.engine.run_workload)
         try:
@@ -137,7 +139,7 @@ class ModelTasks:
         if twin is not None:
             return NoTask(f"the same call as task {twin.id}")
         self.covered.extend(task.module_paths)
-        return Planned(task, reference)
+        return [Planned(task, reference)]
 
 
 def _inside(h: Hotspot, labels: dict[str, str], covered: list[str]) -> bool:
@@ -179,8 +181,8 @@ class ServedTasks:
             return f"not integrable: {capture.why or 'the engine ran no call of this variant through its own path'}"
         return None
 
-    def build(self, hotspot: Hotspot, planned: list[Task]) -> Planned | NoTask:
+    def build(self, hotspot: Hotspot, planned: list[Task]) -> list[Planned] | NoTask:
         capture = self._capture(hotspot)
         assert capture is not None  # refuse() said so otherwise
         task = task_for(hotspot, capture.init_args)  # routed by the engine's class (the hooked one)
-        return Planned(task.model_copy(update={"module_class": capture.engine_class}))
+        return [Planned(task.model_copy(update={"module_class": capture.engine_class}))]

@@ -32,13 +32,21 @@ def skip_reason(hotspot: Hotspot, min_share: float) -> str | None:
     return None
 
 
-def make_task(hotspot: Hotspot, model: torch.nn.Module) -> Task:
+def make_tasks(hotspot: Hotspot, model: torch.nn.Module) -> list[Task]:
+    """One task per set of arguments the hotspot's modules are built with, in model order: layers of one class
+    and shapes may differ in what the kernel must honour (Gemma-2's sliding and full attention layers, a window),
+    and a pack entry is routed only to modules built with its own arguments. Later variants' ids end in -v2, -v3..."""
     family = FAMILIES[hotspot.family or ""]
-    live = next((m for m in model.modules() if type(m).__name__ == hotspot.module_class
-                 and family.matches(m, hotspot.input_dims)), None)
-    if live is None:
+    variants: list[list] = []
+    for m in model.modules():
+        if type(m).__name__ == hotspot.module_class and family.matches(m, hotspot.input_dims):
+            args = family.init_args(m)
+            if args not in variants:
+                variants.append(args)
+    if not variants:
         raise LookupError(f"no {hotspot.module_class} in the model matches {hotspot.input_dims}")
-    return task_for(hotspot, family.init_args(live))
+    tasks = [task_for(hotspot, args) for args in variants]
+    return [t if i == 0 else t.model_copy(update={"id": f"{t.id}-v{i + 1}"}) for i, t in enumerate(tasks)]
 
 
 def task_for(hotspot: Hotspot, init_args: list) -> Task:

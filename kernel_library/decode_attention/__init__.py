@@ -11,7 +11,7 @@ from torch import nn
 
 from kernelbot.dtypes import DTYPE_NAMES
 from kernelbot.kernel_library.base import Family, OpCall, dtype_name, rows
-from kernelbot.kernel_library.decode_attention.cache import dynamic_layer_type, step_dynamic_layer
+from kernelbot.kernel_library.decode_attention.cache import cached_positions, step_dynamic_layer, steppable_layer
 from kernelbot.kernel_library.decode_attention.reference import Model, rope_cos_sin
 
 
@@ -20,9 +20,21 @@ def _head_dim(m: nn.Module) -> int:
 
 
 def _init_args(m: nn.Module) -> list[Any]:
+    """Llama's six; then, where the module scales by another factor, soft-caps its scores or slides a window
+    (Gemma-2), those three."""
     d = _head_dim(m)
-    return [int(m.q_proj.in_features), int(m.q_proj.out_features) // d, int(m.k_proj.out_features) // d, d,
+    args = [int(m.q_proj.in_features), int(m.q_proj.out_features) // d, int(m.k_proj.out_features) // d, d,
             m.q_proj.bias is not None, dtype_name(m.q_proj.weight.dtype)]
+    scaling, softcap, window = float(m.scaling), _softcap(m), _window(m)
+    if abs(scaling - d**-0.5) > 1e-9 or softcap is not None or window is not None:
+        args += [scaling, softcap, window]
+    return args
+
+
+def _softcap(m: nn.Module) -> float | None:
+    """The cap on the module's attention scores (Gemma-2's attn_logit_softcapping), None without one."""
+    cap = getattr(m, "attn_logit_softcapping", getattr(getattr(m, "config", None), "attn_logit_softcapping", None))
+    return float(cap) if cap else None
 
 
 def _q_width(dims: list[list[int]]) -> int:
@@ -45,11 +57,12 @@ def _cost(dims: list[list[int]], itemsize: int) -> tuple[float, float]:
     return flops, float(moved * itemsize)
 
 
-def _window(m: nn.Module) -> Any:
-    """The sliding window the module attends with: its own attribute (Qwen2), else its config's (Mistral)."""
-    if hasattr(m, "sliding_window"):
-        return m.sliding_window
-    return getattr(getattr(m, "config", None), "sliding_window", None)
+def _window(m: nn.Module) -> int | None:
+    """The sliding window the module attends with: its own attribute (Qwen2, Gemma-2's sliding layers), else its
+    config's (Mistral); None without one."""
+    window = m.sliding_window if hasattr(m, "sliding_window") else getattr(getattr(m, "config", None),
+                                                                         "sliding_window", None)
+    return int(window) if window else None
 
 
 def _is_plain_rope_attention(m: nn.Module) -> bool:
@@ -64,9 +77,8 @@ def _is_plain_rope_attention(m: nn.Module) -> bool:
             and o.out_features == q.in_features == k.in_features == v.in_features
             and (q.bias is None) == (k.bias is None) == (v.bias is None) and o.bias is None
             and getattr(m, "q_norm", None) is None and getattr(m, "k_norm", None) is None
-            and _window(m) is None and getattr(m, "is_causal", True)
-            and abs(float(getattr(m, "scaling", 0.0)) - d**-0.5) < 1e-9
-            and getattr(config, "attn_logit_softcapping", None) is None)
+            and getattr(m, "is_causal", True) and isinstance(getattr(m, "scaling", None), float)
+            and getattr(config, "use_bidirectional_attention", False) is not True)
 
 
 def _covers(m: nn.Module) -> bool:
@@ -104,22 +116,39 @@ def _group_dims(dims: list[list[int]]) -> list[list[int]]:
 def _engine_call(kernel: nn.Module, module: nn.Module, args: tuple, kwargs: dict,
                  verified: list[list[int]]) -> Callable[[], Any] | None:
     """A transformers attention call (hidden_states, position_embeddings=(cos, sin), attention_mask, a
-    DynamicCache) on the kernel, appending to the cache layer in place; routed only without a mask (no padding),
-    with a plain DynamicLayer, at the batch, tokens and dtype the kernel was verified and timed at (the cache's
-    length is free)."""
+    DynamicCache) on the kernel, appending to the cache layer in place; routed with a layer `steppable_layer`
+    accepts (a sliding layer for a module with a window), at the batch, tokens and dtype the kernel was verified and
+    timed at (the cache's length is free). A mask is taken only where it masks nothing the kernel does not (eager
+    attention, Gemma-2's, always passes one): causal, no padding, the module's window."""
     hidden = kwargs.get("hidden_states", args[0] if args else None)
     cos_sin = kwargs.get("position_embeddings")
-    layers = getattr(kwargs.get("cache", kwargs.get("past_key_values")), "layers", None)
-    if (not isinstance(hidden, torch.Tensor) or len(args) > 1 or kwargs.get("attention_mask") is not None
-            or not isinstance(cos_sin, tuple) or layers is None
-            or type(layers[module.layer_idx]) is not dynamic_layer_type()
+    window = _window(module)
+    layer = steppable_layer(kwargs.get("cache", kwargs.get("past_key_values")), module.layer_idx, window)
+    if (not isinstance(hidden, torch.Tensor) or len(args) > 1 or not isinstance(cos_sin, tuple) or layer is None
             or hidden.dtype != module.q_proj.weight.dtype):
         return None
     cos, sin = cos_sin
     if hidden.shape != tuple(verified[0]) or cos.shape != tuple(verified[1]) or sin.shape != tuple(verified[2]):
         return None
-    return lambda: (step_dynamic_layer(kernel, layers[module.layer_idx], hidden, cos, sin), None)
+    if not plain_causal(kwargs.get("attention_mask"), hidden.shape[1], cached_positions(layer), window):
+        return None
+    return lambda: (step_dynamic_layer(kernel, layer, hidden, cos, sin), None)
 
+
+
+def plain_causal(mask: torch.Tensor | None, tokens: int, past: int, window: int | None) -> bool:
+    """Does `mask` ([B, 1, T, >= P+T] additive, or bool where True attends; None) let each new token see exactly the
+    keys up to its own position (the last `window` of them with a window), as the kernel attends?"""
+    if mask is None:
+        return window is None or past + tokens <= window
+    if mask.dim() != 4 or mask.shape[2] != tokens or mask.shape[3] < past + tokens:
+        return False
+    key = torch.arange(mask.shape[3], device=mask.device)
+    query = past + torch.arange(tokens, device=mask.device)[:, None]
+    seen = (key <= query) & ((key > query - window) if window is not None else True)
+    open_ = mask if mask.dtype == torch.bool else mask == 0
+    shut = ~mask if mask.dtype == torch.bool else mask <= torch.finfo(mask.dtype).min / 2
+    return bool(open_[..., seen].all() and shut[..., ~seen].all())
 
 
 def _matches(m: nn.Module, dims: list[list[int]]) -> bool:

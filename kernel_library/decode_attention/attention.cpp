@@ -3,7 +3,8 @@
 //   per (batch, kv head): the new queries and keys rotated (RoPE, rotate_half form, over all of a head or its first
 //   R dims), the rotated keys and the new values written into preallocated caches at positions
 //   past_len..past_len+T-1 (no concatenation), then the group's
-//   queries over the first past_len+t+1 cached positions (causal with offset past_len, GQA), fp32 accumulation with
+//   queries over the first past_len+t+1 cached positions (causal with offset past_len, GQA; optionally a sliding
+//   window and soft-capped scores), fp32 accumulation with
 //   an online softmax over blocks of keys, rounded once to the output type;
 //   the o projection by the same GEMM.
 // fp32 and bf16 (bf16 through its raw bits, lanes.h); every loop over head_dim is a plain vectorisable loop.
@@ -67,6 +68,9 @@ static void dispatch(const at::Tensor& x, const char* op, F&& f) {
   f(c10::BFloat16{});
 }
 
+// A score's last step before the softmax: logit soft-capping (Gemma-2: cap * tanh(s / cap)) where cap > 0.
+static inline float soft_cap(float s, float cap) { return cap > 0.f ? cap * std::tanh(s / cap) : s; }
+
 // One (batch, kv head, new token): the group's G query heads over keys 0..past_len+t, in blocks of KB keys with an
 // online softmax (running max m, running sum l, accumulator acc rescaled when the max grows).
 template <typename T>
@@ -78,8 +82,8 @@ struct GroupAttention {
   GroupAttention(int64_t groups, int64_t head_dim)
       : G(groups), D(head_dim), qf(groups * head_dim), acc(groups * head_dim), p(groups * KB), m(groups), l(groups) {}
 
-  void run(const Raw<T>* q /*[G, D]*/, float scale, const Raw<T>* k, const Raw<T>* v, int64_t k_pos, int64_t v_pos,
-           int64_t n_keys, Raw<T>* out /*[G, D]*/) {
+  void run(const Raw<T>* q /*[G, D]*/, float scale, float cap, const Raw<T>* k, const Raw<T>* v, int64_t k_pos,
+           int64_t v_pos, int64_t n_keys, Raw<T>* out /*[G, D]*/) {
     using L = Lanes<T>;
     for (int64_t i = 0; i < G * D; ++i) qf[i] = L::in(q[i]) * scale;
     std::fill(acc.begin(), acc.end(), 0.f);
@@ -88,6 +92,8 @@ struct GroupAttention {
     for (int64_t j0 = 0; j0 < n_keys; j0 += KB) {
       const int64_t jb = std::min(KB, n_keys - j0);
       scores(k + j0 * k_pos, k_pos, jb);
+      if (cap > 0.f)
+        for (int64_t i = 0; i < G * KB; ++i) p[i] = soft_cap(p[i], cap);
       softmax_block(jb);
       for (int64_t j = 0; j < jb; ++j) {
         const Raw<T>* vr = v + (j0 + j) * v_pos;
@@ -156,7 +162,7 @@ struct GroupAttentionBf16 {
   std::vector<float> s;
 
   template <int DV>
-  __attribute__((target("avx512f,avx512bf16"))) void run(const uint16_t* q, int64_t G, float scale,
+  __attribute__((target("avx512f,avx512bf16"))) void run(const uint16_t* q, int64_t G, float scale, float cap,
                                                          const uint16_t* k, const uint16_t* v, int64_t k_pos,
                                                          int64_t v_pos, int64_t n_keys, uint16_t* out) {
     constexpr int64_t D = 16 * DV;
@@ -180,7 +186,7 @@ struct GroupAttentionBf16 {
         __m512 acc = _mm512_setzero_ps();
         for (int64_t c = 0; c < D; c += 32)  // D is a multiple of 16; the last step may hold 16 lanes
           acc = _mm512_dpbf16_ps(acc, (__m512bh)load_pairs(qg + c, D - c), (__m512bh)load_pairs(kr + c, D - c));
-        s[j] = _mm512_reduce_add_ps(acc) * scale;
+        s[j] = soft_cap(_mm512_reduce_add_ps(acc) * scale, cap);
         best = std::max(best, s[j]);
       }
       float sum = 0.f;
@@ -215,13 +221,13 @@ struct GroupAttentionBf16 {
 
   // Runs run<D / 16> where head_dim is one this path covers; false where it is not (the generic path takes it).
   template <int DV = 16>
-  bool dispatch(int64_t D, const uint16_t* q, int64_t G, float scale, const uint16_t* k, const uint16_t* v,
+  bool dispatch(int64_t D, const uint16_t* q, int64_t G, float scale, float cap, const uint16_t* k, const uint16_t* v,
                 int64_t k_pos, int64_t v_pos, int64_t n_keys, uint16_t* out) {
     if constexpr (DV == 0) {
       return false;
     } else {
-      if (D != 16 * DV) return dispatch<DV - 1>(D, q, G, scale, k, v, k_pos, v_pos, n_keys, out);
-      run<DV>(q, G, scale, k, v, k_pos, v_pos, n_keys, out);
+      if (D != 16 * DV) return dispatch<DV - 1>(D, q, G, scale, cap, k, v, k_pos, v_pos, n_keys, out);
+      run<DV>(q, G, scale, cap, k, v, k_pos, v_pos, n_keys, out);
       return true;
     }
   }
@@ -234,7 +240,7 @@ template <typename T>
 static void rope_attend_items(const Raw<T>* qkv, int64_t row, const Raw<T>* cos, const Raw<T>* sin, RowStrides cs,
                               bool cos_per_batch, Raw<T>* kc, CacheStrides kcs, Raw<T>* vc, CacheStrides vcs,
                               Raw<T>* out, int64_t B, int64_t T_, int64_t H, int64_t KVH, int64_t D, int64_t R,
-                              int64_t past_len, float scale) {
+                              int64_t past_len, float scale, float cap, int64_t window) {
   using L = Lanes<T>;
   const int64_t G = H / KVH;
   const bool fast = std::is_same_v<T, c10::BFloat16> && has_avx512_bf16();
@@ -265,14 +271,15 @@ static void rope_attend_items(const Raw<T>* qkv, int64_t row, const Raw<T>* cos,
         }
         for (int64_t g = 0; g < G; ++g)
           rotate_head<T>(r + (h * G + g) * D, cf.data(), sf.data(), q_rot.data() + g * D, D, R);
-        const Raw<T>* k = kc + kcs.at(b, h, 0);
-        const Raw<T>* v = vc + vcs.at(b, h, 0);
+        const int64_t end = past_len + t + 1, first = window > 0 ? std::max<int64_t>(0, end - window) : 0;
+        const Raw<T>* k = kc + kcs.at(b, h, first);  // a sliding window sees only the last `window` keys
+        const Raw<T>* v = vc + vcs.at(b, h, first);
         Raw<T>* o = out + ((b * T_ + t) * H + h * G) * D;
         if constexpr (std::is_same_v<T, c10::BFloat16>) {
-          if (fast && group_bf16.dispatch(D, q_rot.data(), G, scale, k, v, kcs.pos, vcs.pos, past_len + t + 1, o))
+          if (fast && group_bf16.dispatch(D, q_rot.data(), G, scale, cap, k, v, kcs.pos, vcs.pos, end - first, o))
             continue;
         }
-        group.run(q_rot.data(), scale, k, v, kcs.pos, vcs.pos, past_len + t + 1, o);
+        group.run(q_rot.data(), scale, cap, k, v, kcs.pos, vcs.pos, end - first, o);
       }
     }
   });
@@ -281,12 +288,14 @@ static void rope_attend_items(const Raw<T>* qkv, int64_t row, const Raw<T>* cos,
 // x [B, T, hidden]; qkv_panels: q, k and v weights stacked along N and packed (linear's pack_panels or
 // pack_panels_bf16); o_panels likewise for o_proj, o_bias its bias or none; cos, sin [1 or B, T, R] for the first R
 // dims of each head, R even and at most head_dim (ones and zeros: no rotation); key_cache, value_cache
-// [B, kv_heads, capacity >= past_len + T, head_dim] (strided views allowed), written at past_len.. in place.
-// Returns [B, T, hidden].
+// [B, kv_heads, capacity >= past_len + T, head_dim] (strided views allowed), written at past_len.. in place;
+// softcap > 0: scores soft-capped (cap * tanh(s / cap)) before the softmax; window > 0: each query sees only the last
+// `window` keys up to its own position. Returns [B, T, hidden].
 at::Tensor step(const at::Tensor& x, const at::Tensor& qkv_panels, const c10::optional<at::Tensor>& qkv_bias,
                 const at::Tensor& o_panels, const c10::optional<at::Tensor>& o_bias, const at::Tensor& cos,
                 const at::Tensor& sin, const at::Tensor& key_cache,
-                const at::Tensor& value_cache, int64_t past_len, int64_t heads, double scaling, int64_t grain) {
+                const at::Tensor& value_cache, int64_t past_len, int64_t heads, double scaling, int64_t grain,
+                double softcap, int64_t window) {
   TORCH_CHECK(x.dim() == 3, "step: hidden_states must be [B, T, hidden]");
   const int64_t B = x.size(0), T = x.size(1), hidden = x.size(2);
   TORCH_CHECK(cos.dim() == 3 && cos.sizes() == sin.sizes(), "step: cos and sin must be [1 or B, T, R] alike");
@@ -313,7 +322,7 @@ at::Tensor step(const at::Tensor& x, const at::Tensor& qkv_panels, const c10::op
                             raw_ptr<T_>(key_cache.data_ptr<T_>()), cache_strides(key_cache),
                             raw_ptr<T_>(value_cache.data_ptr<T_>()), cache_strides(value_cache),
                             raw_ptr<T_>(attn.data_ptr<T_>()), B, T, heads, KVH, D, R, past_len,
-                            static_cast<float>(scaling));
+                            static_cast<float>(scaling), static_cast<float>(softcap), window);
     });
   }
   return small_m_project(attn, o_panels, o_bias, hidden, grain).view({B, T, hidden});

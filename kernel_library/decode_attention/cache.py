@@ -4,7 +4,6 @@ buffers with spare room, which the kernels' `step` writes the new tokens into; t
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -79,8 +78,10 @@ def pure_forward(attention: SteppingAttention, hidden_states: torch.Tensor, cos:
 
 def step_dynamic_layer(attention: SteppingAttention, layer: Any, hidden_states: torch.Tensor, cos: torch.Tensor,
                        sin: torch.Tensor, room: int = 256) -> torch.Tensor:
-    """LlamaAttention.forward's work with a DynamicCache layer (`cache.layers[layer_idx]`, a DynamicLayer): the new
-    tokens' rotated keys and values are appended to the layer by `attention.step` and its output returned."""
+    """LlamaAttention.forward's work with a DynamicCache layer (`cache.layers[layer_idx]`, one `steppable_layer`
+    accepts): the new tokens' rotated keys and values are appended to the layer by `attention.step` and its output
+    returned. A sliding layer then keeps its last `sliding_window - 1` positions, as its own update does (the kernel
+    attended over the window in the cache's own positions)."""
     batch, tokens, _ = hidden_states.shape
     if not layer.is_initialized or layer.keys is None or layer.keys.dim() != 4:
         empty = hidden_states.new_empty(batch, attention.num_kv_heads, 0, attention.head_dim)
@@ -90,13 +91,42 @@ def step_dynamic_layer(attention: SteppingAttention, layer: Any, hidden_states: 
     key_cache, value_cache = kv_with_room(layer.keys, layer.values, tokens, room)
     out = attention.step(hidden_states, cos, sin, key_cache, value_cache, past_len)
     layer.keys, layer.values = key_cache, value_cache
+    if getattr(layer, "is_sliding", False):
+        layer.cumulative_length += tokens
+        keep = layer.sliding_window - 1
+        layer.keys, layer.values = _tail(key_cache, keep), _tail(value_cache, keep)
     return out
 
 
-@functools.cache
-def dynamic_layer_type() -> type:
-    """transformers' plain DynamicLayer (imported once, when a call is first routed): the only cache layer kind the
-    attention kernels step (sliding, quantized and offloaded layers keep their module's path)."""
-    from transformers.cache_utils import DynamicLayer
+def _tail(cache: torch.Tensor, keep: int) -> torch.Tensor:
+    """The last `keep` positions of a view kv_with_room made, still growable over the rest of its buffer."""
+    drop = cache.shape[2] - keep
+    if drop <= 0:
+        return cache
+    view = cache[:, :, drop:]
+    setattr(view, _CAPACITY, getattr(cache, _CAPACITY) - drop)
+    return view
 
-    return DynamicLayer
+
+def steppable_layer(cache: Any, layer_idx: int, window: int | None = None) -> Any | None:
+    """The cache's layer `layer_idx` where a kernel attending with `window` can step it, else None: transformers'
+    plain DynamicLayer (an attention without a window), or its DynamicSlidingWindowLayer keeping that same window
+    and no recorded past. Quantized and offloaded layers keep their module's path."""
+    from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+
+    layers = getattr(cache, "layers", None)
+    if layers is None or not 0 <= layer_idx < len(layers):
+        return None
+    layer = layers[layer_idx]
+    if type(layer) is DynamicLayer:
+        return layer if window is None else None
+    if type(layer) is DynamicSlidingWindowLayer and layer.sliding_window == window and not layer.record_past:
+        return layer
+    return None
+
+
+def cached_positions(layer: Any) -> int:
+    """Positions a steppable layer holds (a sliding layer's, not its cumulative length): the new tokens' offset in
+    the keys the engine's mask covers."""
+    keys = layer.keys if layer.is_initialized else None
+    return 0 if keys is None or keys.dim() != 4 else keys.shape[2]

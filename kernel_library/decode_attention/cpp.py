@@ -60,6 +60,7 @@ class DecodeAttentionCpp(Model):
         """step for activations of this dtype, with the weights packed and the constants taken once: the engine's hot
         path (bound again whenever a pack is applied)."""
         ext, heads, scaling, grain = self._ext, self.num_heads, self.scaling, self.CONFIG["grain"]
+        softcap, window = self.softcap or 0.0, self.sliding_window or 0
         bf16 = bf16_path(ext, dtype)
         pack = pack_fused_bf16 if bf16 else pack_fused
         qkv = self._qkv.get([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight], pack)
@@ -76,5 +77,5 @@ class DecodeAttentionCpp(Model):
                                      f"{hidden_states.dtype}, the kernel was bound for {dtype}: allocate the caches "
                                      "in the activations' dtype")
             return ext.step(hidden_states, qkv, bias, o, None, cos, sin, key_cache, value_cache, past_len, heads,
-                            scaling, grain)
+                            scaling, grain, softcap, window)
         return BoundStep(self.num_kv_heads, self.head_dim, step)

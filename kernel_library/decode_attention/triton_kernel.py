@@ -17,7 +17,7 @@ from kernelbot.kernel_library.decode_attention.reference import Model
 from kernelbot.kernel_library.linear.cpp import PackedWeights
 from kernelbot.kernel_library.linear.triton_kernel import triton_linear
 
-LOG2E = 1.4426950408889634
+LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
 
 
 @triton.jit
@@ -54,11 +54,13 @@ def _rope_kernel(src_ptr, cos_ptr, sin_ptr, dst_ptr, v_ptr, v_dst_ptr, T, half, 
 
 
 @triton.jit
-def _attend_kernel(q_ptr, k_ptr, v_ptr, out_ptr, T, H, G, D, past_len, qk_scale,
+def _attend_kernel(q_ptr, k_ptr, v_ptr, out_ptr, T, H, G, D, past_len, scale, softcap,
                    k_sb, k_sh, k_sp, v_sb, v_sh, v_sp,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
+                   CAPPED: tl.constexpr, WINDOW: tl.constexpr):
     """Program (b * KVH + kv head, row block); row r is (token r // G, query head kv_head * G + r % G). q [B,T,H,D]
-    contiguous, out [B,T,H*D]; key j is visible to token t when j <= past_len + t. qk_scale includes log2(e)."""
+    contiguous, out [B,T,H*D]; key j is visible to token t when j <= past_len + t (and, WINDOW > 0, when
+    j > past_len + t - WINDOW). CAPPED: scores soft-capped, softcap * tanh(s / softcap), before the softmax."""
     pid_bh = tl.program_id(0).to(tl.int64)
     pid_m = tl.program_id(1)
     kv_heads = H // G
@@ -78,13 +80,24 @@ def _attend_kernel(q_ptr, k_ptr, v_ptr, out_ptr, T, H, G, D, past_len, qk_scale,
     acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
     last_token = tl.minimum((pid_m * BLOCK_M + BLOCK_M - 1) // G, T - 1)
     n_keys = past_len + last_token + 1  # keys the block's last token sees
-    for j0 in range(0, n_keys, BLOCK_N):
+    first = 0
+    if WINDOW > 0:  # keys before the block's first token's window are seen by no row: skip their blocks
+        first = tl.maximum(past_len + (pid_m * BLOCK_M) // G + 1 - WINDOW, 0) // BLOCK_N * BLOCK_N
+    for j0 in range(first, n_keys, BLOCK_N):
         j = j0 + tl.arange(0, BLOCK_N)
         j_ok = j < n_keys
         k = tl.load(k_base + j[None, :] * k_sp + d[:, None], mask=j_ok[None, :] & d_ok[:, None], other=0.0)
-        s = tl.dot(q, k, input_precision=PRECISION) * qk_scale
-        s = tl.where(j[None, :] <= past_len + t[:, None], s, float("-inf"))
+        s = tl.dot(q, k, input_precision=PRECISION) * scale
+        if CAPPED:  # tanh(x) = 2 / (1 + exp(-2x)) - 1
+            s = softcap * (2.0 / (1.0 + tl.exp(-2.0 * s / softcap)) - 1.0)
+        s = s * LOG2E
+        seen = j[None, :] <= past_len + t[:, None]
+        if WINDOW > 0:
+            seen = seen & (j[None, :] > past_len + t[:, None] - WINDOW)
+        s = tl.where(seen, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
+        if WINDOW > 0:  # a row may see no key of a block yet (its window starts later): no -inf - -inf
+            m_new = tl.where(m_new == float("-inf"), -1e30, m_new)
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
@@ -169,9 +182,11 @@ class DecodeAttentionTriton(Model):
         grid = (batch * self.num_kv_heads, triton.cdiv(tokens * groups, block_m))
         precision = "ieee" if q_rot.dtype == torch.float32 else None  # fp32: no tf32 rounding of q, k, p, v
         _attend_kernel[grid](q_rot, key_cache, value_cache, out, tokens, heads, groups, dim, past_len,
-                             self.scaling * LOG2E, *key_cache.stride()[:3], *value_cache.stride()[:3],
-                             BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=max(16, triton.next_power_of_2(dim)),
-                             PRECISION=precision, num_warps=self.CONFIG["num_warps"])
+                             self.scaling, self.softcap or 1.0, *key_cache.stride()[:3],
+                             *value_cache.stride()[:3], BLOCK_M=block_m, BLOCK_N=block_n,
+                             BLOCK_D=max(16, triton.next_power_of_2(dim)), PRECISION=precision,
+                             CAPPED=self.softcap is not None,
+                             WINDOW=self.sliding_window or 0, num_warps=self.CONFIG["num_warps"])
 
 
 def _check_caches(key_cache: torch.Tensor, value_cache: torch.Tensor, dims: tuple[int, int, int], end: int,

@@ -12,7 +12,7 @@ from torch import nn
 
 from kernelbot.dtypes import DTYPE_NAMES
 from kernelbot.kernel_library.base import Family, OpCall, dtype_name, rows
-from kernelbot.kernel_library.decode_attention.cache import dynamic_layer_type, step_dynamic_layer
+from kernelbot.kernel_library.decode_attention.cache import step_dynamic_layer, steppable_layer
 from kernelbot.kernel_library.fused_attention.reference import Model, causal_mask
 
 
@@ -89,13 +89,12 @@ def _engine_call(kernel: nn.Module, module: nn.Module, args: tuple, kwargs: dict
     for, with a plain DynamicLayer, at the batch, tokens and dtype the kernel was verified and timed at (the cache's
     length is free)."""
     hidden = kwargs.get("hidden_states", args[0] if args else None)
-    layers = getattr(kwargs.get("cache", kwargs.get("past_key_values")), "layers", None)
+    layer = steppable_layer(kwargs.get("cache", kwargs.get("past_key_values")), module.layer_idx)
     if (not isinstance(hidden, torch.Tensor) or len(args) > 1 or kwargs.get("attention_mask") is not None
             or kwargs.get("encoder_hidden_states") is not None or kwargs.get("output_attentions")
-            or layers is None or type(layers[module.layer_idx]) is not dynamic_layer_type()
-            or hidden.dtype != module.c_attn.weight.dtype or hidden.shape != tuple(verified[0])):
+            or layer is None or hidden.dtype != module.c_attn.weight.dtype or hidden.shape != tuple(verified[0])):
         return None
-    return lambda: (step_dynamic_layer(kernel, layers[module.layer_idx], hidden, None, None), None)
+    return lambda: (step_dynamic_layer(kernel, layer, hidden, None, None), None)
 
 
 

@@ -1,9 +1,53 @@
-from kernelbot.kernel_library.base import Family, dtype_name, rows
+"""The gated MLP: down(act(gate(x)) * up(x)), SiLU (Llama, Qwen2, Mistral) or GELU's tanh form (Gemma, Gemma-2);
+found by structure, whatever the module's class is called."""
+
+import torch
+import torch.nn.functional as F
+
+from kernelbot.kernel_library.base import Family, computes_reference, dtype_name, rows
+
+_PROBE = torch.linspace(-6.0, 6.0, 97, dtype=torch.float64)
 
 
-def _uses_silu(module) -> bool:
-    act = getattr(getattr(module, "config", None), "hidden_act", None)
-    return act in ("silu", "swish") or type(getattr(module, "act_fn", None)).__name__ in ("SiLU", "SiLUActivation")
+def _activation(module: torch.nn.Module) -> str | None:
+    """The module's gate activation as the reference names it, read from what its `act_fn` computes (names vary:
+    silu, swish, gelu_pytorch_tanh, gelu_new...); None for any other."""
+    act = getattr(module, "act_fn", None)
+    if not callable(act):
+        return None
+    try:
+        with torch.no_grad():
+            got = act(_PROBE)
+    except Exception:  # not an elementwise function of one tensor
+        return None
+    if not isinstance(got, torch.Tensor) or got.shape != _PROBE.shape:
+        return None
+    for name, want in (("silu", F.silu(_PROBE)), ("gelu_tanh", F.gelu(_PROBE, approximate="tanh"))):
+        if torch.allclose(got, want, rtol=1e-9, atol=1e-9):
+            return name
+    return None
+
+
+def _projections(m: torch.nn.Module) -> bool:
+    """gate_proj, up_proj (hidden -> inter) and down_proj (inter -> hidden), linear, no biases."""
+    gate, up, down = (getattr(m, n, None) for n in ("gate_proj", "up_proj", "down_proj"))
+    if not all(isinstance(p, torch.nn.Linear) and p.bias is None for p in (gate, up, down)):
+        return False
+    return gate.weight.shape == up.weight.shape == down.weight.shape[::-1]
+
+
+def _init_args(m: torch.nn.Module) -> list:
+    args = [int(m.gate_proj.in_features), int(m.gate_proj.out_features), dtype_name(m.gate_proj.weight.dtype)]
+    act = _activation(m)
+    return args if act == "silu" else [*args, act]
+
+
+def _covers(m: torch.nn.Module) -> bool:
+    if not _projections(m) or _activation(m) is None:
+        return False
+    weight = m.gate_proj.weight
+    return computes_reference(FAMILY, m, [torch.randn(2, 3, weight.shape[1], dtype=weight.dtype,
+                                                      device=weight.device)])
 
 
 def _cost(dims, itemsize):
@@ -18,8 +62,9 @@ FAMILY = Family(
     configs={"cpp": [{"grain": 1}, {"grain": 4}, {"grain": 16}],
              "triton": [{"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 64}]},
     dtypes={"cpp": ("float32", "bfloat16"), "triton": ("float32", "bfloat16", "float16")},
-    init_args=lambda m: [int(m.gate_proj.in_features), int(m.gate_proj.out_features),
-                         dtype_name(m.gate_proj.weight.dtype)],
+    init_args=_init_args,
     cost=_cost,
-    matches=lambda m, dims: _uses_silu(m) and len(dims) > 1 and list(m.gate_proj.weight.shape) == dims[1],
+    matches=lambda m, dims: (_projections(m) and _activation(m) is not None and len(dims) > 1
+                             and list(m.gate_proj.weight.shape) == dims[1]),
+    covers=_covers,
 )

@@ -1,5 +1,5 @@
-"""The gated MLP's C++ backend: gate and up projections in one pass (SiLU-and-mul in registers), then down,
-through the small-M GEMMs of kernel_library/small_m_gemm.h."""
+"""The gated MLP's C++ backend: gate and up projections in one pass (act-and-mul in registers: SiLU or GELU's tanh
+form), then down, through the small-M GEMMs of kernel_library/small_m_gemm.h."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from kernelbot.kernel_library.linear.cpp import SOURCE, PackedWeights, bf16_path
 
 
 class GatedMLPCpp(Model):
-    """gate and up share one pass over x (interleaved panels, SiLU-and-mul in registers), then down."""
+    """gate and up share one pass over x (interleaved panels, act-and-mul in registers), then down."""
 
     CONFIG: dict[str, Any] = {"grain": 4}
 
@@ -31,19 +31,20 @@ class GatedMLPCpp(Model):
         """forward for inputs of this dtype, with the weights packed and the constants taken once: the engine's hot
         path (bound again whenever a pack is applied)."""
         ext, (inter, hidden), grain = self._ext, self.gate_proj.weight.shape, self.CONFIG["grain"]
+        gelu = self.act == "gelu_tanh"
         gate_up = [self.gate_proj.weight, self.up_proj.weight]
         if bf16_path(ext, dtype):  # h rounded to bf16 once, where eager rounds gate, up, silu and the product
             panels = self._gate_up.get(gate_up, pack_panels_bf16)
             down = self._down.get([self.down_proj.weight], pack_panels_bf16)
 
             def run(x: torch.Tensor) -> torch.Tensor:
-                h = ext.gate_up_silu_bf16(even_k(x.reshape(-1, hidden).contiguous()), panels, inter, grain)
+                h = ext.gate_up_act_bf16(even_k(x.reshape(-1, hidden).contiguous()), panels, inter, grain, gelu)
                 return ext.small_m_linear_bf16(even_k(h), down, None, hidden, grain).view(*x.shape[:-1], hidden)
         else:
             panels, down = self._gate_up.get(gate_up), self._down.get([self.down_proj.weight])
 
             def run(x: torch.Tensor) -> torch.Tensor:
-                h = ext.gate_up_silu(x.reshape(-1, hidden).float().contiguous(), panels, inter, grain)
+                h = ext.gate_up_act(x.reshape(-1, hidden).float().contiguous(), panels, inter, grain, gelu)
                 out = ext.small_m_linear(h, down, None, hidden, grain)
                 return out.to(x.dtype).view(*x.shape[:-1], hidden)
         return run

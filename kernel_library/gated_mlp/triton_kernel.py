@@ -11,9 +11,10 @@ from kernelbot.kernel_library.linear.triton_kernel import triton_linear
 
 
 @triton.jit
-def gate_up_silu_kernel(x_ptr, wg_ptr, wu_ptr, out_ptr, M, N, K,
-                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """out[M,N] = silu(x @ wg^T) * (x @ wu^T), both products from one pass over x."""
+def gate_up_kernel(x_ptr, wg_ptr, wu_ptr, out_ptr, M, N, K,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GELU: tl.constexpr):
+    """out[M,N] = act(x @ wg^T) * (x @ wu^T), both products from one pass over x; act(g) = g * sigmoid(z): SiLU,
+    z = g, or with GELU its tanh form, z = 2 sqrt(2/pi) (g + 0.044715 g^3)."""
     pid_m, pid_n = tl.program_id(0), tl.program_id(1)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -25,7 +26,10 @@ def gate_up_silu_kernel(x_ptr, wg_ptr, wu_ptr, out_ptr, M, N, K,
         w_mask = (rn[None, :] < N) & (rk[:, None] < K)
         acc_g += tl.dot(x, tl.load(wg_ptr + rn[None, :] * K + rk[:, None], mask=w_mask, other=0.0))
         acc_u += tl.dot(x, tl.load(wu_ptr + rn[None, :] * K + rk[:, None], mask=w_mask, other=0.0))
-    h = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
+    z = acc_g
+    if GELU:
+        z = 1.5957691216057308 * (acc_g + 0.044715 * acc_g * acc_g * acc_g)
+    h = acc_g / (1.0 + tl.exp(-z)) * acc_u
     tl.store(out_ptr + rm[:, None] * N + rn[None, :], h.to(out_ptr.dtype.element_ty),
              mask=(rm[:, None] < M) & (rn[None, :] < N))
 
@@ -40,6 +44,7 @@ class GatedMLPTriton(Model):
         h = torch.empty((m, inter), dtype=x2.dtype, device=x2.device)
         c = self.CONFIG
         grid = (triton.cdiv(m, c["BLOCK_M"]), triton.cdiv(inter, c["BLOCK_N"]))
-        gate_up_silu_kernel[grid](x2, self.gate_proj.weight, self.up_proj.weight, h, m, inter, hidden,
-                                  BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], BLOCK_K=c["BLOCK_K"])
+        gate_up_kernel[grid](x2, self.gate_proj.weight, self.up_proj.weight, h, m, inter, hidden,
+                             BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], BLOCK_K=c["BLOCK_K"],
+                             GELU=self.act == "gelu_tanh")
         return triton_linear(h, self.down_proj.weight, None, c).view(*x.shape[:-1], hidden)

@@ -13,7 +13,7 @@ from torch import nn
 
 from kernelbot.dtypes import DTYPE_NAMES
 from kernelbot.kernel_library.base import Family, OpCall, dtype_name, rows
-from kernelbot.kernel_library.decode_attention.cache import dynamic_layer_type, step_dynamic_layer
+from kernelbot.kernel_library.decode_attention.cache import step_dynamic_layer, steppable_layer
 from kernelbot.kernel_library.neox_attention.reference import Model, rope_cos_sin
 
 
@@ -93,16 +93,15 @@ def _engine_call(kernel: nn.Module, module: nn.Module, args: tuple, kwargs: dict
     was verified and timed at (the cache's length is free)."""
     hidden = kwargs.get("hidden_states", args[0] if args else None)
     cos_sin = kwargs.get("position_embeddings")
-    layers = getattr(kwargs.get("layer_past", kwargs.get("past_key_values")), "layers", None)
+    layer = steppable_layer(kwargs.get("layer_past", kwargs.get("past_key_values")), module.layer_idx)
     if (not isinstance(hidden, torch.Tensor) or len(args) > 1 or kwargs.get("attention_mask") is not None
-            or kwargs.get("output_attentions") or not isinstance(cos_sin, tuple) or layers is None
-            or type(layers[module.layer_idx]) is not dynamic_layer_type()
+            or kwargs.get("output_attentions") or not isinstance(cos_sin, tuple) or layer is None
             or hidden.dtype != module.query_key_value.weight.dtype):
         return None
     cos, sin = cos_sin
     if hidden.shape != tuple(verified[0]) or cos.shape != tuple(verified[1]) or sin.shape != tuple(verified[2]):
         return None
-    return lambda: (step_dynamic_layer(kernel, layers[module.layer_idx], hidden, cos, sin), None)
+    return lambda: (step_dynamic_layer(kernel, layer, hidden, cos, sin), None)
 
 
 def _matches(m: nn.Module, dims: list[list[int]]) -> bool:

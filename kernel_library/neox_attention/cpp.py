@@ -75,5 +75,5 @@ class NeoxAttentionCpp(Model):
                                      f"{hidden_states.dtype}, the kernel was bound for {dtype}: allocate the caches "
                                      "in the activations' dtype")
             return ext.step(hidden_states, qkv, qkv_bias, o, o_bias, cos, sin, key_cache, value_cache, past_len, heads,
-                            scaling, grain)
+                            scaling, grain, 0.0, 0)
         return BoundStep(self.num_kv_heads, self.head_dim, step)
