@@ -1,11 +1,11 @@
 """The open world's target, side by side: `kernelbot optimize --model DIR` (in-process) on small models of the
 architectures the project was not built around — GPT-2 (Conv1D projections, fused c_attn, learned positions),
-Mixtral (sparse MoE), GPT-NeoX (parallel residual, partial rotary), Gemma-2 (soft-capping, sliding window) and
-Qwen2 (biased q/k/v) — each from a config written here with seeded random weights, in bf16; prints each run's
-eager and kernelbot times, their ratio, whether a pack shipped, fidelity, what was accepted and the host's load.
+Mixtral (sparse MoE), GPT-NeoX (parallel residual, partial rotary), Gemma-2 (soft-capping, sliding window), Qwen2
+(biased q/k/v) and BLOOM (ALiBi) — each from a config written here with seeded random weights, in bf16; prints each
+run's eager and kernelbot times, their ratio, whether a pack shipped, fidelity, what was accepted and the host's load.
 
-    python benchmarks/architectures.py [--models gpt2,mixtral,gpt-neox,gemma2,qwen2] [--out DIR] [--dtype bfloat16]
-                                       [--max-tasks 8] [--rounds 7] [--compile] [--smallest]
+    python benchmarks/architectures.py [--models gpt2,mixtral,gpt-neox,gemma2,qwen2,bloom] [--out DIR]
+                                       [--dtype bfloat16] [--max-tasks 8] [--rounds 7] [--compile] [--smallest]
 
 Each run takes minutes on 2 cores (a 4-layer model of hidden 512, every family and generic tasks); run it on a quiet
 host: the ratios are only as good as the host's load printed beside them. --smallest runs each model at hidden 64
@@ -36,6 +36,8 @@ CONFIGS: dict[str, dict] = {
     "gemma2": {"architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2", **SIZES, "head_dim": 64,
                "sliding_window": 256, "final_logit_softcapping": 30.0, "attn_logit_softcapping": 50.0},
     "qwen2": {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", **SIZES},
+    "bloom": {"architectures": ["BloomForCausalLM"], "model_type": "bloom", "hidden_size": 512, "n_layer": 4,
+              "n_head": 8, "vocab_size": 8192},
 }
 SMALLEST = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
             "num_key_value_heads": 2, "vocab_size": 256, "head_dim": 16, "n_embd": 64, "n_layer": 2, "n_head": 4}

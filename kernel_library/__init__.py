@@ -5,6 +5,7 @@ from collections.abc import Mapping
 import torch
 
 from kernelbot.kernel_library.add_rmsnorm import FAMILY as ADD_RMSNORM
+from kernelbot.kernel_library.alibi_attention import FAMILY as ALIBI_ATTENTION
 from kernelbot.kernel_library.base import Family
 from kernelbot.kernel_library.decode_attention import FAMILY as DECODE_ATTENTION
 from kernelbot.kernel_library.fused_attention import FAMILY as FUSED_ATTENTION
@@ -20,7 +21,8 @@ from kernelbot.kernel_library.sparse_moe import FAMILY as SPARSE_MOE
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (RMSNORM, ADD_RMSNORM, GATED_MLP, LINEAR, SILU_AND_MUL,
                                                      ROTARY_EMBEDDING, DECODE_ATTENTION, FUSED_ATTENTION,
-                                                     NEOX_ATTENTION, PAGED_ATTENTION, SPARSE_MOE, MOE_EXPERTS)}
+                                                     NEOX_ATTENTION, ALIBI_ATTENTION, PAGED_ATTENTION, SPARSE_MOE,
+                                                     MOE_EXPERTS)}
 
 
 def family_for(module_class: str, covered: Mapping[str, str] | None = None, by_name: bool = True) -> Family | None:

@@ -79,6 +79,13 @@ def _gemma2() -> Any:
                         attn_logit_softcapping=50.0)
 
 
+def _bloom() -> Any:
+    from transformers import BloomConfig
+
+    return BloomConfig(hidden_size=TINY["hidden_size"], n_layer=TINY["num_hidden_layers"],
+                       n_head=TINY["num_attention_heads"], vocab_size=TINY["vocab_size"])
+
+
 def _phi() -> Any:
     from transformers import PhiConfig
 
@@ -98,6 +105,8 @@ ZOO: dict[str, ZooModel] = {m.name: m for m in [
     ZooModel("qwen2-moe", "mixture of experts with a gated shared expert", _qwen2_moe),
     ZooModel("gemma2", "attention and final-logit soft-capping, alternating sliding window, tied embeddings, eager "
              "attention (it refuses sdpa)", _gemma2),
+    ZooModel("bloom", "ALiBi attention (no rotary, no position embeddings), fused per-head q/k/v, the residual added "
+             "inside attention and MLP, LayerNorm after the embeddings", _bloom),
     ZooModel("phi", "LayerNorm, parallel attention + MLP off one norm, partial rotary (1/2), biased dense layers",
              _phi),
 ]}

@@ -4,7 +4,7 @@
 //   R dims), the rotated keys and the new values written into preallocated caches at positions
 //   past_len..past_len+T-1 (no concatenation), then the group's
 //   queries over the first past_len+t+1 cached positions (causal with offset past_len, GQA; optionally a sliding
-//   window and soft-capped scores), fp32 accumulation with
+//   window, soft-capped scores, ALiBi biases), fp32 accumulation with
 //   an online softmax over blocks of keys, rounded once to the output type;
 //   the o projection by the same GEMM.
 // fp32 and bf16 (bf16 through its raw bits, lanes.h); every loop over head_dim is a plain vectorisable loop.
@@ -68,8 +68,20 @@ static void dispatch(const at::Tensor& x, const char* op, F&& f) {
   f(c10::BFloat16{});
 }
 
-// A score's last step before the softmax: logit soft-capping (Gemma-2: cap * tanh(s / cap)) where cap > 0.
-static inline float soft_cap(float s, float cap) { return cap > 0.f ? cap * std::tanh(s / cap) : s; }
+// What turns a query-key dot product into a score: the scale; soft-capping where cap > 0 (Gemma-2:
+// cap * tanh(s / cap)); ALiBi where slopes are given (BLOOM: + the query head's slope times the key's position; a
+// softmax does not see the query's own position, a constant per row). `first`: the position of the first key in view.
+struct ScoreRule {
+  float scale, cap;
+  const float* slopes;  // the group's query heads' slopes, or nullptr
+  int64_t first;
+
+  float operator()(float scaled, int64_t g, int64_t j) const {
+    const float s = cap > 0.f ? cap * std::tanh(scaled / cap) : scaled;
+    return slopes ? s + slopes[g] * static_cast<float>(first + j) : s;
+  }
+  bool plain() const { return cap <= 0.f && slopes == nullptr; }
+};
 
 // One (batch, kv head, new token): the group's G query heads over keys 0..past_len+t, in blocks of KB keys with an
 // online softmax (running max m, running sum l, accumulator acc rescaled when the max grows).
@@ -82,18 +94,19 @@ struct GroupAttention {
   GroupAttention(int64_t groups, int64_t head_dim)
       : G(groups), D(head_dim), qf(groups * head_dim), acc(groups * head_dim), p(groups * KB), m(groups), l(groups) {}
 
-  void run(const Raw<T>* q /*[G, D]*/, float scale, float cap, const Raw<T>* k, const Raw<T>* v, int64_t k_pos,
+  void run(const Raw<T>* q /*[G, D]*/, const ScoreRule& rule, const Raw<T>* k, const Raw<T>* v, int64_t k_pos,
            int64_t v_pos, int64_t n_keys, Raw<T>* out /*[G, D]*/) {
     using L = Lanes<T>;
-    for (int64_t i = 0; i < G * D; ++i) qf[i] = L::in(q[i]) * scale;
+    for (int64_t i = 0; i < G * D; ++i) qf[i] = L::in(q[i]) * rule.scale;
     std::fill(acc.begin(), acc.end(), 0.f);
     std::fill(m.begin(), m.end(), -std::numeric_limits<float>::infinity());
     std::fill(l.begin(), l.end(), 0.f);
     for (int64_t j0 = 0; j0 < n_keys; j0 += KB) {
       const int64_t jb = std::min(KB, n_keys - j0);
       scores(k + j0 * k_pos, k_pos, jb);
-      if (cap > 0.f)
-        for (int64_t i = 0; i < G * KB; ++i) p[i] = soft_cap(p[i], cap);
+      if (!rule.plain())
+        for (int64_t g = 0; g < G; ++g)
+          for (int64_t j = 0; j < jb; ++j) p[g * KB + j] = rule(p[g * KB + j], g, j0 + j);
       softmax_block(jb);
       for (int64_t j = 0; j < jb; ++j) {
         const Raw<T>* vr = v + (j0 + j) * v_pos;
@@ -162,7 +175,7 @@ struct GroupAttentionBf16 {
   std::vector<float> s;
 
   template <int DV>
-  __attribute__((target("avx512f,avx512bf16"))) void run(const uint16_t* q, int64_t G, float scale, float cap,
+  __attribute__((target("avx512f,avx512bf16"))) void run(const uint16_t* q, int64_t G, const ScoreRule& rule,
                                                          const uint16_t* k, const uint16_t* v, int64_t k_pos,
                                                          int64_t v_pos, int64_t n_keys, uint16_t* out) {
     constexpr int64_t D = 16 * DV;
@@ -186,7 +199,7 @@ struct GroupAttentionBf16 {
         __m512 acc = _mm512_setzero_ps();
         for (int64_t c = 0; c < D; c += 32)  // D is a multiple of 16; the last step may hold 16 lanes
           acc = _mm512_dpbf16_ps(acc, (__m512bh)load_pairs(qg + c, D - c), (__m512bh)load_pairs(kr + c, D - c));
-        s[j] = soft_cap(_mm512_reduce_add_ps(acc) * scale, cap);
+        s[j] = rule(_mm512_reduce_add_ps(acc) * rule.scale, g, j);
         best = std::max(best, s[j]);
       }
       float sum = 0.f;
@@ -221,13 +234,13 @@ struct GroupAttentionBf16 {
 
   // Runs run<D / 16> where head_dim is one this path covers; false where it is not (the generic path takes it).
   template <int DV = 16>
-  bool dispatch(int64_t D, const uint16_t* q, int64_t G, float scale, float cap, const uint16_t* k, const uint16_t* v,
+  bool dispatch(int64_t D, const uint16_t* q, int64_t G, const ScoreRule& rule, const uint16_t* k, const uint16_t* v,
                 int64_t k_pos, int64_t v_pos, int64_t n_keys, uint16_t* out) {
     if constexpr (DV == 0) {
       return false;
     } else {
-      if (D != 16 * DV) return dispatch<DV - 1>(D, q, G, scale, cap, k, v, k_pos, v_pos, n_keys, out);
-      run<DV>(q, G, scale, cap, k, v, k_pos, v_pos, n_keys, out);
+      if (D != 16 * DV) return dispatch<DV - 1>(D, q, G, rule, k, v, k_pos, v_pos, n_keys, out);
+      run<DV>(q, G, rule, k, v, k_pos, v_pos, n_keys, out);
       return true;
     }
   }
@@ -240,7 +253,7 @@ template <typename T>
 static void rope_attend_items(const Raw<T>* qkv, int64_t row, const Raw<T>* cos, const Raw<T>* sin, RowStrides cs,
                               bool cos_per_batch, Raw<T>* kc, CacheStrides kcs, Raw<T>* vc, CacheStrides vcs,
                               Raw<T>* out, int64_t B, int64_t T_, int64_t H, int64_t KVH, int64_t D, int64_t R,
-                              int64_t past_len, float scale, float cap, int64_t window) {
+                              int64_t past_len, float scale, float cap, int64_t window, const float* slopes) {
   using L = Lanes<T>;
   const int64_t G = H / KVH;
   const bool fast = std::is_same_v<T, c10::BFloat16> && has_avx512_bf16();
@@ -275,11 +288,12 @@ static void rope_attend_items(const Raw<T>* qkv, int64_t row, const Raw<T>* cos,
         const Raw<T>* k = kc + kcs.at(b, h, first);  // a sliding window sees only the last `window` keys
         const Raw<T>* v = vc + vcs.at(b, h, first);
         Raw<T>* o = out + ((b * T_ + t) * H + h * G) * D;
+        const ScoreRule rule{scale, cap, slopes ? slopes + h * G : nullptr, first};
         if constexpr (std::is_same_v<T, c10::BFloat16>) {
-          if (fast && group_bf16.dispatch(D, q_rot.data(), G, scale, cap, k, v, kcs.pos, vcs.pos, end - first, o))
+          if (fast && group_bf16.dispatch(D, q_rot.data(), G, rule, k, v, kcs.pos, vcs.pos, end - first, o))
             continue;
         }
-        group.run(q_rot.data(), scale, cap, k, v, kcs.pos, vcs.pos, end - first, o);
+        group.run(q_rot.data(), rule, k, v, kcs.pos, vcs.pos, end - first, o);
       }
     }
   });
@@ -290,12 +304,13 @@ static void rope_attend_items(const Raw<T>* qkv, int64_t row, const Raw<T>* cos,
 // dims of each head, R even and at most head_dim (ones and zeros: no rotation); key_cache, value_cache
 // [B, kv_heads, capacity >= past_len + T, head_dim] (strided views allowed), written at past_len.. in place;
 // softcap > 0: scores soft-capped (cap * tanh(s / cap)) before the softmax; window > 0: each query sees only the last
-// `window` keys up to its own position. Returns [B, T, hidden].
+// `window` keys up to its own position; alibi_slopes (fp32 [heads]): each score gets its query head's slope times the
+// key's position (ALiBi). Returns [B, T, hidden].
 at::Tensor step(const at::Tensor& x, const at::Tensor& qkv_panels, const c10::optional<at::Tensor>& qkv_bias,
                 const at::Tensor& o_panels, const c10::optional<at::Tensor>& o_bias, const at::Tensor& cos,
                 const at::Tensor& sin, const at::Tensor& key_cache,
                 const at::Tensor& value_cache, int64_t past_len, int64_t heads, double scaling, int64_t grain,
-                double softcap, int64_t window) {
+                double softcap, int64_t window, const c10::optional<at::Tensor>& alibi_slopes) {
   TORCH_CHECK(x.dim() == 3, "step: hidden_states must be [B, T, hidden]");
   const int64_t B = x.size(0), T = x.size(1), hidden = x.size(2);
   TORCH_CHECK(cos.dim() == 3 && cos.sizes() == sin.sizes(), "step: cos and sin must be [1 or B, T, R] alike");
@@ -310,6 +325,10 @@ at::Tensor step(const at::Tensor& x, const at::Tensor& qkv_panels, const c10::op
   TORCH_CHECK(past_len >= 0, "step: past_len must be >= 0");
   check_cache(key_cache, "step: key_cache", B, KVH, D, past_len + T, x);
   check_cache(value_cache, "step: value_cache", B, KVH, D, past_len + T, x);
+  TORCH_CHECK(!alibi_slopes.has_value() || (alibi_slopes->scalar_type() == at::kFloat && alibi_slopes->is_contiguous()
+                                             && alibi_slopes->numel() == heads),
+              "step: alibi_slopes must be fp32 [heads], contiguous");
+  const float* slopes = alibi_slopes.has_value() ? alibi_slopes->data_ptr<float>() : nullptr;
   const int64_t width = (heads + 2 * KVH) * D;
   auto qkv = small_m_project(x.reshape({B * T, hidden}), qkv_panels, qkv_bias, width, grain).contiguous();
   auto cs = cos.to(x.scalar_type()).contiguous(), sn = sin.to(x.scalar_type()).contiguous();
@@ -322,7 +341,7 @@ at::Tensor step(const at::Tensor& x, const at::Tensor& qkv_panels, const c10::op
                             raw_ptr<T_>(key_cache.data_ptr<T_>()), cache_strides(key_cache),
                             raw_ptr<T_>(value_cache.data_ptr<T_>()), cache_strides(value_cache),
                             raw_ptr<T_>(attn.data_ptr<T_>()), B, T, heads, KVH, D, R, past_len,
-                            static_cast<float>(scaling), static_cast<float>(softcap), window);
+                            static_cast<float>(scaling), static_cast<float>(softcap), window, slopes);
     });
   }
   return small_m_project(attn, o_panels, o_bias, hidden, grain).view({B, T, hidden});

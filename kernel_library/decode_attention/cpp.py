@@ -77,5 +77,5 @@ class DecodeAttentionCpp(Model):
                                      f"{hidden_states.dtype}, the kernel was bound for {dtype}: allocate the caches "
                                      "in the activations' dtype")
             return ext.step(hidden_states, qkv, bias, o, None, cos, sin, key_cache, value_cache, past_len, heads,
-                            scaling, grain, softcap, window)
+                            scaling, grain, softcap, window, None)
         return BoundStep(self.num_kv_heads, self.head_dim, step)

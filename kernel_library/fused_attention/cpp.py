@@ -73,5 +73,5 @@ class FusedAttentionCpp(Model):
                 identity[key] = (hidden_states.new_ones(1, key[0], d), hidden_states.new_zeros(1, key[0], d))
             one, zero = identity[key]
             return ext.step(hidden_states, qkv, qkv_bias, o, o_bias, one, zero, key_cache, value_cache, past_len,
-                            heads, scaling, grain, 0.0, 0)
+                            heads, scaling, grain, 0.0, 0, None)
         return BoundStep(self.num_heads, self.head_dim, step)

@@ -25,8 +25,11 @@ def heads_grouped(t: torch.Tensor, heads: int) -> torch.Tensor:
     return t.detach().reshape(heads, 3, -1, *t.shape[1:]).transpose(0, 1).reshape(t.shape)
 
 
-def _grouped(pack: Pack, heads: int) -> Pack:
-    return lambda weights: pack([heads_grouped(w, heads) for w in weights])
+def grouped_packing(heads: int) -> dict[bool, Pack]:
+    """bf16 or not -> the packing of per-head q, k, v rows (heads_grouped first), each function built once:
+    PackedWeights keys on the packing function."""
+    return {bf16: (lambda weights, pack=pack_panels_bf16 if bf16 else pack_panels:
+                   pack([heads_grouped(w, heads) for w in weights])) for bf16 in (False, True)}
 
 
 class NeoxAttentionCpp(Model):
@@ -40,9 +43,7 @@ class NeoxAttentionCpp(Model):
         self._ext = load_cpp(SOURCE)
         self._qkv = PackedWeights()
         self._o = PackedWeights()
-        # built once: PackedWeights keys on the packing function
-        self._pack_qkv = {bf16: _grouped(pack_panels_bf16 if bf16 else pack_panels, self.num_heads)
-                          for bf16 in (False, True)}
+        self._pack_qkv = grouped_packing(self.num_heads)
 
     def forward(self, hidden_states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, past_key: torch.Tensor,
                 past_value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -75,5 +76,5 @@ class NeoxAttentionCpp(Model):
                                      f"{hidden_states.dtype}, the kernel was bound for {dtype}: allocate the caches "
                                      "in the activations' dtype")
             return ext.step(hidden_states, qkv, qkv_bias, o, o_bias, cos, sin, key_cache, value_cache, past_len, heads,
-                            scaling, grain, 0.0, 0)
+                            scaling, grain, 0.0, 0, None)
         return BoundStep(self.num_kv_heads, self.head_dim, step)
