@@ -370,33 +370,54 @@ def _outside_launches(events: list[tuple[int, int, int, str, list, int]], tid: i
 
 
 def work_from_events(events: list[tuple[int, int, int, str, list, int]]) -> WorkLog:
-    """(thread, start, end, name, input shapes, flops) per profiled op -> the work of leaf compute ops: FLOPs
-    where the profiler knows them, else the elements of the largest input."""
+    """(thread, start, end, name, input shapes, flops) per profiled op -> the work of compute ops: an op whose FLOPs
+    are known (from the profiler or its shapes) counts them whole, and nothing nested in it counts again (addmm
+    copies its bias into the output first: that copy is part of the GEMM, not a leaf that hides it); any other
+    compute op counts the elements of its largest input where nothing nested in it computes."""
     rows = sorted((e for e in events if "::" in e[3]), key=lambda e: (e[0], e[1], -e[2]))
+    parents = _parents(rows)
     has_compute_child = [False] * len(rows)
-    stack: list[int] = []
-    thread = None
-    for i, (tid, start, _end, name, _shapes, _flops) in enumerate(rows):
-        if tid != thread:
-            stack, thread = [], tid
-        while stack and rows[stack[-1]][2] <= start:
-            stack.pop()
-        if _computes(name):
-            for j in stack:
-                has_compute_child[j] = True
-        stack.append(i)
+    for i, parent in enumerate(parents):
+        if parent is not None and _computes(rows[i][3]):
+            has_compute_child[parent] = True
     log = WorkLog()
-    for (_tid, _start, _end, name, shapes, flops), nested in zip(rows, has_compute_child, strict=True):
+    inside_counted = [False] * len(rows)
+    for i, (_tid, _start, _end, name, shapes, _flops) in enumerate(rows):
+        parent = parents[i]
+        inside_counted[i] = parent is not None and (inside_counted[parent] or _flop_count(rows[parent]) > 0
+                                                    and _computes(rows[parent][3]))
         namespace, op = name.split("::", 1)
         if op == "bitwise_xor" and shapes[:1] == [SENTINEL_SHAPE]:
             log.sentinel_seen = True
         elif namespace not in TORCH_NAMESPACES:
             log.custom.add(name)
-        elif _computes(name) and not nested:
-            sizes = [_numel(s) for s in shapes if isinstance(s, list)]
-            log.compute[op] = log.compute.get(op, 0.0) + max(float(flops or 0), shape_flops(op, shapes),
-                                                             float(max(sizes, default=0)))
+        elif _computes(name) and not inside_counted[i]:
+            counted = _flop_count(rows[i])
+            if counted == 0 and not has_compute_child[i]:
+                counted = float(max((_numel(s) for s in shapes if isinstance(s, list)), default=0))
+            if counted > 0:
+                log.compute[op] = log.compute.get(op, 0.0) + counted
     return log
+
+
+def _parents(rows: list[tuple[int, int, int, str, list, int]]) -> list[int | None]:
+    """Each op's innermost enclosing op on its thread (rows sorted by thread, start, longest first), or None."""
+    parents: list[int | None] = []
+    stack: list[int] = []
+    thread = None
+    for i, (tid, start, _end, _name, _shapes, _flops) in enumerate(rows):
+        if tid != thread:
+            stack, thread = [], tid
+        while stack and rows[stack[-1]][2] <= start:
+            stack.pop()
+        parents.append(stack[-1] if stack else None)
+        stack.append(i)
+    return parents
+
+
+def _flop_count(row: tuple[int, int, int, str, list, int]) -> float:
+    name, shapes, flops = row[3], row[4], row[5]
+    return max(float(flops or 0), shape_flops(name.split("::", 1)[-1], shapes))
 
 
 def shape_flops(op: str, shapes: list) -> float:

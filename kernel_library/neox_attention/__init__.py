@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from kernelbot.dtypes import DTYPE_NAMES
-from kernelbot.kernel_library.base import Family, OpCall, dtype_name, rows
+from kernelbot.kernel_library.base import Family, OpCall, dtype_name, rows, same_output
 from kernelbot.kernel_library.decode_attention.cache import step_dynamic_layer, steppable_layer
 from kernelbot.kernel_library.neox_attention.reference import Model, rope_cos_sin
 
@@ -59,11 +59,7 @@ def _covers(m: nn.Module) -> bool:
             want = reference(x, cos, sin, past, past)[0]
     except Exception:  # another signature or state layout: not this op
         return False
-    got = got[0] if isinstance(got, tuple) else got
-    if not isinstance(got, torch.Tensor) or got.shape != want.shape:
-        return False
-    tol = 1e-4 if dtype == torch.float32 else 2e-2
-    return torch.allclose(got.double(), want.double(), rtol=tol, atol=tol)
+    return same_output(got, want)
 
 
 def _cost(dims: list[list[int]], itemsize: int) -> tuple[float, float]:
