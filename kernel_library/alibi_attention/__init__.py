@@ -17,7 +17,12 @@ from kernelbot.dtypes import DTYPE_NAMES
 from kernelbot.kernel_library.alibi_attention.reference import Model, alibi_slopes
 from kernelbot.kernel_library.base import Family, OpCall, dtype_name, rows, same_output
 from kernelbot.kernel_library.decode_attention import plain_causal
-from kernelbot.kernel_library.decode_attention.cache import cached_positions, step_dynamic_layer, steppable_layer
+from kernelbot.kernel_library.decode_attention.cache import (
+    cached_positions,
+    over_any_cache_length,
+    step_dynamic_layer,
+    steppable_layer,
+)
 
 
 def _is_alibi_attention(m: nn.Module) -> bool:
@@ -72,11 +77,6 @@ def _cost(dims: list[list[int]], itemsize: int) -> tuple[float, float]:
     flops = 2.0 * m * weights + 4.0 * batch * heads * d * seen
     moved = weights + 4 * width + 3 * m * hidden + 2 * batch * heads * (past + tokens) * d
     return flops, float(moved * itemsize)
-
-
-def _group_dims(dims: list[list[int]]) -> list[list[int]]:
-    """Calls that differ only in the cache's length (successive decode steps) are one hotspot."""
-    return [[*x[:2], *x[3:]] if i in (2, 3) and len(x) == 4 else x for i, x in enumerate(dims)]
 
 
 def _engine_call(kernel: nn.Module, module: nn.Module, args: tuple, kwargs: dict,
@@ -143,6 +143,6 @@ FAMILY = Family(
     free_dims=lambda shapes: [[0, 1], [0, 1], [0, 2], [0, 2]][:len(shapes)],
     call_dims=_call_dims,
     covers=_covers,
-    group_dims=_group_dims,
+    group_dims=over_any_cache_length(2, 3),
     engine_call=_engine_call,
 )

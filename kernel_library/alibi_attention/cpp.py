@@ -9,10 +9,14 @@ from typing import Any
 
 import torch
 
-from kernelbot import KernelbotError
 from kernelbot.kernel_library.alibi_attention.reference import Model
 from kernelbot.kernel_library.cpp_build import load_cpp
-from kernelbot.kernel_library.decode_attention.cache import BoundStep, pure_forward
+from kernelbot.kernel_library.decode_attention.cache import (
+    BoundStep,
+    IdentityRotation,
+    check_cache_dtypes,
+    pure_forward,
+)
 from kernelbot.kernel_library.decode_attention.cpp import SOURCE
 from kernelbot.kernel_library.linear.cpp import PackedWeights, bf16_path, pack_panels, pack_panels_bf16
 from kernelbot.kernel_library.neox_attention.cpp import grouped_packing, heads_grouped
@@ -30,7 +34,7 @@ class AlibiAttentionCpp(Model):
         self._qkv = PackedWeights()
         self._o = PackedWeights()
         self._pack_qkv = grouped_packing(self.num_heads)
-        self._identity: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # (tokens, dtype, device) -> (cos, sin)
+        self._identity = IdentityRotation()
 
     def forward(self, hidden_states: torch.Tensor, residual: torch.Tensor, past_key: torch.Tensor,
                 past_value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -58,14 +62,8 @@ class AlibiAttentionCpp(Model):
 
         def step(hidden_states: torch.Tensor, cos: None, sin: None, key_cache: torch.Tensor,
                  value_cache: torch.Tensor, past_len: int) -> torch.Tensor:
-            if key_cache.dtype != dtype or value_cache.dtype != dtype or hidden_states.dtype != dtype:
-                raise KernelbotError(f"alibi_attention: the caches are {key_cache.dtype}, the activations "
-                                     f"{hidden_states.dtype}, the kernel was bound for {dtype}: allocate the caches "
-                                     "in the activations' dtype")
-            key = (hidden_states.shape[1], hidden_states.dtype, hidden_states.device)
-            if key not in identity:  # constants, made once per shape: cos 1 and sin 0 rotate nothing
-                identity[key] = (hidden_states.new_ones(1, key[0], 2), hidden_states.new_zeros(1, key[0], 2))
-            one, zero = identity[key]
+            check_cache_dtypes("alibi_attention", dtype, hidden_states, key_cache, value_cache)
+            one, zero = identity(hidden_states)
             return ext.step(hidden_states, qkv, qkv_bias, o, o_bias, one, zero, key_cache, value_cache, past_len,
                             heads, scaling, grain, 0.0, 0, slopes)
         return BoundStep(self.num_kv_heads, self.head_dim, step)

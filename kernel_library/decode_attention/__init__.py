@@ -11,7 +11,12 @@ from torch import nn
 
 from kernelbot.dtypes import DTYPE_NAMES
 from kernelbot.kernel_library.base import Family, OpCall, dtype_name, rows, same_output
-from kernelbot.kernel_library.decode_attention.cache import cached_positions, step_dynamic_layer, steppable_layer
+from kernelbot.kernel_library.decode_attention.cache import (
+    cached_positions,
+    over_any_cache_length,
+    step_dynamic_layer,
+    steppable_layer,
+)
 from kernelbot.kernel_library.decode_attention.reference import Model, rope_cos_sin
 
 
@@ -104,11 +109,6 @@ def _covers(m: nn.Module) -> bool:
     return same_output(got, want)
 
 
-def _group_dims(dims: list[list[int]]) -> list[list[int]]:
-    """Calls that differ only in the cache's length (successive decode steps) are one hotspot."""
-    return [[*x[:2], *x[3:]] if i in (3, 4) and len(x) == 4 else x for i, x in enumerate(dims)]
-
-
 def _engine_call(kernel: nn.Module, module: nn.Module, args: tuple, kwargs: dict,
                  verified: list[list[int]]) -> Callable[[], Any] | None:
     """A transformers attention call (hidden_states, position_embeddings=(cos, sin), attention_mask, a
@@ -129,7 +129,6 @@ def _engine_call(kernel: nn.Module, module: nn.Module, args: tuple, kwargs: dict
     if not plain_causal(kwargs.get("attention_mask"), hidden.shape[1], cached_positions(layer), window):
         return None
     return lambda: (step_dynamic_layer(kernel, layer, hidden, cos, sin), None)
-
 
 
 def plain_causal(mask: torch.Tensor | None, tokens: int, past: int, window: int | None) -> bool:
@@ -194,6 +193,6 @@ FAMILY = Family(
     free_dims=lambda shapes: [[0, 1], [0, 1], [0, 1], [0, 2], [0, 2]][:len(shapes)],
     call_dims=_call_dims,
     covers=_covers,
-    group_dims=_group_dims,
+    group_dims=over_any_cache_length(3, 4),
     engine_call=_engine_call,
 )

@@ -10,6 +10,8 @@ from typing import Any, Protocol
 
 import torch
 
+from kernelbot import KernelbotError
+
 _CAPACITY = "_kb_capacity"  # set only on the views this module makes: positions their buffer holds
 
 
@@ -130,3 +132,34 @@ def cached_positions(layer: Any) -> int:
     the keys the engine's mask covers."""
     keys = layer.keys if layer.is_initialized else None
     return 0 if keys is None or keys.dim() != 4 else keys.shape[2]
+
+
+def check_cache_dtypes(family: str, dtype: torch.dtype, hidden_states: torch.Tensor, key_cache: torch.Tensor,
+                       value_cache: torch.Tensor) -> None:
+    """A bound step runs one dtype: the activations and both caches in the one it was bound for, else a one-line
+    error naming the fix."""
+    if key_cache.dtype != dtype or value_cache.dtype != dtype or hidden_states.dtype != dtype:
+        raise KernelbotError(f"{family}: the caches are {key_cache.dtype}, the activations {hidden_states.dtype}, the "
+                             f"kernel was bound for {dtype}: allocate the caches in the activations' dtype")
+
+
+class IdentityRotation:
+    """cos 1 and sin 0 over the first two dims of every head, [1, T, 2]: the step rotates those by nothing (exact in
+    any dtype) and copies the rest, the rotation of an attention without RoPE; made once per (tokens, dtype, device)."""
+
+    def __init__(self) -> None:
+        self._made: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def __call__(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        key = (hidden_states.shape[1], hidden_states.dtype, hidden_states.device)
+        if key not in self._made:
+            self._made[key] = (hidden_states.new_ones(1, key[0], 2), hidden_states.new_zeros(1, key[0], 2))
+        return self._made[key]
+
+
+def over_any_cache_length(*cache_inputs: int) -> Callable[[list[list[int]]], list[list[int]]]:
+    """A family's group_dims where the inputs at these positions are KV caches [B, heads, P, D]: calls that differ
+    only in the caches' length P (successive decode steps) are one hotspot."""
+    def group(dims: list[list[int]]) -> list[list[int]]:
+        return [[*x[:2], *x[3:]] if i in cache_inputs and len(x) == 4 else x for i, x in enumerate(dims)]
+    return group

@@ -9,9 +9,8 @@ from typing import Any
 
 import torch
 
-from kernelbot import KernelbotError
 from kernelbot.kernel_library.cpp_build import load_cpp
-from kernelbot.kernel_library.decode_attention.cache import BoundStep, pure_forward
+from kernelbot.kernel_library.decode_attention.cache import BoundStep, check_cache_dtypes, pure_forward
 from kernelbot.kernel_library.decode_attention.reference import Model
 from kernelbot.kernel_library.linear.cpp import PackedWeights, bf16_path, pack_panels, pack_panels_bf16
 
@@ -72,10 +71,7 @@ class DecodeAttentionCpp(Model):
 
         def step(hidden_states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, key_cache: torch.Tensor,
                  value_cache: torch.Tensor, past_len: int) -> torch.Tensor:
-            if key_cache.dtype != dtype or value_cache.dtype != dtype or hidden_states.dtype != dtype:
-                raise KernelbotError(f"decode_attention: the caches are {key_cache.dtype}, the activations "
-                                     f"{hidden_states.dtype}, the kernel was bound for {dtype}: allocate the caches "
-                                     "in the activations' dtype")
+            check_cache_dtypes("decode_attention", dtype, hidden_states, key_cache, value_cache)
             return ext.step(hidden_states, qkv, bias, o, None, cos, sin, key_cache, value_cache, past_len, heads,
                             scaling, grain, softcap, window, None)
         return BoundStep(self.num_kv_heads, self.head_dim, step)

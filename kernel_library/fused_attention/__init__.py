@@ -12,7 +12,7 @@ from torch import nn
 
 from kernelbot.dtypes import DTYPE_NAMES
 from kernelbot.kernel_library.base import Family, OpCall, dtype_name, rows, same_output
-from kernelbot.kernel_library.decode_attention.cache import step_dynamic_layer, steppable_layer
+from kernelbot.kernel_library.decode_attention.cache import over_any_cache_length, step_dynamic_layer, steppable_layer
 from kernelbot.kernel_library.fused_attention.reference import Model, causal_mask
 
 
@@ -73,11 +73,6 @@ def _cost(dims: list[list[int]], itemsize: int) -> tuple[float, float]:
     return flops, float(moved * itemsize)
 
 
-def _group_dims(dims: list[list[int]]) -> list[list[int]]:
-    """Calls that differ only in the cache's length (successive decode steps) are one hotspot."""
-    return [[*x[:2], *x[3:]] if i in (1, 2) and len(x) == 4 else x for i, x in enumerate(dims)]
-
-
 def _engine_call(kernel: nn.Module, module: nn.Module, args: tuple, kwargs: dict,
                  verified: list[list[int]]) -> Callable[[], Any] | None:
     """A transformers GPT2Attention call (hidden_states, a DynamicCache, no attention mask) on the kernel, appending to
@@ -91,7 +86,6 @@ def _engine_call(kernel: nn.Module, module: nn.Module, args: tuple, kwargs: dict
             or layer is None or hidden.dtype != module.c_attn.weight.dtype or hidden.shape != tuple(verified[0])):
         return None
     return lambda: (step_dynamic_layer(kernel, layer, hidden, None, None), None)
-
 
 
 def _matches(m: nn.Module, dims: list[list[int]]) -> bool:
@@ -135,6 +129,6 @@ FAMILY = Family(
     free_dims=lambda shapes: [[0, 1], [0, 2], [0, 2]][:len(shapes)],
     call_dims=_call_dims,
     covers=_covers,
-    group_dims=_group_dims,
+    group_dims=over_any_cache_length(1, 2),
     engine_call=_engine_call,
 )

@@ -1,6 +1,6 @@
 """GPT-2-style attention on decode_attention's C++ step (kernel_library/decode_attention/attention.cpp): the fused
 c_attn weight is already q, k and v stacked (transposed once into panels), c_proj's bias goes into its GEMM, and the
-rotation is the identity (cos 1, sin 0: exact in any dtype)."""
+rotation is the identity (cos 1, sin 0 over two dims of a head, the rest copied: exact in any dtype)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,13 @@ from typing import Any
 
 import torch
 
-from kernelbot import KernelbotError
 from kernelbot.kernel_library.cpp_build import load_cpp
-from kernelbot.kernel_library.decode_attention.cache import BoundStep, pure_forward
+from kernelbot.kernel_library.decode_attention.cache import (
+    BoundStep,
+    IdentityRotation,
+    check_cache_dtypes,
+    pure_forward,
+)
 from kernelbot.kernel_library.decode_attention.cpp import SOURCE
 from kernelbot.kernel_library.fused_attention.reference import Model
 from kernelbot.kernel_library.linear.cpp import PackedWeights, bf16_path, pack_panels, pack_panels_bf16
@@ -38,7 +42,7 @@ class FusedAttentionCpp(Model):
         self._ext = load_cpp(SOURCE)
         self._qkv = PackedWeights()
         self._o = PackedWeights()
-        self._identity: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # (tokens, dtype, device) -> (cos, sin)
+        self._identity = IdentityRotation()
 
     def forward(self, hidden_states: torch.Tensor, past_key: torch.Tensor,
                 past_value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -53,7 +57,7 @@ class FusedAttentionCpp(Model):
     def bound(self, dtype: torch.dtype) -> BoundStep:
         """step for activations of this dtype, with the weights packed and the constants taken once: the engine's hot
         path (bound again whenever a pack is applied)."""
-        ext, heads, d, scaling, grain = self._ext, self.num_heads, self.head_dim, self.scaling, self.CONFIG["grain"]
+        ext, heads, scaling, grain = self._ext, self.num_heads, self.scaling, self.CONFIG["grain"]
         bf16 = bf16_path(ext, dtype)
         qkv = self._qkv.get([self.c_attn.weight], PACK_BF16 if bf16 else PACK)
         o = self._o.get([self.c_proj.weight], PACK_BF16 if bf16 else PACK)
@@ -64,14 +68,8 @@ class FusedAttentionCpp(Model):
 
         def step(hidden_states: torch.Tensor, cos: None, sin: None, key_cache: torch.Tensor,
                  value_cache: torch.Tensor, past_len: int) -> torch.Tensor:
-            if key_cache.dtype != dtype or value_cache.dtype != dtype or hidden_states.dtype != dtype:
-                raise KernelbotError(f"fused_attention: the caches are {key_cache.dtype}, the activations "
-                                     f"{hidden_states.dtype}, the kernel was bound for {dtype}: allocate the caches "
-                                     "in the activations' dtype")
-            key = (hidden_states.shape[1], hidden_states.dtype, hidden_states.device)
-            if key not in identity:  # constants, made once per shape: cos 1 and sin 0 rotate nothing
-                identity[key] = (hidden_states.new_ones(1, key[0], d), hidden_states.new_zeros(1, key[0], d))
-            one, zero = identity[key]
+            check_cache_dtypes("fused_attention", dtype, hidden_states, key_cache, value_cache)
+            one, zero = identity(hidden_states)
             return ext.step(hidden_states, qkv, qkv_bias, o, o_bias, one, zero, key_cache, value_cache, past_len,
                             heads, scaling, grain, 0.0, 0, None)
         return BoundStep(self.num_heads, self.head_dim, step)

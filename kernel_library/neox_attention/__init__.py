@@ -13,7 +13,7 @@ from torch import nn
 
 from kernelbot.dtypes import DTYPE_NAMES
 from kernelbot.kernel_library.base import Family, OpCall, dtype_name, rows, same_output
-from kernelbot.kernel_library.decode_attention.cache import step_dynamic_layer, steppable_layer
+from kernelbot.kernel_library.decode_attention.cache import over_any_cache_length, step_dynamic_layer, steppable_layer
 from kernelbot.kernel_library.neox_attention.reference import Model, rope_cos_sin
 
 
@@ -74,11 +74,6 @@ def _cost(dims: list[list[int]], itemsize: int) -> tuple[float, float]:
     cache = 2 * batch * heads * (past + tokens) * d
     moved = weights + 4 * width + 2 * m * hidden + 4 * cos_batch * tokens * rotary + cache
     return flops, float(moved * itemsize)
-
-
-def _group_dims(dims: list[list[int]]) -> list[list[int]]:
-    """Calls that differ only in the cache's length (successive decode steps) are one hotspot."""
-    return [[*x[:2], *x[3:]] if i in (3, 4) and len(x) == 4 else x for i, x in enumerate(dims)]
 
 
 def _engine_call(kernel: nn.Module, module: nn.Module, args: tuple, kwargs: dict,
@@ -146,6 +141,6 @@ FAMILY = Family(
     free_dims=lambda shapes: [[0, 1], [0, 1], [0, 1], [0, 2], [0, 2]][:len(shapes)],
     call_dims=_call_dims,
     covers=_covers,
-    group_dims=_group_dims,
+    group_dims=over_any_cache_length(3, 4),
     engine_call=_engine_call,
 )
