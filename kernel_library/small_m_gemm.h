@@ -219,10 +219,6 @@ inline at::Tensor gate_up_act(const at::Tensor& x, const at::Tensor& panels, int
   return out;
 }
 
-inline at::Tensor gate_up_silu(const at::Tensor& x, const at::Tensor& panels, int64_t N, int64_t grain) {
-  return gate_up_act(x, panels, N, grain, false);
-}
-
 template <int G, int MBMAX>
 static void run_bf16(const at::Tensor& x, const at::Tensor& panels, const uint16_t* bias, at::Tensor& out, int64_t N,
                      int64_t grain, bool gelu = false) {
@@ -263,10 +259,6 @@ inline at::Tensor gate_up_act_bf16(const at::Tensor& x, const at::Tensor& panels
   auto out = at::empty({x.size(0), N}, x.options());
   run_bf16<2, 8>(x, panels, nullptr, out, N, grain, gelu);
   return out;
-}
-
-inline at::Tensor gate_up_silu_bf16(const at::Tensor& x, const at::Tensor& panels, int64_t N, int64_t grain) {
-  return gate_up_act_bf16(x, panels, N, grain, false);
 }
 
 // x [M,K] in fp32 or bf16 through panels packed for either precision (pack_panels: 4-dim fp32; pack_panels_bf16:

@@ -3,9 +3,7 @@
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("small_m_linear", &small_m_linear);
-  m.def("gate_up_silu", &gate_up_silu);
   m.def("small_m_linear_bf16", &small_m_linear_bf16);
-  m.def("gate_up_silu_bf16", &gate_up_silu_bf16);
   m.def("gate_up_act", &gate_up_act);
   m.def("gate_up_act_bf16", &gate_up_act_bf16);
   m.def("has_avx512_bf16", &has_avx512_bf16);

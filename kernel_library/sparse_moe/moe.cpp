@@ -11,9 +11,9 @@
 static at::Tensor gate_up_project(const at::Tensor& x, const at::Tensor& panels, int64_t N, int64_t grain) {
   if (panels.dim() == 5) {
     const at::Tensor even = x.size(1) % 2 ? at::constant_pad_nd(x, {0, 1}) : x;
-    return gate_up_silu_bf16(even.to(at::kBFloat16).contiguous(), panels, N, grain);
+    return gate_up_act_bf16(even.to(at::kBFloat16).contiguous(), panels, N, grain, false);
   }
-  return gate_up_silu(x.to(at::kFloat).contiguous(), panels, N, grain);
+  return gate_up_act(x.to(at::kFloat).contiguous(), panels, N, grain, false);
 }
 
 static void add_weighted(float* acc, const at::Tensor& y, int64_t row, float w) {
