@@ -20,7 +20,14 @@ from kernelbot.agent.tasks.plan import ModelTasks, ServedTasks, TaskSource
 from kernelbot.engine.device import DeviceChoice
 from kernelbot.engine.serving.load import Workload
 from kernelbot.engine.serving.serve_options import ServeOptions
-from kernelbot.engine.serving.served import Profiled, ServedEngine, round_ms, split_hotspots
+from kernelbot.engine.serving.served import (
+    Profiled,
+    ServedEngine,
+    merge_captures,
+    merge_generic,
+    round_ms,
+    split_hotspots,
+)
 from kernelbot.engine.torch_engine import TorchEngine, without_grouped_experts
 from kernelbot.kernel_library import classes_covered
 from kernelbot.profiler.hotspots import op_breakdown, rank_hotspots
@@ -129,16 +136,17 @@ class ServedRunEngine:
     def profile(self, trace: Path, pack: Pack, pack_dir: Path) -> Profiled:
         self._profiles += 1
         name = "profile" if not pack.entries else f"profile_with_pack_{self._profiles}"
-        traces, captures = self.served.profile(name, trace, pack, pack_dir)
+        traces, reports = self.served.profile(name, trace, pack, pack_dir)
+        captures = merge_captures(reports)
         loaded = load_trace(traces[0])  # TP ranks run the same layers at the same shapes
         op_breakdown(loaded).to_csv(trace.with_name(trace.name.replace(".json.gz", "_ops.csv")), index=False)
         covered = {c.module_class or c.engine_class: c.family for c in captures}
         hotspots = split_hotspots(rank_hotspots(loaded, self.device, covered, by_name=False), captures,
                                   self.device)
-        return Profiled(hotspots=hotspots, captures=captures)
+        return Profiled(hotspots=hotspots, captures=captures, generic=merge_generic(reports))
 
     def tasks(self, profiled: Profiled, generic_refused: str | None) -> TaskSource:
-        return ServedTasks(self.kind, profiled.captures)
+        return ServedTasks(self.kind, profiled.captures, profiled.generic, generic_refused)
 
     def measure(self, pack: Pack, pack_dir: Path, rounds: int, compile_: bool, stages: Stages) -> Measured:
         with stages.working(f"{rounds} interleaved rounds on the stock and the packed server, then fidelity"):

@@ -30,7 +30,8 @@ def build_pack(accepted: list[Accepted], run_id: str, device: str, pack_dir: Pat
             profiled_dims=a.task.profiled_dims, dtype=a.task.dtype,
             backend=a.candidate.backend, config=a.candidate.config, source_file=rel,
             source_hash=a.candidate.source_hash, verification=verification_summary(a.verdict),
-            speedup=a.bench.speedup, signature=a.task.signature, module_paths=a.task.module_paths))
+            speedup=a.bench.speedup, signature=a.task.signature, module_paths=a.task.module_paths,
+            layer_variant=a.task.layer_variant))
     digest = hashlib.sha256("".join(e.model_dump_json() for e in entries).encode()).hexdigest()[:12]
     pack = Pack(version=f"{__version__}+{digest}", run_id=run_id, device=device, entries=entries)
     (pack_dir / "manifest.json").write_text(pack.model_dump_json(indent=2))

@@ -1,10 +1,10 @@
 """The served loop's target, side by side: `kernelbot optimize --engine vllm` on the built-in model, on a
-SmolLM2-135M-shaped config (30 layers, hidden 576, 9 heads, 3 KV heads) and (`--models mixtral`) on a small Mixtral
-(hidden 512, 4 layers, 4 experts, top 2), each in bf16 on vLLM's CPU build; prints
-stock vs packed decode throughput (median of the interleaved rounds), whether the rounds separate, fidelity, which
-ops got accepted kernels with their calls in the server's processes, and the host's load over the rounds.
+SmolLM2-135M-shaped config (30 layers, hidden 576, 9 heads, 3 KV heads), and (`--models mixtral`, `--models gemma`) on
+a small Mixtral (hidden 512, 4 layers, 4 experts, top 2) or a Gemma of that size, each in bf16 on vLLM's CPU build;
+prints stock vs packed decode throughput (median of the interleaved rounds), whether the rounds separate, fidelity,
+which ops got accepted kernels with their calls in the server's processes, and the host's load over the rounds.
 
-    python benchmarks/served.py [--engine-python .venv-vllm/bin/python] [--models llama-tiny,smollm2-135m,mixtral]
+    python benchmarks/served.py [--engine-python .venv-vllm/bin/python] [--models llama-tiny,smollm2-135m,mixtral,gemma]
                                 [--out DIR] [--rounds 7] [--max-tasks 12] [--smallest]
 
 --smallest runs llama-micro with two families: a smoke run of this script, not a measurement.
@@ -30,7 +30,13 @@ SMOLLM2_135M = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "h
 MIXTRAL = {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "hidden_size": 512,
            "intermediate_size": 1376, "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 4,
            "vocab_size": 8192, "max_position_embeddings": 512, "num_local_experts": 4, "num_experts_per_tok": 2}
-CONFIGS = {"smollm2-135m": SMOLLM2_135M, "mixtral": MIXTRAL}
+# a Gemma (v1) of the same size: its GemmaRMSNorm and GeluAndMul are vLLM CustomOps no family covers (generic tasks,
+# their native forward the reference, extracted in vLLM's worker)
+GEMMA = {"architectures": ["GemmaForCausalLM"], "model_type": "gemma", "hidden_size": 512, "intermediate_size": 1376,
+         "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 1, "head_dim": 64,
+         "vocab_size": 8192, "hidden_activation": "gelu_pytorch_tanh", "max_position_embeddings": 512,
+         "rms_norm_eps": 1e-6}
+CONFIGS = {"smollm2-135m": SMOLLM2_135M, "mixtral": MIXTRAL, "gemma": GEMMA}
 
 
 def model_argument(name: str, work: Path) -> str:

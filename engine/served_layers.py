@@ -16,6 +16,7 @@ Every process writes what it saw to `<counts dir>/counts-pid<P>.json` (a `Plugin
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import statistics
@@ -30,7 +31,8 @@ from typing import Any
 
 import torch
 
-from kernelbot.kernel_library.base import dtype_name, hot_path
+from kernelbot.engine.served_generic import GenericLayers, native_params, plain_call
+from kernelbot.kernel_library.base import GENERIC, dtype_name, hot_path
 from kernelbot.records import KERNEL_LABEL, KernelCalls, LayerCapture, Pack, PackEntry, PluginReport
 
 PACK_ENV = "KERNELBOT_PACK_DIR"
@@ -79,6 +81,18 @@ class LayerSpec:
         from kernelbot.kernel_library import FAMILIES
 
         return FAMILIES[self.family].init_args(layer)
+
+
+def generic_spec(cls: type, **engine: Any) -> LayerSpec | None:
+    """How a generic kernel stands in for a layer class no family covers (engine/served_generic.py): any call of
+    tensors and None, matched to a kernel by the layer's attributes and the call's exact signature; None for a
+    class whose native forward takes *args or **kwargs. `engine`: the engine's own LayerSpec fields (variant,
+    mutable)."""
+    params = native_params(cls)
+    if params is None:
+        return None
+    return LayerSpec(GENERIC, params, inputs=lambda c: [v for p in params if isinstance(v := c.get(p), torch.Tensor)],
+                     run=lambda k, c: k(c), accepts=plain_call, **engine)
 
 
 def named(params: tuple[str, ...], args: tuple, kwargs: dict) -> dict[str, Any] | None:
@@ -181,6 +195,7 @@ class Router:
     layers: weakref.WeakKeyDictionary = field(default_factory=weakref.WeakKeyDictionary)  # layer → _LayerState
     variants: dict[str, _Variant] = field(default_factory=dict)
     timings: dict[str, tuple[list[float], list[float]]] = field(default_factory=dict)  # candidate → (engine, kernel)
+    generic: GenericLayers = field(default_factory=lambda: GenericLayers(""))  # layers no family covers
     dirty: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -189,7 +204,7 @@ class Router:
                             pack_dir=str(self.pack_dir or ""), hooked=self.hooked,
                             custom={cid: c.record() for cid, c in self.custom.items()},
                             fallback=self.fallback, unrouted=self.unrouted,
-                            captures=[v.record for v in self.variants.values()])
+                            captures=[v.record for v in self.variants.values()], generic=self.generic.records())
 
     def write(self, force: bool = False) -> None:
         """The counters to this process's file: now when `force`, else by the flusher within FLUSH_S (an engine may
@@ -255,7 +270,7 @@ class Router:
         self._counted(entry)
         if spec.settles and not timing:
             self._of(layer).fast[_signature(specs[0], layer, args, kwargs)] = _Fast(spec, run, counts)
-        if self.capturing:
+        if self.capturing and spec.family != GENERIC:
             self._count(spec, layer, call, reason="")
         if not torch.autograd._profiler_enabled():
             return spec.run(run, call)
@@ -343,6 +358,11 @@ class Router:
         entries = self.routes.get((type(layer).__name__, spec.family))
         if not entries:
             return None, f"no {spec.family} kernel in the pack"
+        if spec.family == GENERIC:
+            entry, why = self.generic.route(entries, layer, spec.params, call)
+            if entry is not None and not device_ok(entry.backend, x):
+                return None, f"device ({entry.backend} kernel, {x.device.type} tensor)"
+            return entry, why
         shapes = [list(t.shape) for t in spec.inputs(call)]
         fixed = fixed_dims(spec.family, shapes)
         args = self._args(spec, layer)
@@ -380,7 +400,9 @@ class Router:
                 kernel = module.ModelNew(*entry.init_args)
                 kernel.load_state_dict({name: state[name].detach().clone() for name in kernel.state_dict()})
                 kernel = kernel.to(place.device if place is not None else "cpu").eval()
-                kernels[entry.candidate_id] = hot_path(kernel, entry.dtype) or kernel.forward
+                run = hot_path(kernel, entry.dtype) or kernel.forward
+                kernels[entry.candidate_id] = self.generic.runner(entry, spec.params, run) \
+                    if entry.family == GENERIC else run
         return kernels[entry.candidate_id]
 
     def _of(self, layer: torch.nn.Module) -> _LayerState:
@@ -397,6 +419,10 @@ class Router:
     # -- capture -----------------------------------------------------------------------------------------------
     def _capture(self, spec: LayerSpec, layer: torch.nn.Module, call: dict[str, Any], original: Callable[..., Any],
                  args: tuple, kwargs: dict) -> Any:
+        if spec.family == GENERIC:
+            result, changed = self.generic.capture(spec.params, layer, call, lambda: original(*args, **kwargs))
+            self.write(force=changed)
+            return result
         variant, reason = self._count(spec, layer, call, reason=spec.variant(layer, call, _dtype_of(spec, call)))
         if variant is None or variant.checked or reason:
             return original(*args, **kwargs)
@@ -513,7 +539,8 @@ def _rank() -> int | None:
     return None
 
 
-def router_from_env(engine: str, targets: dict[str, list[LayerSpec]]) -> Router | None:
+def router_from_env(engine: str, targets: dict[str, list[LayerSpec]],
+                    native: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext) -> Router | None:
     """The process's router from its environment (pack to route, counters' and captures' directory), or None when
     kernelbot asked for neither. Pack entries no table layer takes are listed as unrouted, with the reason."""
     pack_env, counts_env = os.environ.get(PACK_ENV), os.environ.get(COUNTS_ENV)
@@ -523,13 +550,13 @@ def router_from_env(engine: str, targets: dict[str, list[LayerSpec]]) -> Router 
         return None
     counts_to = counts_env or os.environ.get(CAPTURE_ENV)
     router = Router(engine=engine, pack_dir=Path(pack_env) if pack_env else None,
-                    counts_dir=Path(counts_to) if counts_to else None, capturing=capturing)
+                    counts_dir=Path(counts_to) if counts_to else None, capturing=capturing,
+                    generic=GenericLayers(engine, native))
     if pack_env:
         pack = Pack.model_validate_json((Path(pack_env) / "manifest.json").read_text())
         router.run_id = pack.run_id
-        families = {spec.family: cls for cls, specs in targets.items() for spec in specs}
         for entry in pack.entries:
-            if entry.family not in families or entry.module_class not in targets:
+            if entry.family not in {spec.family for spec in targets.get(entry.module_class, [])}:
                 router.unrouted.append({"candidate_id": entry.candidate_id, "family": entry.family,
                                         "reason": f"no {engine} layer takes a {entry.family} kernel for "
                                                   f"{entry.module_class}"})

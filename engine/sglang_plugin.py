@@ -5,19 +5,24 @@ scheduler/TP-rank process, before the model is built; `SGLANG_PLUGINS=kernelbot_
 AROUND hooks on the `forward` of the layer classes in `LAYERS` (RMSNorm plain and with its fused residual add,
 SiluAndMul, RotaryEmbedding), so every instance goes through engine/served_layers.py's router however it later
 resolves its own backend method: to a pack kernel for the variants, shapes and dtypes it was verified on, to SGLang's
-own path otherwise (counted, with the reason), and, when capturing, recorded as the tasks' source.
+own path otherwise (counted, with the reason), and, when capturing, recorded as the tasks' source. Every other fused op
+of SGLang's layer modules (a `BaseFusedOp` with its own native forward: GemmaRMSNorm, GeluAndMul, ...) is hooked the
+same way for generic kernels (engine/served_generic.py): captured as a task whose reference is its forward_native,
+routed by its attributes and the call's exact signature.
 
 Environment: see engine/served_layers.py (KERNELBOT_PACK_DIR, KERNELBOT_COUNTS_DIR, KERNELBOT_CAPTURE_DIR).
 """
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import sys
 from typing import Any
 
 import torch
 
-from kernelbot.engine.served_layers import LayerSpec, Router, router_from_env
+from kernelbot.engine.served_layers import LayerSpec, Router, generic_spec, router_from_env
 
 CLASSES = {  # SGLang's layer classes by name → the module that defines them
     "RMSNorm": "sglang.srt.layers.layernorm",
@@ -31,6 +36,9 @@ NUMERICS = {  # methods a subclass may override to compute something the kernel 
     "RotaryEmbedding": ("forward_native", "forward_cuda", "forward_cpu", "forward_hip", "_compute_cos_sin_cache",
                         "_compute_inv_freq"),
 }
+
+FUSED_OP = ("sglang.kernels.fused_op", "BaseFusedOp")  # the base of SGLang's ops with a native forward
+BASE_MODULES = (FUSED_OP[0], "sglang.srt.layers.utils.multi_platform")  # where forward_native is only a stub
 
 _ROUTER: Router | None = None
 
@@ -124,24 +132,57 @@ LAYERS: dict[str, list[LayerSpec]] = {
 }
 
 
+def _generic_classes() -> dict[str, type]:
+    """SGLang's fused ops (its layer modules' BaseFusedOp subclasses) that LAYERS does not take, whose forward is the
+    base's dispatch and whose forward_native is their own: each may become a generic task, forward_native the
+    reference (the classes one name ties to, the first found)."""
+    base = getattr(importlib.import_module(FUSED_OP[0]), FUSED_OP[1])
+    taken = tuple(getattr(importlib.import_module(module), name) for name, module in CLASSES.items())
+    found: dict[str, type] = {}
+    todo = list(base.__subclasses__())
+    while todo:
+        cls = todo.pop()
+        todo.extend(cls.__subclasses__())
+        native = next(k for k in cls.__mro__ if "forward_native" in vars(k))
+        if issubclass(cls, taken) or inspect.isabstract(cls) or cls.forward is not base.forward or \
+                native.__module__ in BASE_MODULES or not cls.__module__.startswith("sglang."):
+            continue
+        found.setdefault(cls.__name__, cls)
+    return found
+
+
+def _generic_variant(layer: torch.nn.Module, call: dict[str, Any], dtype: str) -> str:
+    return "torch.compile (layer runs forward_native compiled)" if _compiling(layer) else ""
+
+
 def register() -> None:
     """The entry point: route the pack named by KERNELBOT_PACK_DIR, and/or capture what the layers run."""
     global _ROUTER
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    router = router_from_env("sglang", LAYERS)
+    importlib.import_module("sglang.srt.layers.activation")  # the modules whose fused ops may be generic tasks
+    importlib.import_module("sglang.srt.layers.layernorm")
+    classes = {name: getattr(importlib.import_module(module), name) for name, module in CLASSES.items()}
+    targets = dict(LAYERS)
+    for name, cls in _generic_classes().items():
+        spec = generic_spec(cls, variant=_generic_variant, mutable=_compiling)
+        if spec is not None:
+            classes[name], targets[name] = cls, [spec]
+    router = router_from_env("sglang", targets)
     if router is None:
         return
     _ROUTER = router
-    wanted = set(LAYERS) if router.capturing else {cls for cls, _family in router.routes}
-    for name in sorted(wanted, key=list(CLASSES).index):
-        target = f"{CLASSES[name]}.{name}"
-        specs = LAYERS[name]
+    wanted = set(targets) if router.capturing else {cls for cls, _family in router.routes}
+    for name in sorted(wanted, key=list(classes).index):
+        cls, specs = classes[name], targets[name]
 
         def hook(original: Any, layer: torch.nn.Module, *args: Any, _specs: list[LayerSpec] = specs,
-                 **kwargs: Any) -> Any:
+                 _only: type | None = None if name in CLASSES else cls, **kwargs: Any) -> Any:
+            if _only is not None and type(layer) is not _only:  # a generic hook takes its own class's calls only
+                return original(layer, *args, **kwargs)
             return router.handle(_specs, layer, lambda *a, **k: original(layer, *a, **k), args, kwargs)
 
+        target = f"{cls.__module__}.{cls.__qualname__}"
         HookRegistry.register(f"{target}.forward", hook, HookType.AROUND)
         router.hooked.append(target)
     router.write(force=True)

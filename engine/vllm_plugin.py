@@ -10,20 +10,24 @@ class with the same name: vLLM builds it wherever the model asks for the origina
 every call goes through engine/served_layers.py's router — to a pack kernel for the variants, shapes and dtypes it
 was verified on, to vLLM's own path for everything else (counted, with the reason). Linear layers and the LM head
 are routed at their GEMM (the unquantized method's `apply`), so vLLM's own forward keeps its tensor-parallel gathers
-and reductions; their weights (and the experts') are kept before vLLM repacks them for its CPU kernels.
+and reductions; their weights (and the experts') are kept before vLLM repacks them for its CPU kernels. Every other
+CustomOp with a native forward (GemmaRMSNorm, GeluAndMul, ...) is hooked the same way for generic kernels
+(engine/served_generic.py): captured as a task whose reference is its native forward, routed by its attributes and
+the call's exact signature.
 
 Environment: see engine/served_layers.py (KERNELBOT_PACK_DIR, KERNELBOT_COUNTS_DIR, KERNELBOT_CAPTURE_DIR).
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
-from kernelbot.engine.served_layers import LayerSpec, Router, router_from_env
+from kernelbot.engine.served_layers import LayerSpec, Router, generic_spec, router_from_env
 
 KNOWN_VERSIONS = ("0.32.0",)  # the vLLM releases whose layer classes and seams this plugin was tested against
 
@@ -182,6 +186,35 @@ def _rope_classes() -> dict[str, type]:
     return found
 
 
+def _generic_classes(taken: dict[str, type]) -> dict[str, type]:
+    """vLLM's CustomOps (the ones its imported layer modules registered) that no family's table takes and that have a
+    native forward: each may become a generic task, its native forward the reference (engine/served_generic.py)."""
+    from vllm.model_executor.custom_op import CustomOp, op_registry
+
+    found = {}
+    for cls in op_registry.values():
+        if not (isinstance(cls, type) and issubclass(cls, CustomOp)) or cls.__name__ in taken or \
+                cls.__name__ == MOE_METHOD[1] or issubclass(cls, tuple(taken.values())):
+            continue
+        if cls.forward is CustomOp.forward and cls.forward_native is not CustomOp.forward_native:
+            found[cls.__name__] = cls
+    return found
+
+
+@contextlib.contextmanager
+def _native_ops() -> Iterator[None]:
+    """vLLM's IR ops (vllm.ir: rms_norm, fused_add_rms_norm, ...) run their native implementation in Python, so a
+    trace of a layer's native forward sees ATen ops, not the engine's own."""
+    from vllm import ir
+    from vllm.ir.op import IrOp
+
+    with contextlib.ExitStack() as stack:
+        for op in IrOp.registry.values():
+            stack.enter_context(op.set_priority(["native"]))
+        stack.enter_context(ir.enable_torch_wrap(False))
+        yield
+
+
 def register() -> None:
     """The entry point: route the pack named by KERNELBOT_PACK_DIR, and/or capture what the layers run."""
     global ROUTER
@@ -194,7 +227,11 @@ def register() -> None:
     targets = {name: LAYERS.get(name, LAYERS["RotaryEmbedding"]) for name in classes}
     targets[ATTENTION_IMPL] = vllm_attention.ATTENTION
     targets[MOE_LAYER] = [MOE]
-    router = router_from_env("vllm", targets)
+    for name, cls in _generic_classes(classes).items():
+        spec = generic_spec(cls)
+        if spec is not None:
+            classes[name], targets[name] = cls, [spec]
+    router = router_from_env("vllm", targets, _native_ops)
     if router is None:
         return
     ROUTER = router

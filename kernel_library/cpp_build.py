@@ -72,10 +72,30 @@ def unbuilt_library() -> list[Path]:
 def prebuild_library() -> dict[str, str]:
     """Build every kernel_library C++ source now, in the trusted process: candidates that use them run in a
     sandbox whose filesystem is read-only, so they can load the builds but not make (or tamper with) them.
-    Returns the environment that points a sandboxed child at those builds."""
+    Returns the environment that points a sandboxed child at those builds. Sources with no build yet are compiled
+    side by side first, as many at once as the host has cores."""
+    unbuilt = unbuilt_library()
+    if len(unbuilt) > 1 and (os.cpu_count() or 1) > 1 and not sanitizing():
+        _build_side_by_side(unbuilt)
     for source in _library_sources():
         load_cpp(source)
     return {CACHE_ENV: str(cache_dir().resolve())}
+
+
+def _build_side_by_side(sources: list[Path]) -> None:
+    """Each source built in a child process of its own (one compiler job each), cores' worth at a time: on a fresh
+    machine the library's first build takes the time of its slowest sources, not their sum. A build that fails here
+    is left to the caller's own load, which builds it again and raises with the compiler's message."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    code = ("import sys, pathlib; from kernelbot.kernel_library.cpp_build import load_cpp; "
+            "load_cpp(pathlib.Path(sys.argv[1]))")
+
+    def build(source: Path) -> None:
+        subprocess.run([sys.executable, "-c", code, str(source)], capture_output=True, timeout=1200, check=False)
+
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        list(pool.map(build, sources))
 
 
 def library_env(device: str) -> dict[str, str]:

@@ -127,6 +127,9 @@ class Task(BaseModel):
     # exactly its graph, so the pack may route their calls
     signature: CallSignature | None = None
     module_paths: list[str] = Field(default_factory=list)
+    # served generic tasks: the engine layers' own attributes (GenericCapture.variant); the pack routes calls of
+    # layers built alike, in the engine's processes
+    layer_variant: str = ""
     region: str = ""  # what the reference covers and what stayed outside it, for people
 
 
@@ -213,6 +216,7 @@ class PackEntry(BaseModel):
     speedup: float
     signature: CallSignature | None = None  # generic kernels: the one call signature they are routed for
     module_paths: list[str] = Field(default_factory=list)
+    layer_variant: str = ""  # served generic kernels: the attributes of the engine layers they are routed to
 
 
 class Pack(BaseModel):
@@ -535,6 +539,20 @@ class LayerCapture(BaseModel):
     why: str = ""  # why the variant cannot take a kernel, or why the reference did not agree
 
 
+class GenericCapture(BaseModel):
+    """A call of an engine layer that no family covers, as the engine ran it (engine/served_generic.py, capture mode):
+    the layer's class and attributes, the call's signature, and the task's reference, extracted in the engine's own
+    process from the layer's native (pure PyTorch) forward and checked there against the engine's own output."""
+
+    engine_class: str
+    variant: str  # the layer's own attributes (JSON): layers built alike compute alike
+    dtype: str
+    signature: CallSignature
+    calls: int = 0
+    reference: str = ""  # the reference.py of a task for this call; empty when `why` says why there is none
+    why: str = ""
+
+
 class PluginReport(BaseModel):
     """What kernelbot's plugin saw in one engine process: hooks installed, calls into each pack kernel, fallbacks by
     reason, pack entries no layer takes, and (capturing) the layer variants the engine ran."""
@@ -549,6 +567,7 @@ class PluginReport(BaseModel):
     fallback: dict[str, dict[str, int]] = Field(default_factory=dict)  # layer class → reason → calls
     unrouted: list[dict[str, str]] = Field(default_factory=list)
     captures: list[LayerCapture] = Field(default_factory=list)
+    generic: list[GenericCapture] = Field(default_factory=list)  # calls of layers no family covers
 
 
 class ServingMetrics(BaseModel):

@@ -66,3 +66,21 @@ def recorded_candidates(run_dir: Path) -> dict[str, dict]:
         return {}
     finally:
         db.close()
+
+
+def generic_pack(pack_dir: Path, capture, module_class: str):
+    """A pack whose one generic kernel is a captured call's reference itself (for tests of the routing, not of a
+    generated kernel), for the layers of `module_class` built like the captured one."""
+    from kernelbot.kernel_library.base import GENERIC
+    from kernelbot.records import Pack, PackEntry
+
+    (pack_dir / "kernels").mkdir(parents=True)
+    (pack_dir / "kernels" / "k.py").write_text(capture.reference + "\n\nModelNew = Model\n")
+    entry = PackEntry(task_id="t", candidate_id="k", family=GENERIC, module_class=module_class,
+                      input_shapes=[t.shape for t in capture.signature.tensors], init_args=[], dtype=capture.dtype,
+                      backend="cpp", config={}, source_file="kernels/k.py", source_hash="test",
+                      verification="pass: test", speedup=2.0, signature=capture.signature,
+                      layer_variant=capture.variant)
+    pack = Pack(version="t", run_id="r", device="cpu", entries=[entry])
+    (pack_dir / "manifest.json").write_text(pack.model_dump_json())
+    return pack

@@ -21,6 +21,22 @@ def test_every_library_source_is_unbuilt_in_an_empty_cache_and_none_once_built(t
     assert cpp_build.unbuilt_library() == sources
 
 
+def test_a_first_build_compiles_the_unbuilt_sources_side_by_side_then_loads_every_source(tmp_path, monkeypatch):
+    monkeypatch.setenv("KERNELBOT_CACHE", str(tmp_path))
+    monkeypatch.setattr(cpp_build.os, "cpu_count", lambda: 2)
+    children: list[str] = []
+    loaded: list[Path] = []
+    monkeypatch.setattr(cpp_build.subprocess, "run", lambda argv, **kw: children.append(argv[-1]))
+    monkeypatch.setattr(cpp_build, "load_cpp", loaded.append)
+    cpp_build.prebuild_library()
+    sources = sorted(Path(cpp_build.__file__).parent.glob("*/*.cpp"))
+    assert sorted(children) == [str(s) for s in sources] and loaded == sources
+    children.clear()
+    monkeypatch.setattr(cpp_build, "unbuilt_library", lambda: sources[:1])  # one left: built in this process
+    cpp_build.prebuild_library()
+    assert children == [] and loaded == sources * 2
+
+
 def test_a_first_build_is_announced_and_a_cached_one_is_silent(tmp_path, monkeypatch):
     out = io.StringIO()
     stages = Stages(Console(file=out, width=200), tmp_path)

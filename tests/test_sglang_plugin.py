@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import free_port
+from helpers import free_port, generic_pack
 
 from kernelbot.kernel_library import FAMILIES
 from kernelbot.kernel_library.cpp_build import prebuild_library
@@ -135,3 +135,25 @@ def test_custom_and_fallback_counters_count_per_rank(sglang_run):
             "LinearScalingRotaryEmbedding": {
                 "subclass LinearScalingRotaryEmbedding overrides _compute_cos_sin_cache": 1},
         }
+
+
+def _generic_child(env_update: dict[str, str]) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_", "KERNELBOT_", "PYTHON"))}
+    env.update({"SGLANG_PLUGINS": "kernelbot_pack", "SGLANG_USE_CPU_ENGINE": "1", **env_update})
+    proc = subprocess.run([str(SGLANG_PY), str(ROOT / "tests" / "sglang_generic_child.py")], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_a_fused_op_no_family_covers_is_captured_in_sglang_and_then_runs_a_generic_kernel_there(tmp_path):
+    from kernelbot.engine.served_layers import read_reports
+
+    _generic_child({"KERNELBOT_CAPTURE_DIR": str(tmp_path / "capture")})
+    captures = [g for r in read_reports(tmp_path / "capture") for g in r.generic if g.engine_class == "GemmaRMSNorm"]
+    assert len(captures) == 1 and captures[0].calls == 3 and captures[0].reference, captures
+    generic_pack(tmp_path / "pack", captures[0], "GemmaRMSNorm")
+    out = _generic_child({"KERNELBOT_PACK_DIR": str(tmp_path / "pack"), "KERNELBOT_COUNTS_DIR": str(tmp_path / "c")})
+    assert max(out["diffs"]) <= 2e-2  # the reference run as the kernel: SGLang's own numbers, to bf16's rounding
+    (report,) = read_reports(tmp_path / "c")
+    assert report.custom["k"].calls == 3 and not report.fallback, report

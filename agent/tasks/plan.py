@@ -13,10 +13,19 @@ from pathlib import Path
 from typing import Protocol
 
 from kernelbot.agent.tasks.extract import NotExtractable
-from kernelbot.agent.tasks.tasks import make_generic_task, make_tasks, module_labels, skip_reason, task_for, write_task
+from kernelbot.agent.tasks.tasks import (
+    OWN_OPS,
+    make_generic_task,
+    make_tasks,
+    module_labels,
+    served_generic_task,
+    skip_reason,
+    task_for,
+    write_task,
+)
 from kernelbot.engine import TorchEngine
 from kernelbot.kernel_library.base import GENERIC
-from kernelbot.records import Hotspot, LayerCapture, Task
+from kernelbot.records import GenericCapture, Hotspot, LayerCapture, Task
 
 
 @dataclass(frozen=True)
@@ -151,10 +160,19 @@ def _inside(h: Hotspot, labels: dict[str, str], covered: list[str]) -> bool:
 class ServedTasks:
     """Tasks for a served model: one per layer variant the engine's plugin captured (engine/served_layers.py), with
     the arguments its layers were built with and the most rows the engine ran; only variants whose own outputs the
-    family's reference reproduced on a live call. Anything else is reported as not integrable, with the reason."""
+    family's reference reproduced on a live call. A layer no family covers gets a generic task from its most frequent
+    captured call whose native forward was extracted in the engine's process (engine/served_generic.py). Anything
+    else is reported as not integrable, with the reason."""
 
     engine: str
     captures: list[LayerCapture]
+    generic: list[GenericCapture] = field(default_factory=list)
+    generic_refused: str | None = None  # as ModelTasks'
+
+    def _generic(self, hotspot: Hotspot) -> list[GenericCapture]:
+        """The captured calls of the hotspot's layer class, the extracted ones first, then by calls."""
+        found = [c for c in self.generic if c.engine_class == hotspot.module_class]
+        return sorted(found, key=lambda c: (not c.reference, -c.calls))
 
     def _capture(self, hotspot: Hotspot) -> LayerCapture | None:
         """The captured variant this hotspot is a row bucket of: same class, family, dtype and fixed dims."""
@@ -171,9 +189,7 @@ class ServedTasks:
 
     def refuse(self, hotspot: Hotspot) -> str | None:
         if hotspot.family is None:
-            return (f"not integrable: no seam of {self.engine} carries a kernel for {hotspot.module_class} into the "
-                    "server (kernelbot's plugin routes its norms, activations, rotary embeddings, linear layers, LM "
-                    "head, attention and MoE experts)")
+            return self._refuse_generic(hotspot)
         capture = self._capture(hotspot)
         if capture is None:
             return f"not integrable: the plugin captured no {hotspot.family} call of {hotspot.module_class}"
@@ -181,8 +197,39 @@ class ServedTasks:
             return f"not integrable: {capture.why or 'the engine ran no call of this variant through its own path'}"
         return None
 
+    def _refuse_generic(self, hotspot: Hotspot) -> str | None:
+        if self.generic_refused is not None:
+            return self.generic_refused
+        found = self._generic(hotspot)
+        if not found:
+            return (f"not integrable: no seam of {self.engine} carries a kernel for {hotspot.module_class} into the "
+                    f"server (kernelbot's plugin takes {self.engine}'s norms, activations, rotary embeddings, linear "
+                    "layers, LM head, attention, MoE experts, and any of its CustomOps with a native forward; "
+                    + ("a module's own ops are none of these)" if hotspot.module_class.endswith(OWN_OPS) else
+                       "this layer is none of these)"))
+        return None if found[0].reference else f"not integrable: no generic task, {found[0].why}"
+
     def build(self, hotspot: Hotspot, planned: list[Task]) -> list[Planned] | NoTask:
+        if hotspot.family is None:
+            return self._build_generic(hotspot, planned)
         capture = self._capture(hotspot)
         assert capture is not None  # refuse() said so otherwise
         task = task_for(hotspot, capture.init_args)  # routed by the engine's class (the hooked one)
         return [Planned(task.model_copy(update={"module_class": capture.engine_class}))]
+
+    def _build_generic(self, hotspot: Hotspot, planned: list[Task]) -> list[Planned] | NoTask:
+        """One task per extracted call signature of the layer class, most calls first, down to a tenth of the top's
+        calls (a decode step's norm with and without its residual, a prefill's); none twice."""
+        found = [c for c in self._generic(hotspot) if c.reference]
+        out: list[Planned] = []
+        for capture in found:
+            if capture.calls * 10 < found[0].calls:
+                break
+            task = served_generic_task(hotspot, capture)
+            if any(t.signature == task.signature and t.layer_variant == task.layer_variant
+                   for t in [*planned, *(p.task for p in out)]):
+                continue
+            if out:
+                task = task.model_copy(update={"id": f"{task.id}-v{len(out) + 1}"})
+            out.append(Planned(task, capture.reference))
+        return out or NoTask("its captured calls are planned as tasks already")

@@ -13,7 +13,7 @@ import torch
 from kernelbot.agent.tasks import extract
 from kernelbot.kernel_library import FAMILIES
 from kernelbot.kernel_library.base import GENERIC
-from kernelbot.records import Hotspot, Task
+from kernelbot.records import GenericCapture, Hotspot, Task
 
 OWN_OPS = " (own ops)"
 
@@ -125,6 +125,19 @@ def make_generic_task(hotspot: Hotspot, model: torch.nn.Module, labels: dict[str
         region=f"{cls} at {names[0]}, whole call" + (" (children included: its own ops are the hotspot)"
                                                       if hotspot.module_class.endswith(OWN_OPS) else ""))
     return task, extract.reference_source(ex, module, task.region, dtype)
+
+
+def served_generic_task(hotspot: Hotspot, capture: GenericCapture) -> Task:
+    """A task for a served layer no family covers, from a call the engine's plugin captured and extracted."""
+    shapes = [t.shape for t in capture.signature.tensors]
+    slug = re.sub(r"[^a-z0-9]+", "_", capture.engine_class.lower()).strip("_")
+    return Task(
+        id=f"{hotspot.id}-{slug}-{'x'.join(map(str, shapes[0])) if shapes and shapes[0] else 'call'}",
+        hotspot_id=hotspot.id, family=GENERIC, module_class=capture.engine_class, dtype=capture.dtype or hotspot.dtype,
+        input_shapes=shapes, free_dims=[[] for _ in shapes], init_args=[], share=hotspot.share,
+        floor_us=hotspot.floor_us / max(hotspot.calls, 1), profiled_dims=hotspot.input_dims,
+        signature=capture.signature, layer_variant=capture.variant,
+        region=f"{capture.engine_class} in the engine's process, its native forward at its most frequent call")
 
 
 def _siblings(model: torch.nn.Module, module: torch.nn.Module) -> list[str]:

@@ -34,6 +34,7 @@ from kernelbot.kernel_library import FAMILIES
 from kernelbot.records import (
     Device,
     Fidelity,
+    GenericCapture,
     Hotspot,
     LayerCapture,
     ModelSpec,
@@ -49,6 +50,7 @@ Say = Callable[[str], None]
 class Profiled(BaseModel):
     hotspots: list[Hotspot]
     captures: list[LayerCapture]
+    generic: list[GenericCapture] = []  # calls of served layers no family covers (engine/served_generic.py)
 
 
 def served_model_dir(spec: ModelSpec, run_dir: Path) -> Path:
@@ -89,6 +91,23 @@ def merge_captures(reports: list[PluginReport]) -> list[LayerCapture]:
             if c.agrees is not None:
                 have.agrees = c.agrees if have.agrees is None else have.agrees and c.agrees
                 have.why = have.why or c.why
+    return list(merged.values())
+
+
+def merge_generic(reports: list[PluginReport]) -> list[GenericCapture]:
+    """The generic calls every process captured, summed; a call one process extracted keeps its reference."""
+    merged: dict[str, GenericCapture] = {}
+    for report in reports:
+        for c in report.generic:
+            key = json.dumps([c.engine_class, c.variant, [[t.shape, t.dtype] for t in c.signature.tensors],
+                              c.signature.spec])
+            have = merged.get(key)
+            if have is None:
+                merged[key] = c.model_copy(deep=True)
+            elif c.reference and not have.reference:
+                merged[key] = c.model_copy(deep=True, update={"calls": have.calls + c.calls})
+            else:
+                have.calls += c.calls
     return list(merged.values())
 
 
@@ -230,9 +249,9 @@ class ServedEngine:
                                  f" ({server.log_path})") from None
 
     # -- profile ----------------------------------------------------------------------------------------------
-    def profile(self, name: str, trace: Path, pack: Pack, pack_dir: Path) -> tuple[list[Path], list[LayerCapture]]:
-        """The worker traces of one profiled load (with the pack when it has kernels) and the layer variants the
-        plugin captured; `trace` gets the first worker's trace."""
+    def profile(self, name: str, trace: Path, pack: Pack, pack_dir: Path) -> tuple[list[Path], list[PluginReport]]:
+        """The worker traces of one profiled load (with the pack when it has kernels) and what every process's plugin
+        captured; `trace` gets the first worker's trace."""
         setup = self._setup(name, pack, pack_dir, capture=True, profile=True)
         assert setup.profile_dir is not None
         setup.profile_dir.mkdir(parents=True)  # vLLM makes it; SGLang writes into it as given
@@ -250,7 +269,7 @@ class ServedEngine:
             time.sleep(2 * FLUSH_S)  # the plugin's counters reach their files
         shutil.copyfile(traces[0], trace)
         assert setup.counts_dir is not None
-        return traces, merge_captures(read_reports(setup.counts_dir))
+        return traces, read_reports(setup.counts_dir)
 
     # -- measure ----------------------------------------------------------------------------------------------
     def measure(self, pack: Pack, pack_dir: Path, rounds: int, twin: Callable[[list[list[int]]], list[torch.Tensor]]
