@@ -25,7 +25,7 @@ from kernelbot.agent.stages import Stages
 from kernelbot.agent.verify.evaluate import Accepted, Outcome, duel, evaluate, pick_best
 from kernelbot.kernel_library.cpp_build import cache_root, prebuild_library, unbuilt_library
 from kernelbot.kernel_library.identity import source_identity
-from kernelbot.records import Bench, Candidate, Device, Hotspot, KernelOutcome, KernelResult, LLMUsage, Task
+from kernelbot.records import Bench, Candidate, Device, Hotspot, KernelOutcome, KernelResult, LLMUsage, Origin, Task
 
 if TYPE_CHECKING:
     from kernelbot.agent.cluster import ClusterExecutor, Job
@@ -58,7 +58,7 @@ def builtin_proposals(task: Task, task_dir: Path, backends: list[str], stages: S
         why = str(exc) if isinstance(exc, KernelbotError) else f"generator error ({type(exc).__name__}: {exc})"
         stages.say(f"  {task.id}: built-in generator: {why}", style="yellow")
         items.append(KernelResult(op=task.family, module=task.module_class, backend="cpp", shapes=task.input_shapes,
-                                  status="rejected", reason=f"no built-in candidate: {why}"[:300], speedup=None,
+                                  reason=f"no built-in candidate: {why}"[:300], speedup=None,
                                   outcome=KernelOutcome.NO_CANDIDATE,
                                   candidate_id=f"{task.id}/builtin"))
         proposed = []
@@ -213,7 +213,7 @@ class Generation:
             [backend, *found] for backend in self.backends
             if (found := store.lookup(task, backend, self.state.device_name)) is not None])
         return [(Candidate(id=f"store-{backend}", task_id=task.id, backend=backend,
-                           proposer=f"store:{entry.get('proposer', '?')}",
+                           proposer=f"store:{entry.get('proposer', '?')}", origin=Origin.STORE,
                            config={"from_run": entry.get("run_id"), **entry.get("config", {})},
                            source_hash=source_identity(source)), source, entry)
                 for backend, source, entry in found_all]
@@ -267,7 +267,7 @@ class Generation:
         winner, loser = (challenger, incumbent) if won else (incumbent, challenger)
         for row in rows:
             if row.candidate_id == f"{task.id}/{loser.candidate.id}":
-                row.status, row.outcome = "rejected", KernelOutcome.OUTPACED
+                row.outcome = KernelOutcome.OUTPACED
                 row.reason = (f"verified and faster than the op, but {result.speedup:.2f}x against "
                               f"{winner.candidate.id} in a duel, which {'replaced it' if won else 'stays'}")
         return winner

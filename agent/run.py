@@ -41,6 +41,7 @@ from kernelbot.records import (
     KernelOutcome,
     KernelResult,
     LLMUsage,
+    Origin,
     Pack,
     Report,
     Task,
@@ -231,7 +232,7 @@ class OptimizeRun:
             return {}
         # an incumbent the LLM wrote in this run had its rounds already
         far = [a for a in self.accepted if a.task.id not in self.challenged and a.task.floor_us > 0
-               and not a.candidate.proposer.startswith("llm")
+               and a.candidate.origin is not Origin.LLM
                and a.bench.candidate_us > FAR_FROM_FLOOR * a.task.floor_us]
         far.sort(key=lambda a: -a.task.share * (1 - a.task.floor_us / a.bench.candidate_us))
         return {a.task.id: a for a in far[:self.opts.max_tasks]}
@@ -309,7 +310,7 @@ class OptimizeRun:
             self.engine.measure(self.pack, self.pack_dir, finish.rounds, finish.compile, self.stages).model_dump())))
         apply_counts(self.kernels, measured.calls, measured.fallbacks)
         self.notes.extend(f"{row.candidate_id} is in the pack but never ran" for row in self.kernels
-                          if row.status == "accepted" and row.calls == 0)
+                          if row.accepted and row.calls == 0)
         self.notes.extend(measured.notes)
         self.stages.say(f"      fidelity: {measured.fidelity.summary()}")
         write_record(self.run_dir / "timings.json", measured.times)
@@ -353,7 +354,7 @@ class OptimizeRun:
         self.accepted = [x for x in self.accepted if x is not a]
         for row in self.kernels:
             if row.candidate_id == f"{a.task.id}/{a.candidate.id}":
-                row.status, row.outcome, row.reason = "rejected", KernelOutcome.SLOWER_IN_MODEL, why
+                row.outcome, row.reason = KernelOutcome.SLOWER_IN_MODEL, why
         self.notes.append(f"{a.task.id}/{a.candidate.id} dropped from the pack: {why}")
         self.stages.say(f"      dropped {a.task.id}/{a.candidate.id}: {why}", style="yellow")
 

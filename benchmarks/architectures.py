@@ -68,7 +68,7 @@ def run(name: str, work: Path, args: argparse.Namespace) -> Report:
 
 
 def line(name: str, r: Report) -> str:
-    accepted = sorted({f"{k.module}" for k in r.kernels if k.status == "accepted"})
+    accepted = sorted({f"{k.module}" for k in r.kernels if k.accepted})
     compiled = f"{r.speedup_vs_compiled:.2f}x" if r.speedup_vs_compiled else "—"
     return (f"| {name} | {r.baseline_ms:.1f} | {r.optimized_ms:.1f} | {r.speedup:.2f}x | {compiled} | "
             f"{len(accepted)} ({', '.join(accepted)}) | {r.fidelity.passed} | {r.host.summary() if r.host else '—'} |")

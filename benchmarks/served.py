@@ -65,7 +65,7 @@ def run(model: str, run_dir: Path, args: argparse.Namespace) -> Report:
 def line(name: str, r: Report) -> str:
     s = r.serving
     assert s is not None
-    ops = sorted({f"{k.op}:{k.calls}" for k in r.kernels if k.status == "accepted"})
+    ops = sorted({f"{k.op}:{k.calls}" for k in r.kernels if k.accepted})
     gain = f"{s.with_pack.output_throughput / s.stock.output_throughput:.2f}x"
     return (f"| {name} | {s.stock.output_throughput:.1f} | {s.with_pack.output_throughput:.1f} | {gain} | "
             f"{s.beyond_noise} | {r.fidelity.passed} | {len({o.split(':')[0] for o in ops})} ({', '.join(ops)}) | "

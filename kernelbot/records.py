@@ -133,13 +133,31 @@ class Task(BaseModel):
     region: str = ""  # what the reference covers and what stayed outside it, for people
 
 
+class Origin(str, Enum):
+    """Who wrote a candidate: decisions read this, never the proposer's name."""
+
+    BUILTIN = "builtin"  # kernel_library's families, or the generator of generic tasks
+    LLM = "llm"
+    STORE = "store"  # reused from the kernel store, first accepted in an earlier run
+
+
 class Candidate(BaseModel):
     id: str
     task_id: str
     backend: Literal["cpp", "triton", "cuda"]
-    proposer: str
+    proposer: str  # for people: "builtin", "llm:<model>", "store:<its first proposer>"
     config: dict[str, Any]
     source_hash: str
+    origin: Origin = Origin.BUILTIN
+
+    @model_validator(mode="before")
+    @classmethod
+    def _origin_of_older_records(cls, data: Any) -> Any:
+        """Candidates recorded before origins were: theirs is read from the proposer's name, here only."""
+        if isinstance(data, dict) and "origin" not in data:
+            prefix = str(data.get("proposer", "")).split(":", 1)[0]
+            return {**data, "origin": prefix if prefix in (Origin.LLM.value, Origin.STORE.value) else Origin.BUILTIN}
+        return data
 
 
 CheckStatus = Literal["pass", "fail", "not_run"]
@@ -348,7 +366,6 @@ class KernelResult(BaseModel):
     module: str
     backend: str
     shapes: list[list[int]]
-    status: Literal["accepted", "rejected"]
     reason: str  # for people; decisions read `outcome`
     speedup: float | None
     outcome: KernelOutcome  # given by every stage that makes or changes a row; derived for older rows, see below
@@ -368,6 +385,15 @@ class KernelResult(BaseModel):
     placement: Placement | None = None  # cluster runs only: node, worker and device that ran it
     # torch.compile's gain over eager on this task's own region (tasks/<id>/compile.json), for accepted kernels' tasks
     region_compile_speedup: float | None = None
+
+    @property
+    def accepted(self) -> bool:
+        return self.outcome is KernelOutcome.ACCEPTED
+
+    @computed_field  # in report.json for readers of the file; derived, so it cannot disagree with `outcome`
+    @property
+    def status(self) -> Literal["accepted", "rejected"]:
+        return "accepted" if self.accepted else "rejected"
 
     @model_validator(mode="before")
     @classmethod

@@ -115,7 +115,7 @@ def _timed(device: str, speedup: float) -> Outcome:
     bench = Bench(candidate_id="t/c", rounds=5, reference_us=10.0, candidate_us=10.0 / speedup, reference_spread=0.01,
                   candidate_spread=0.01, speedup=speedup, significant=True)
     verdict = Verdict(candidate_id="t/c", verdict="pass", failed=[], checks=[], shapes=[], seconds=1.0)
-    row = KernelResult(op="x", module="M", backend="cpp", shapes=[[1]], status="rejected", reason="verified; fast",
+    row = KernelResult(op="x", module="M", backend="cpp", shapes=[[1]], reason="verified; fast",
                        speedup=speedup, outcome=KernelOutcome.FASTER, candidate_id="t/c",
                        placement=Placement(node="n", node_ip="127.0.0.1", worker="w", device=device))
     return Outcome(row, verdict, bench, Accepted(TASK, cand, Path("c.py"), verdict, bench))

@@ -189,3 +189,23 @@ def test_where_no_generic_candidate_can_be_made_a_generic_hotspot_is_refused_bef
                        deferred=deferred)
     assert tasks == [] and deferred == {}  # refused, not deferred: a later iteration cannot do better
     assert notes == [f"h07 OddBlock [[4, 8, 64]] (30.0%): no task, {why}"]
+
+
+def test_a_rows_status_follows_its_outcome_and_is_written_for_readers_of_the_file() -> None:
+    row = _row("c", KernelOutcome.FASTER, MISLEADING_VERIFIED)
+    assert (row.accepted, row.status) == (False, "rejected")
+    row.outcome = KernelOutcome.ACCEPTED  # the crowning step changes the outcome only: the status cannot lag behind
+    assert (row.accepted, row.status) == (True, "accepted")
+    assert KernelResult.model_validate_json(row.model_dump_json()) == row and '"status":"accepted"' in \
+        row.model_dump_json()
+
+
+def test_a_candidates_origin_is_a_value_and_older_records_get_theirs_from_the_proposers_name() -> None:
+    from kernelbot.records import Origin
+
+    assert _cand("c").origin is Origin.BUILTIN
+    old = {"id": "c", "task_id": "t1", "backend": "cpp", "config": {}, "source_hash": "c"}
+    assert Candidate.model_validate({**old, "proposer": "llm:openai/x"}).origin is Origin.LLM
+    assert Candidate.model_validate({**old, "proposer": "store:builtin"}).origin is Origin.STORE
+    # a name proves nothing once the origin is recorded: the value decides
+    assert Candidate.model_validate({**old, "proposer": "llm:x", "origin": "builtin"}).origin is Origin.BUILTIN

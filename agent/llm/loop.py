@@ -18,7 +18,7 @@ from kernelbot.agent.llm.redact import redact
 from kernelbot.agent.propose.proposer import write_candidate
 from kernelbot.agent.verify.evaluate import Accepted, Outcome, new_row, pick_best
 from kernelbot.kernel_library.identity import source_identity
-from kernelbot.records import Candidate, KernelResult, LLMCall, LLMUsage, Task
+from kernelbot.records import Candidate, KernelResult, LLMCall, LLMUsage, Origin, Task
 
 
 def detect_backend(code: str, default: str) -> str:
@@ -165,7 +165,8 @@ def _use_answer(session: LLMSession, task: Task, task_dir: Path, ctx: PromptCont
     extraction = extract_code(call.answer)
     code = extraction.code
     cand = Candidate(id=cid, task_id=task.id, backend=detect_backend(code, ctx.backend) if code else ctx.backend,
-                     proposer=f"llm:{session.opts.model}", config={"call": call.id, "round": rnd, "sample": sample},
+                     proposer=f"llm:{session.opts.model}", origin=Origin.LLM,
+                     config={"call": call.id, "round": rnd, "sample": sample},
                      source_hash=source_identity(code or ""))
     call.candidate_id = f"{task.id}/{cid}"
     if code is None:

@@ -152,7 +152,7 @@ def apply_counts(kernels: list[KernelResult], calls: dict[str, int], fallbacks: 
     the calls on their module that fell back."""
     for row in kernels:
         row.calls = calls.get(row.candidate_id.replace("/", "__"), 0)
-        if row.status == "accepted":
+        if row.accepted:
             row.fallback_calls = fallbacks.get(row.module, 0)
 
 

@@ -63,7 +63,7 @@ def _speedups(plt, r: Report) -> bytes | None:
     if not timed:
         return None
     fig, ax = plt.subplots(figsize=(6.5, 0.3 * len(timed) + 1.2))
-    colors = ["#2a9d4a" if k.status == "accepted" else "#bbbbbb" for k in timed]
+    colors = ["#2a9d4a" if k.accepted else "#bbbbbb" for k in timed]
     ax.barh([k.candidate_id for k in timed], [k.speedup for k in timed], color=colors)
     ax.axvline(1.0, color="black", linewidth=0.8)
     ax.set_xlabel("speedup over the replaced op (green: accepted)")
@@ -77,7 +77,7 @@ def roofline_points(r: Report) -> list[tuple[str, float, float, float]]:
     """(candidate, arithmetic intensity FLOP/B, kernel GFLOP/s, replaced op GFLOP/s) of each accepted kernel."""
     out = []
     for k in r.kernels:
-        if k.status == "accepted" and k.flops and k.bytes and k.time_us and k.reference_us:
+        if k.accepted and k.flops and k.bytes and k.time_us and k.reference_us:
             out.append((k.candidate_id, k.flops / k.bytes, k.flops / k.time_us / 1e3, k.flops / k.reference_us / 1e3))
     return out
 

@@ -20,6 +20,7 @@ from kernelbot.records import (
     EndToEndTimes,
     Hotspot,
     KernelResult,
+    Origin,
     Pack,
     Report,
     Verdict,
@@ -69,7 +70,7 @@ def _spread(xs: list[float]) -> str:
 
 
 def _provenance(task_dir: Path, cand: Candidate) -> list[str]:
-    if cand.proposer.startswith("llm:"):
+    if cand.origin is Origin.LLM:
         call = json.loads((task_dir / "llm" / f"{cand.config.get('call')}.json").read_text())
         calls = [json.loads(p.read_text()) for p in sorted((task_dir / "llm").glob("c*.json"))]
         return [f"- LLM `{call['model']}` (api base {call.get('api_base') or 'provider default'}), call "
@@ -79,7 +80,7 @@ def _provenance(task_dir: Path, cand: Candidate) -> list[str]:
                 f"- all LLM calls for this task: {len(calls)}, "
                 f"{sum(c['prompt_tokens'] + c['completion_tokens'] for c in calls)} tokens, "
                 f"${sum(c['cost_usd'] for c in calls):.4f}; prompts and answers in `tasks/{task_dir.name}/llm/`"]
-    if cand.proposer.startswith("store:"):
+    if cand.origin is Origin.STORE:
         return [f"- reused from the kernel store (first accepted in run {cand.config.get('from_run')}, proposer "
                 f"{cand.proposer[6:]}), verified and benchmarked again in this run; no LLM spend"]
     return [f"- built-in proposer (`kernel_library/{cand.task_id.split('-')[1]}`, config `{cand.config}`); "
@@ -150,7 +151,7 @@ def describe(run_dir: Path) -> tuple[str, str, Report, Pack]:
     if report is None or pack is None:
         raise KernelbotError(f"{run_dir}: no report.json or pack/manifest.json; finish the run first "
                              f"(kernelbot optimize --resume {run_dir})")
-    accepted = [k for k in report.kernels if k.status == "accepted"]
+    accepted = [k for k in report.kernels if k.accepted]
     if not accepted:
         raise KernelbotError(f"{run_dir}: the run accepted no kernel, so there is nothing to propose")
     # hotspot ids are per profile: iteration N's tasks name hotspots of the profile it ranked
@@ -185,7 +186,7 @@ def describe(run_dir: Path) -> tuple[str, str, Report, Pack]:
     ]
     for row in accepted:
         lines += _kernel_section(run_dir, row, by_iteration.get(row.iteration, {}))
-    rejected = [k for k in report.kernels if k.status == "rejected"]
+    rejected = [k for k in report.kernels if not k.accepted]
     lines += ["## Rejected candidates", "", *[f"- `{k.candidate_id}`: {' '.join(k.reason.split())[:200]}"
                                               for k in rejected], ""]
     if not report.fidelity.passed:
@@ -229,7 +230,7 @@ def make_pr(run_dir: Path, repo: Path | None = None, branch: str | None = None, 
             shutil.copytree(run_dir / "pack", dest, dirs_exist_ok=True)
             (dest / "PR.md").write_text(body)
             evidence = dest / "evidence"
-            for k in (k for k in report.kernels if k.status == "accepted"):
+            for k in (k for k in report.kernels if k.accepted):
                 task_id, cand_id = k.candidate_id.split("/", 1)
                 cdir = run_dir / "tasks" / task_id / "candidates" / cand_id
                 target = evidence / f"{task_id}__{cand_id}"

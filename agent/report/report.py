@@ -85,7 +85,7 @@ def _contended_banner(r: Report) -> list[str]:
 
 
 def render_markdown(r: Report, figures: Iterable[str] = ()) -> str:
-    accepted = [k for k in r.kernels if k.status == "accepted"]
+    accepted = [k for k in r.kernels if k.accepted]
     lines = [
         f"# kernelbot run {r.run_id}",
         "",
@@ -129,7 +129,7 @@ def render_markdown(r: Report, figures: Iterable[str] = ()) -> str:
     lines += ["", "## Hotspots before (profiled, roofline floor from the device's peaks)", "",
               *_hotspot_rows(r.hotspots_before), "", "## Hotspots after", "", *_hotspot_rows(r.hotspots_after)]
     lines += _spend_section(r)
-    rejected = [k for k in r.kernels if k.status == "rejected"]
+    rejected = [k for k in r.kernels if not k.accepted]
     lines += ["", f"## Rejected candidates ({len(rejected)})", ""]
     lines += [f"- `{k.candidate_id}` ({k.backend}, {k.proposer or 'builtin'}): {k.reason}"
               for k in rejected] or ["None."]
@@ -167,9 +167,9 @@ def summary_table(r: Report) -> Table:
     for col in ("candidate", "backend", "status", "speedup", "calls", "reason"):
         table.add_column(col, overflow="fold")
     # One line per candidate that decided something: the winners, and the failures worth reading.
-    shown = [k for k in r.kernels if k.status == "accepted" or not k.outcome.verified]
+    shown = [k for k in r.kernels if k.accepted or not k.outcome.verified]
     for k in shown:
-        style = "green" if k.status == "accepted" else ""
+        style = "green" if k.accepted else ""
         table.add_row(k.candidate_id, k.backend, k.status, f"{k.speedup:.2f}x" if k.speedup else "—", str(k.calls),
                       k.reason[:90], style=style)
     return table

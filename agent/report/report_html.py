@@ -61,8 +61,8 @@ def _spend(r: Report) -> str:
 
 
 def render_html(r: Report, figures: dict[str, bytes]) -> str:
-    accepted = [k for k in r.kernels if k.status == "accepted"]
-    rejected = [k for k in r.kernels if k.status == "rejected"]
+    accepted = [k for k in r.kernels if k.accepted]
+    rejected = [k for k in r.kernels if not k.accepted]
     figs = "".join(
         f'<figure id="fig-{name}"><img alt="{escape(CAPTIONS.get(name, name))}" '
         f'src="data:image/png;base64,{base64.b64encode(png).decode()}"><figcaption>'

@@ -37,7 +37,7 @@ class Outcome:
 def new_row(task: Task, cand: Candidate, outcome: KernelOutcome = KernelOutcome.NO_CANDIDATE) -> KernelResult:
     """A rejected row for a candidate; until something runs it, there was no candidate to run."""
     return KernelResult(op=task.family, module=task.module_class, backend=cand.backend, shapes=task.input_shapes,
-                        status="rejected", reason="", speedup=None, outcome=outcome,
+                        reason="", speedup=None, outcome=outcome,
                         candidate_id=f"{task.id}/{cand.id}")
 
 
@@ -149,7 +149,7 @@ def pick_best(task: Task, rows: list[KernelResult], winners: list[Accepted]) -> 
     best = max(winners, key=lambda a: a.bench.speedup, default=None)
     for row in rows:
         if best and row.candidate_id == f"{task.id}/{best.candidate.id}":
-            row.status, row.outcome = "accepted", KernelOutcome.ACCEPTED
+            row.outcome = KernelOutcome.ACCEPTED
         elif best and row.speedup and row.outcome is KernelOutcome.FASTER:
             row.outcome = KernelOutcome.OUTPACED
             row.reason = f"verified and faster ({row.speedup:.2f}x), but {best.candidate.id} was faster still"

@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from kernelbot.records import Check, Device, Fidelity, KernelResult, ModelSpec, Report, Verdict
+from kernelbot.records import Check, Device, Fidelity, KernelOutcome, KernelResult, ModelSpec, Report, Verdict
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # steps run with PYTHONSAFEPATH: this folder is not on it
 from smoke import Smoke, SmokeRun  # noqa: E402
@@ -44,7 +44,7 @@ def verdict(candidate: str) -> Verdict:
 
 def report(run_dir: Path) -> Report:
     kernel = KernelResult(op="rmsnorm", module="LlamaRMSNorm", backend="triton", shapes=[[8, 1, 512]],
-                          status="accepted", reason="verified; 2.00x beyond noise (stub)", speedup=2.0)
+                          outcome=KernelOutcome.ACCEPTED, reason="verified; 2.00x beyond noise (stub)", speedup=2.0)
     return Report(run_id=run_dir.name, model=ModelSpec(name="llama-tiny", vocab=4000, dtype="bfloat16", batch=8,
                                                        prompt_len=32, decode_steps=32),
                   device=Device(kind="cuda", name="stub GPU", threads=132, peak_gflops=1.0, peak_gbps=1.0,
