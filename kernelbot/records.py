@@ -181,6 +181,9 @@ class Verdict(BaseModel):
     cases: list[str] = Field(default_factory=list)  # what each input set was: sizes, fuzzing, value ranges
     seed: int | None = None  # replays this verification with `kernelbot verify --seed`
     notes: list[str] = Field(default_factory=list)
+    # Triton launches the CPU interpreter ran: whether the candidate is a Triton kernel is what it launched, never
+    # what its source spells (0 on a GPU, where Triton compiles and no interpreter watches)
+    triton_launches: int = 0
 
     @property
     def problems(self) -> list[str]:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from kernelbot.sandbox.confine import SECRET_NAME
+from kernelbot.sandbox.confine import AUDIT_LOST, LOST_RECORDS, SECRET_NAME, lost_detail
 
 MAX_PROCESSES = 256  # per job: a fork bomb hits this instead of the machine
 MAX_FILE_BYTES = 2 << 30
@@ -147,8 +147,11 @@ class Ending:
 
 def outcome(workdir: Path, timeout: float, ending: Ending, protections: list[str]) -> SandboxResult:
     """The status both runners report for a job that has ended and whose box is closed: timeout, crash (by a
-    signal, or without a result), error (the harness's own report) or ok; detail is the stderr tail or the error."""
+    signal, or without a result), error (the harness's own report) or ok; detail is the stderr tail or the error.
+    A harness that ended with AUDIT_LOST (its audit hook could not write a record) adds a violation."""
     violations = parse_violations(ending.records)
+    if ending.code == AUDIT_LOST:
+        violations.append({"kind": LOST_RECORDS, "detail": lost_detail("the job's process")})
     tail = (workdir / STDERR).read_text(errors="replace")[-2000:] if (workdir / STDERR).exists() else ""
     payload = read_payload(workdir)
     if payload is not None:

@@ -5,7 +5,9 @@ job's box writable (the rest of the filesystem is remounted read-only), mount a 
 namespace, then drop every capability so the candidate cannot undo any of it. Then an audit hook and an
 environment trap record what the candidate tries: writes outside the box, sockets, signals, spawning
 programs, looking up secrets. Records go to a pipe the parent reads; the candidate can add to them, not
-take them back.
+take them back, nor keep them from arriving: they leave through a closure bound before any candidate code runs
+(`emitter`), which checks before every write that its fd is still the pipe it was given and ends the process
+(AUDIT_LOST) when it is not; swapping the code of the recorder's functions is refused and recorded.
 
 The process that runs candidate code (the harness's runner, forked from the harness) is confined once more
 (`confine_runner`): a Landlock layer of its own lets it read only the system, Python and kernelbot files it
@@ -24,10 +26,10 @@ import re
 import site
 import sys
 import sysconfig
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from types import CodeType, FrameType
-from typing import NamedTuple
+from types import CodeType, FrameType, FunctionType
+from typing import Any, NamedTuple
 
 from kernelbot.packages import package_folders
 from kernelbot.paths import CACHE_ENV, cache_dir
@@ -53,6 +55,10 @@ ETC_WITHHELD = re.compile(r"^(g?shadow-?|sudoers(\.d)?|ssh|ssl|pki|security|krb5
 # Landlock filesystem rights that only read (landlock.py names the ones that write).
 LL_EXECUTE, LL_READ_FILE, LL_READ_DIR = 1 << 0, 1 << 2, 1 << 3
 RECORDER: Recorder | None = None  # the harness's, handed to the runner it forks
+# Exit status of a process an audit record could not leave: its fd closed, or another file put in its place (even
+# for a moment). The harness reports a runner that ended so, and the sandbox a harness, as a violation.
+AUDIT_LOST = 86
+LOST_RECORDS = "audit_channel_lost"  # the violation's kind
 
 
 def _mount(source: str | None, target: str, flags: int, fstype: str | None = None) -> None:
@@ -102,25 +108,24 @@ def drop_capabilities() -> None:
 
 
 # Bound at import, before any candidate code runs: replacing os.write or os.path.realpath later does not reach the
-# recorder or the hook.
-_os_write, _fstat, _realpath, _fsdecode, _lexists, _dumps = os.write, os.fstat, os.path.realpath, os.fsdecode, \
-    os.path.lexists, json.dumps
+# recorder or the hook. All builtins (C): no code of theirs to swap.
+_os_write, _fstat, _realpath, _fsdecode, _lexists, _exit = os.write, os.fstat, os.path.realpath, os.fsdecode, \
+    os.path.lexists, os._exit
+_quote = json.encoder.encode_basestring_ascii
 
 
 class Recorder(NamedTuple):
     """Where audit records go (`fd`, a pipe the parent reads after the job), and what the process may write (`box`)
-    and, in the runner, read (`readable`, prefixes). A tuple: a candidate cannot point it elsewhere; closing or
-    replacing the fd it writes to is seen by `channel` (the runner compares it after every request)."""
+    and, in the runner, read (`readable`, prefixes). A tuple: a candidate cannot point it elsewhere. The hooks write
+    through `emitter`, never through this class (which the harness's seal covers in full); closing or replacing the
+    fd for good is also seen by `channel` (the runner compares it after every request)."""
     fd: int | None
     box: str
     readable: tuple[str, ...] | None = None
 
     def __call__(self, kind: str, detail: str) -> None:
-        if self.fd is not None:
-            try:
-                _os_write(self.fd, (_dumps({"kind": kind, "detail": detail[:300]}) + "\n").encode())
-            except OSError:
-                pass
+        """One record, from trusted code (the harness's own reports)."""
+        emitter(self)(kind, detail)
 
     def channel(self) -> tuple[int, int] | None:
         """(device, inode) of the file the records go to; None when there is none (or the fd was closed)."""
@@ -153,54 +158,107 @@ class Recorder(NamedTuple):
         return not inside and _lexists(p)
 
 
+def emitter(record: Recorder) -> Callable[[str, str], None]:
+    """The one way records leave a process: a closure over `record`'s fd, the file that fd is now, and builtins
+    bound at import, so that nothing a candidate can reach and put back before its call ends (the Recorder class,
+    this module's names, os.write) is consulted when it writes. Before every write the fd must still be that file;
+    a write that fails or would go elsewhere (the fd closed, or another file dup2'ed over it, even for a moment)
+    ends the process at once with AUDIT_LOST, before the candidate could put the fd back."""
+    fd, expected = record.fd, record.channel()
+    write, stat, leave, quote = _os_write, _fstat, _exit, _quote
+
+    def emit(kind: str, detail: str) -> None:
+        if fd is None:
+            return
+        line = ('{"kind": ' + quote(kind) + ', "detail": ' + quote(detail[:300]) + "}\n").encode()
+        try:
+            now = stat(fd)
+            if (now.st_dev, now.st_ino) == expected and write(fd, line) == len(line):
+                return
+        except OSError:
+            pass
+        leave(AUDIT_LOST)
+
+    return emit
+
+
+def lost_detail(who: str) -> str:
+    """What ending with AUDIT_LOST means, for `who`."""
+    return f"{who} closed or replaced its audit channel: a record it made could not reach the parent"
+
+
+def lost_records(who: str) -> str:
+    """Why `who` ended with AUDIT_LOST, recorded through this process's own recorder (the harness's fd, which a
+    runner it forked cannot close or replace), so that the parent sees it as a violation."""
+    detail = lost_detail(who)
+    if RECORDER is not None:
+        RECORDER(LOST_RECORDS, detail)
+    return detail
+
+
+def _guarded() -> tuple[Any, ...]:
+    """The Recorder and every function of this module and of the Recorder: what the hooks run, whose code (set
+    through `__code__`, which Python audits) no candidate may swap."""
+    functions = [*globals().values(), *vars(Recorder).values()]
+    return (Recorder, *(f for f in functions if isinstance(f, FunctionType) and f.__module__ == __name__))
+
+
 def install_audit(record: Recorder, trusted: Iterable[CodeType] = ()) -> None:
-    """`trusted`: the harness's own code objects that may set a profile or trace function."""
+    """`trusted`: the harness's own code objects that may set a profile or trace function. What the hook calls is
+    bound here (emit, the recorder's bound path tests, this module's helpers): replacing a name later does not reach
+    it, and swapping a function's code is refused and recorded."""
     trusted_code = frozenset(trusted)
     sites, stdlib = _installed_code()
+    emit, outside_box, unreadable = emitter(record), record.outside_box, record.unreadable
+    is_build_tool, isa_probe, fsdecode, getpid, guarded = build_tool, inductor_isa_probe, _fsdecode, os.getpid, \
+        _guarded()
 
     def hook(event: str, args: tuple) -> None:
         if event == "open" and len(args) >= 3:
             path, mode, flags = args[0], args[1] or "", args[2] or 0
             writing = any(c in str(mode) for c in "wax+") or flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT)
-            if writing and isinstance(path, (str, bytes, os.PathLike)) and record.outside_box(path):
-                record("write_outside_workdir", f"open({os.fsdecode(path)!r}, {mode!r})")
-            elif not writing and record.unreadable(path):
-                record("read_outside_box", f"open({os.fsdecode(path)!r}) for reading")
+            if writing and isinstance(path, (str, bytes, os.PathLike)) and outside_box(path):
+                emit("write_outside_workdir", f"open({fsdecode(path)!r}, {mode!r})")
+            elif not writing and unreadable(path):
+                emit("read_outside_box", f"open({fsdecode(path)!r}) for reading")
+        elif event == "object.__setattr__" and len(args) >= 2 and any(args[0] is g for g in guarded):
+            emit("audit_tamper", f"{args[0].__qualname__}.{str(args[1])[:40]} set: the audit recorder's own code")
+            raise PermissionError("kernelbot sandbox: the audit recorder's code cannot be changed")
         elif event in ("sys.settrace", "sys.setprofile"):
             # a trace or profile function sees (and can rewrite) the harness's own frames
             if sys._getframe(1).f_code not in trusted_code:
-                record("introspection", f"{event}: a trace/profile function would see the harness's frames")
+                emit("introspection", f"{event}: a trace/profile function would see the harness's frames")
         elif event in ("socket.connect", "socket.bind", "socket.sendto", "socket.sendmsg"):
-            record("network", f"{event} {args[1:]!r}")
+            emit("network", f"{event} {args[1:]!r}")
             raise PermissionError(f"kernelbot sandbox: {event} refused")
         elif event in ("os.kill", "os.killpg"):
-            record("signal", f"{event}{args!r}")
-            if args and args[0] not in (0, os.getpid()):
+            emit("signal", f"{event}{args!r}")
+            if args and args[0] not in (0, getpid()):
                 raise PermissionError(f"kernelbot sandbox: {event} refused")
         elif event in ("os.fork", "os.forkpty", "os.system", "os.posix_spawn", "os.spawn", "os.exec"):
             # subprocess starts a program by posix_spawn where it can (Triton's ptxas on a GPU node, 2026-12-04)
-            if not (event in ("os.posix_spawn", "os.exec") and args and build_tool(args[0], record)):
-                record("process", f"{event} {str(args)[:200]}")
+            if not (event in ("os.posix_spawn", "os.exec") and args and is_build_tool(args[0], outside_box)):
+                emit("process", f"{event} {str(args)[:200]}")
         elif event == "subprocess.Popen":
-            if not (args and build_tool(args[0], record)) and \
-                    not inductor_isa_probe(args, sys._getframe(1), sites, stdlib):
-                record("process", f"subprocess {str(args[1])[:200]}")
+            if not (args and is_build_tool(args[0], outside_box)) and \
+                    not isa_probe(args, sys._getframe(1), sites, stdlib):
+                emit("process", f"subprocess {str(args[1])[:200]}")
         elif event in ("gc.get_objects", "gc.get_referrers", "gc.get_referents", "sys._current_frames"):
-            record("introspection", f"{event}: looking through the harness's objects")
+            emit("introspection", f"{event}: looking through the harness's objects")
         elif event in ("os.remove", "os.rename", "os.rmdir", "os.mkdir", "shutil.rmtree", "os.truncate") and args:
-            if record.outside_box(args[0]):
-                record("write_outside_workdir", f"{event} {os.fsdecode(args[0])!r}")
+            if outside_box(args[0]):
+                emit("write_outside_workdir", f"{event} {fsdecode(args[0])!r}")
 
     sys.addaudithook(hook)
 
 
-def build_tool(program: object, record: Recorder) -> bool:
-    """Whether `program` (a name or path) is one of the BUILD_TOOLS and not a file in the box, where a candidate
-    could have written one of that name."""
+def build_tool(program: object, outside_box: Callable[[Any], bool]) -> bool:
+    """Whether `program` (a name or path) is one of the BUILD_TOOLS and not a file in the box (`outside_box`, the
+    recorder's test), where a candidate could have written one of that name."""
     if not isinstance(program, (str, bytes, os.PathLike)):
         return False
-    name = os.fsdecode(program)
-    return os.path.basename(name) in BUILD_TOOLS and (os.sep not in name or record.outside_box(name))
+    name = _fsdecode(program)
+    return os.path.basename(name) in BUILD_TOOLS and (os.sep not in name or outside_box(name))
 
 
 def _installed_code() -> tuple[tuple[str, ...], str]:
@@ -252,12 +310,13 @@ def trap_environment(record: Recorder) -> None:
     an installed library does it (its own configuration, read at import: nothing of the candidate's choosing)."""
     base = type(os.environ)
     sites, stdlib = _installed_code()
+    emit = emitter(record)
 
     class TrappedEnviron(base):  # type: ignore[misc, valid-type]
         def __getitem__(self, key):
             if isinstance(key, str) and SECRET_NAME.search(key) and \
                     not looked_up_by_a_library(sys._getframe(1), sites, stdlib):
-                record("secret_lookup", f"environment variable {key!r}")
+                emit("secret_lookup", f"environment variable {key!r}")
             return base.__getitem__(self, key)
 
     os.environ.__class__ = TrappedEnviron

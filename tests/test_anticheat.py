@@ -289,7 +289,9 @@ CHEATS = {
                 self.cache[key] = self.kernel(x)
             return self.cache[key].clone()
     """),
-    "closes_the_audit_channel": ("harness_tamper", """
+    # the record that cannot leave ends the runner (a violation); a channel closed with nothing recorded is seen
+    # after the call (tampering)
+    "closes_the_audit_channel": ("sandbox_violation", """
         def forward(self, x):
             recorder = sys.modules["kernelbot.sandbox.confine"].RECORDER
             if recorder is not None and recorder.fd is not None:
@@ -298,6 +300,16 @@ CHEATS = {
                 except OSError:
                     pass
             gc.get_objects()  # a violation, had its record reached the parent
+            return self.kernel(x)
+    """),
+    "closes_the_audit_channel_quietly": ("harness_tamper", """
+        def forward(self, x):
+            recorder = sys.modules["kernelbot.sandbox.confine"].RECORDER
+            if recorder is not None and recorder.fd is not None:
+                try:
+                    os.close(recorder.fd)
+                except OSError:
+                    pass
             return self.kernel(x)
     """),
     "rewrites_the_audit_recorder": ("sandbox_violation", """
@@ -321,7 +333,67 @@ CHEATS = {
         def forward(self, x):
             return self.kernel(x)
     """),
-    # 10. work counted by where it runs: numpy doing the work beside a decorative launch, or under a profiler label
+    # 10. the audit recorder silenced for one call and put back before the call ends (where the harness's checks
+    # after each call see nothing), or changed for good somewhere its seal did not look
+    "mutes_the_recorder_class_for_one_call": ("sandbox_violation", """
+        def forward(self, x):
+            recorder = sys.modules["kernelbot.sandbox.confine"].Recorder
+            saved = recorder.__call__
+            recorder.__call__ = lambda self, kind, detail: None
+            try:
+                gc.get_objects()  # a violation, had its record reached the parent
+            finally:
+                recorder.__call__ = saved
+            return self.kernel(x)
+    """),
+    "swaps_the_recorder_code_for_one_call": ("sandbox_violation", """
+        def forward(self, x):
+            write = sys.modules["kernelbot.sandbox.confine"].Recorder.__call__
+            saved = write.__code__
+            try:
+                write.__code__ = (lambda self, kind, detail: None).__code__
+                gc.get_objects()
+            except PermissionError:
+                pass
+            finally:
+                write.__code__ = saved
+            return self.kernel(x)
+    """),
+    "points_the_audit_fd_elsewhere_for_one_call": ("sandbox_violation", """
+        def forward(self, x):
+            fd = sys.modules["kernelbot.sandbox.confine"].RECORDER.fd
+            saved, null = os.dup(fd), os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, fd)
+            gc.get_objects()
+            os.dup2(saved, fd)
+            os.close(saved)
+            os.close(null)
+            return self.kernel(x)
+    """),
+    "closes_the_audit_fd_for_one_call": ("sandbox_violation", """
+        def forward(self, x):
+            fd = sys.modules["kernelbot.sandbox.confine"].RECORDER.fd
+            saved = os.dup(fd)
+            os.close(fd)
+            gc.get_objects()
+            os.dup2(saved, fd)
+            os.close(saved)
+            return self.kernel(x)
+    """),
+    "replaces_a_field_of_the_recorder_class": ("harness_tamper", """
+        def forward(self, x):
+            recorder = sys.modules["kernelbot.sandbox.confine"].Recorder
+            real = vars(recorder)["fd"]
+            if type(real).__name__ != "Muted":  # no fd for writing records, the real one for everything else
+
+                class Muted:
+                    def __get__(self, obj, owner=None):
+                        return None if sys._getframe(1).f_code.co_name == "__call__" else real.__get__(obj, owner)
+
+                recorder.fd = Muted()
+            return self.kernel(x)
+    """),
+    # 11. work counted by where it runs: numpy doing the work beside a decorative launch, or under a profiler label
     # that looks like a custom op
     "falls_back_to_numpy_beside_its_kernel": ("reference_fallback", """
         def forward(self, x):
@@ -349,7 +421,7 @@ CHEATS = {
             inv = 1.0 / np.sqrt(np.mean(a * a, axis=-1, keepdims=True) + self.variance_epsilon)
             return torch.from_numpy(self.weight.detach().numpy() * (a * inv))
     """),
-    # 11. more output buffers than a verification used to make calls (held to the end of the job now)
+    # 12. more output buffers than a verification used to make calls (held to the end of the job now)
     "cycles_through_sixty_four_output_buffers": ("output_aliasing", """
         def forward(self, x):
             y = self.kernel(x)
@@ -366,7 +438,11 @@ QUICK = {("cpp", n) for n in ("freed_reference_output", "caches_on_pointer", "fi
                               "memoises_on_sampled_elements", "folds_a_scale_into_its_weight",
                               "overwrites_its_output_from_a_native_thread", "iterates_to_a_different_answer",
                               "memoises_on_an_order_blind_key", "closes_the_audit_channel",
-                              "rewrites_the_audit_recorder", "works_between_calls_on_a_thread_started_at_import",
+                              "closes_the_audit_channel_quietly",
+                              "rewrites_the_audit_recorder", "mutes_the_recorder_class_for_one_call",
+                              "swaps_the_recorder_code_for_one_call", "points_the_audit_fd_elsewhere_for_one_call",
+                              "closes_the_audit_fd_for_one_call", "replaces_a_field_of_the_recorder_class",
+                              "works_between_calls_on_a_thread_started_at_import",
                               "falls_back_to_numpy_beside_its_kernel", "labels_numpy_as_its_kernel",
                               "cycles_through_sixty_four_output_buffers")} | \
     {("triton", "caches_on_id_and_version"), ("triton", "decorative_kernel")}
@@ -377,6 +453,15 @@ def _candidate(tmp_path, backend: str, name: str, body: str):
     return write_module(tmp_path / name / "candidate.py", source)
 
 
+# What the failed check's detail must name, where that check could fail for another reason too: the thread still at
+# work; the record that could not leave; the recorder's field or code changed; the muted record that arrived anyway
+FINDING = {"works_between_calls_on_a_thread_started_at_import": "(alive: ",
+           "closes_the_audit_channel": "audit_channel_lost", "closes_the_audit_fd_for_one_call": "audit_channel_lost",
+           "points_the_audit_fd_elsewhere_for_one_call": "audit_channel_lost",
+           "closes_the_audit_channel_quietly": "audit channel was closed or replaced",
+           "replaces_a_field_of_the_recorder_class": "Recorder.fd was replaced",
+           "swaps_the_recorder_code_for_one_call": "audit_tamper",
+           "mutes_the_recorder_class_for_one_call": "gc.get_objects"}
 TRITON_ONLY = {"forces_natural_program_order"}  # program orders exist for Triton launches only
 # Caught through the hundreds of sampled calls a fast kernel gets; one in Triton's slow interpreter gets a handful, too
 # few to time its libraries or to wrap a ring of 64 buffers (the README says so under what the checks cannot see)
@@ -396,8 +481,8 @@ def test_cheat_is_caught(tmp_path, backend, name):
     if backend == "triton" and name == "finishes_on_a_side_thread":
         expected.add("crash")  # Triton's interpreter is not thread-safe: two threads in it can bring the process down
     assert expected & set(verdict.failed), verdict.checks
-    if name == "works_between_calls_on_a_thread_started_at_import":  # the finding names the thread still at work
-        assert "(alive: " in next(c.detail for c in verdict.checks if c.id == "side_stream")
+    if name in FINDING:
+        assert FINDING[name] in next(c.detail for c in verdict.checks if c.id == check)
 
 
 @pytest.mark.parametrize("backend", list(BASES))

@@ -114,6 +114,24 @@ def test_a_verified_cpp_candidate_on_a_gpu_is_not_timed(tmp_path: Path, monkeypa
     assert out.row.outcome is KernelOutcome.NOT_TIMED and out.row.outcome.verified
 
 
+@pytest.mark.parametrize(("declared", "launches", "expected"), [
+    ("cpp", 3, KernelOutcome.NOT_TIMED),  # Triton in disguise: it ran in the interpreter
+    ("triton", 0, KernelOutcome.FASTER),  # "triton" in its source, C++ in its calls: timed
+])
+def test_what_a_candidate_launched_decides_whether_it_is_timed_on_a_cpu_not_its_declared_backend(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, declared: str, launches: int,
+        expected: KernelOutcome) -> None:
+    verdict = _verdict("c", True).model_copy(update={"triton_launches": launches})
+    monkeypatch.setattr(evaluate_mod, "verify", lambda *_, **__: verdict)
+    monkeypatch.setattr(evaluate_mod, "bench", lambda *_, **__: _bench("c", 2.0))
+    path = tmp_path / "c" / "candidate.py"
+    path.parent.mkdir()
+    cand = _cand("c").model_copy(update={"backend": declared})
+    out = evaluate(_task(), tmp_path, cand, path, "cpu", seed=0, timeout=5.0, bench_rounds=3)
+    assert out.row.outcome is expected, out.row.reason
+    assert out.row.backend == ("triton" if launches else declared)
+
+
 def test_a_row_made_without_running_anything_has_no_candidate() -> None:
     assert new_row(_task(), _cand("c")).outcome is KernelOutcome.NO_CANDIDATE
 

@@ -1,11 +1,15 @@
 """The box both runners share (sandbox/box.py): fresh, randomly named and private; what comes out of it; how a job's
-ending reads as a status. And the docker runner's use of it, against a stand-in Docker client (no daemon needed)."""
+ending reads as a status, an audit record that could not leave included. And the docker runner's use of it, against a
+stand-in Docker client (no daemon needed)."""
 
 from __future__ import annotations
 
 import json
 import re
 import stat
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -15,6 +19,7 @@ import pytest
 from kernelbot.paths import cache_dir, store_dir
 from kernelbot.sandbox import docker_runner
 from kernelbot.sandbox.box import Ending, box_env, close_box, open_box, outcome
+from kernelbot.sandbox.confine import AUDIT_LOST, LOST_RECORDS
 
 NAME = re.compile(r"kb-[0-9a-f]{16}")
 
@@ -67,6 +72,42 @@ def test_an_ending_reads_as_the_same_status_for_either_runner(tmp_path):
     assert (oom.status, oom.detail.splitlines()[0]) == ("crash", "killed by SIGKILL (out of memory)")
     assert _ended(tmp_path / "n", None, 0).detail.startswith("exit code 0, no result")
     assert _ended(tmp_path / "x", {"error": "bad module"}, 0).status == "error"
+
+
+def test_a_job_that_ended_because_its_audit_record_could_not_leave_is_a_violation(tmp_path):
+    lost = _ended(tmp_path, None, AUDIT_LOST)
+    assert lost.status == "crash" and [v["kind"] for v in lost.violations] == ["network", "garbled", LOST_RECORDS]
+
+
+# A process with the audit hook on a pipe: TAMPER runs, then an audited event, then the pipe's contents are printed.
+AUDITED = """
+import gc, os, sys
+from kernelbot.sandbox.confine import Recorder, install_audit
+r, w = os.pipe()
+install_audit(Recorder(w, os.getcwd()))
+saved = os.dup(w)
+TAMPER
+gc.get_objects()
+os.dup2(saved, w)
+os.close(w)
+os.close(saved)
+print(os.read(r, 4096).decode(), end="")
+"""
+
+
+@pytest.mark.parametrize("tamper", ["pass", "os.close(w)", "os.dup2(os.open(os.devnull, os.O_WRONLY), w)",
+                                    "sys.modules['kernelbot.sandbox.confine'].Recorder.__call__ = lambda *a: None",
+                                    "sys.modules['kernelbot.sandbox.confine']._os_write = lambda *a: 0"])
+def test_an_audit_record_reaches_its_pipe_or_ends_the_process(tmp_path, tamper):
+    """The fd closed or pointed elsewhere for a moment ends the process before the fd is put back; the recorder's
+    class or module names replaced do not reach the hook."""
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(AUDITED).replace("TAMPER", tamper)],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    if tamper.startswith("os."):
+        assert (done.returncode, done.stdout) == (AUDIT_LOST, ""), done.stderr
+    else:
+        assert done.returncode == 0, done.stderr
+        assert [json.loads(line)["kind"] for line in done.stdout.splitlines()] == ["introspection"]
 
 
 class _Containers:

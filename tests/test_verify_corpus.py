@@ -175,6 +175,34 @@ def test_parameters_named_otherwise_still_get_new_weights(tmp_path, baked, verdi
         assert "so did new weights" in caching
 
 
+RESHAPED = """
+from torch import nn
+
+from kernelbot.kernel_library.rmsnorm.cpp import RMSNormCpp
+
+
+class ModelNew(RMSNormCpp):
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.scale = nn.Parameter(self.weight.detach().reshape(1, -1).clone())  # named and shaped otherwise
+        del self.weight
+
+    def forward(self, x):
+        weight = self.scale.detach().reshape(-1).to(x.dtype).contiguous()
+        return self._ext.rmsnorm(x.contiguous(), weight, self.variance_epsilon, 8)
+"""
+
+
+def test_parameters_that_match_neither_by_name_nor_in_order_fail_result_caching_saying_why(tmp_path):
+    """Right on every input set, but new weights cannot be copied into a (1, n) `scale` for an (n,) `weight`: the
+    new-weights test fails, never skipped, and says so."""
+    ref = write_module(tmp_path / "reference.py", reference_source(RMS_TASK))
+    cand = write_module(tmp_path / "reshaped" / "candidate.py", RESHAPED)
+    verdict = verify(RMS_TASK, ref, cand, tmp_path / "work", seed=4)
+    _failed_alone(verdict, "result_caching")
+    assert "neither by name nor in order" in next(c.detail for c in verdict.checks if c.id == "result_caching")
+
+
 def _module(source: str, name: str) -> types.ModuleType:
     module = types.ModuleType(name)
     exec(compile(source, name, "exec"), module.__dict__)

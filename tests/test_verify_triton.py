@@ -213,6 +213,44 @@ def test_racy_and_out_of_bounds_triton_candidates_are_caught(tmp_path, block, ma
         assert "scratch+0" in detail
 
 
+# Whether a candidate is Triton is what it launches, not what its source spells: one reaches the library's Triton
+# kernel without ever naming it; the other is C++ whose comments and docstring name it (and would fool a regex)
+SPELLED_OTHERWISE = {
+    "hidden_triton": ("""
+import importlib
+
+NAME = "tri" + "ton"
+kernels = importlib.import_module(f"kernelbot.kernel_library.rmsnorm.{NAME}_kernel")
+
+
+class ModelNew(getattr(kernels, "RMSNorm" + NAME.capitalize())):
+    pass
+""", True),
+    "cpp_that_mentions_triton": ('''"""Not a Triton kernel, though this docstring says
+    import triton
+"""
+from kernelbot.kernel_library.rmsnorm.cpp import RMSNormCpp  # C++, no triton.jit anywhere
+
+
+class ModelNew(RMSNormCpp):
+    pass
+''', False),
+}
+
+
+@pytest.mark.parametrize("name", list(SPELLED_OTHERWISE))
+def test_the_interpreter_judges_what_a_candidate_launches_not_what_its_source_says(tmp_path, monkeypatch, name):
+    source, launches = SPELLED_OTHERWISE[name]
+    assert ("triton" in source.lower()) != launches
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # verify's own decision, not the test process's setting
+    ref = write_module(tmp_path / "reference.py", reference_source(RMS_TASK))
+    verdict = verify(RMS_TASK, ref, write_module(tmp_path / name / "candidate.py", source), tmp_path / "work")
+    assert verdict.verdict == "pass", verdict.problems
+    assert bool(verdict.triton_launches) == launches
+    race = next(c.detail for c in verdict.checks if c.id == "race")
+    assert race.startswith(f"{verdict.triton_launches} launches" if launches else "no Triton launch"), race
+
+
 PTXAS = """ptxas info    : 0 bytes gmem
 ptxas info    : Compiling entry function '_Z4tilePKfPfi' for 'sm_90'
 ptxas info    : Function properties for _Z4tilePKfPfi

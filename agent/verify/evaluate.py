@@ -60,12 +60,13 @@ def evaluate(task: Task, task_dir: Path, cand: Candidate, path: Path, device_kin
     out = Outcome(new_row(task, cand))
     row = out.row
     try:
-        env = {"TRITON_INTERPRET": "1"} if cand.backend == "triton" and device_kind == "cpu" else None
         # no seed: each verification draws a fresh secret one (recorded in the verdict), so no candidate can
-        # predict its inputs
-        verdict = verify(task, task_dir / "reference.py", path, path.parent / "verify", timeout=timeout, env=env,
+        # predict its inputs; verify itself runs Triton in the interpreter on a CPU (run.interpreted_triton)
+        verdict = verify(task, task_dir / "reference.py", path, path.parent / "verify", timeout=timeout,
                          device=device_kind)
         out.verdict = verdict
+        if verdict.triton_launches:  # what it launched, whatever the proposer took it for
+            row.backend = "triton"
         write_record(path.parent / "verdict.json", verdict)
         if verdict.verdict == "fail":
             # the gravest failure explains the verdict best: what it tried, then whether it ran, then the rest
@@ -78,12 +79,10 @@ def evaluate(task: Task, task_dir: Path, cand: Candidate, path: Path, device_kin
                           next(c.detail for c in verdict.checks if c.id == "correctness")[:200] + ")")
             # the sandbox's long paths say nothing to a model and cost tokens
             out.report = _failure_report(verdict).replace(str(path.parent.resolve()), "<candidate>")
-        elif (cand.backend == "cpp") != (device_kind == "cpu"):  # C++ runs on a CPU, Triton and CUDA on a GPU
-            why = "no GPU here, so it cannot join this cpu pack" if device_kind == "cpu" else \
-                f"a {cand.backend} kernel does not run on this {device_kind} device"
+        elif (why := untimed_here(cand, verdict, device_kind)) is not None:
             row.outcome = KernelOutcome.NOT_TIMED
-            row.reason = (f"verified ({'Triton interpreter' if cand.backend == 'triton' else 'compiled'}); "
-                          f"not timed: {why}")
+            how = "Triton interpreter" if verdict.triton_launches else "compiled"
+            row.reason = f"verified ({how}); not timed: {why}"
             out.report = f"verdict: pass on {len(verdict.shapes)} input sets; not timed on this {device_kind}"
         else:
             result = bench(task, task_dir / "reference.py", path, path.parent / "bench", rounds=bench_rounds,
@@ -113,6 +112,17 @@ def evaluate(task: Task, task_dir: Path, cand: Candidate, path: Path, device_kin
         (path.parent / "error.txt").write_text(traceback.format_exc())
         out.report = row.reason
     return out
+
+
+def untimed_here(cand: Candidate, verdict: Verdict, device_kind: str) -> str | None:
+    """Why a verified candidate cannot be timed on this device, or None. On a CPU, what it launched decides: Triton
+    ran in the interpreter (a timing of that says nothing), whatever its source spells; C++ is timed. On a GPU, C++
+    is no GPU kernel."""
+    if device_kind == "cpu":
+        if verdict.triton_launches:
+            return "its Triton kernels ran in the interpreter (no GPU here), so it cannot join this cpu pack"
+        return "a cuda kernel does not run on this cpu device" if cand.backend == "cuda" else None
+    return f"a cpp kernel does not run on this {device_kind} device" if cand.backend == "cpp" else None
 
 
 DUEL = """

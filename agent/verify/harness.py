@@ -86,7 +86,7 @@ from kernelbot.loading import load_module
 from kernelbot.paths import cache_dir
 from kernelbot.sandbox import confine as confine_mod
 from kernelbot.sandbox import landlock
-from kernelbot.sandbox.confine import confine
+from kernelbot.sandbox.confine import AUDIT_LOST, Recorder, confine, lost_records
 
 # Bound before any candidate code runs: replacing these later does not reach the harness or the runner loop.
 _sleep = time.sleep
@@ -112,8 +112,8 @@ OUTSIDE_NS = 20_000_000
 # idle runner's threads are asleep, not spinning on a core, while the other's calls are timed.
 SWITCH_GAP_S = 0.02
 # Classes whose every attribute the seal covers: a method added or replaced on a tensor changes every tensor, and one
-# on a request's class changes what the runner reads out of every request.
-SEALED_CLASSES = (torch.Tensor, torch.UntypedStorage, BaseModel, Message, Request, *REQUEST_TYPES)
+# on a request's class changes what the runner reads out of every request; the audit recorder's, its fields too.
+SEALED_CLASSES = (torch.Tensor, torch.UntypedStorage, BaseModel, Message, Request, *REQUEST_TYPES, Recorder)
 
 
 class LoadError(Exception):
@@ -287,6 +287,8 @@ class Runner:
             if pid == 0:
                 os.kill(self.pid, signal.SIGKILL)
                 os.waitpid(self.pid, 0)
+            elif os.WIFEXITED(status) and os.WEXITSTATUS(status) == AUDIT_LOST:
+                ended = lost_records("the candidate's process")
             elif os.WIFSIGNALED(status):
                 sig = os.WTERMSIG(status)
                 name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)

@@ -200,7 +200,8 @@ def verify(task: Task, reference_path: Path, candidate_path: Path, workdir: Path
                    failed=failed, checks=checks, not_run=[c.id for c in checks if c.status == "not_run"],
                    shapes=[[list(x.shape) for x in case.inputs if isinstance(x, torch.Tensor)] for case in plan.cases],
                    cases=[c.label for c in plan.cases], seconds=round(time.perf_counter() - t0, 2),
-                   protections=[excerpt(p) for p in result.protections], seed=seed, notes=[scrub(n) for n in notes])
+                   protections=[excerpt(p) for p in result.protections], seed=seed, notes=[scrub(n) for n in notes],
+                   triton_launches=report.triton.launches if isinstance(report, VerifyResult) and report.triton else 0)
 
 
 def _sanitize_job(job: VerifyJob, plan: casemod.Plan, inputs: list[Any], workdir: Path) -> SanitizeJob:
