@@ -172,3 +172,14 @@ def test_engagement_counts_the_processes_that_ran_layers_not_an_api_server_that_
     fell_back = PluginReport(pid=3, rank=1, engine="vllm", custom={"k": KernelCalls()},
                              fallback={"RMSNorm": {"more rows than the pack's kernels were verified on": 40}})
     assert not ran_layers(api_server) and ran_layers(worker) and ran_layers(fell_back)
+
+
+def test_decode_steps_count_for_fidelity_up_to_the_first_token_the_servers_chose_apart():
+    from kernelbot.engine.serving.apis import Generated
+
+    def answer(tokens: list[int]) -> Generated:
+        return Generated(tokens=tokens, top=[{t: -0.1} for t in tokens], prompt_top=[])
+
+    assert fidelity.same_context_steps(answer([1, 2, 3, 4]), answer([1, 2, 3, 4])) == 4
+    assert fidelity.same_context_steps(answer([1, 2, 3, 4]), answer([1, 2, 9, 4])) == 3  # the parting step's context
+    assert fidelity.same_context_steps(answer([1, 2]), Generated(tokens=[1, 2], top=[], prompt_top=[])) == 0

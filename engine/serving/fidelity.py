@@ -2,7 +2,9 @@
 
 Greedy parity and repetition: the stock and the packed server each decode the same fixed prompts greedily. KL: both
 are then fed the same contexts (each prompt followed by the stock server's own tokens) and asked for their top-k
-logprobs at every position (the engines' prompt logprobs), so the distributions compare in identical contexts. The
+logprobs at every position (the engines' prompt logprobs: one prefill), and the top-k of their own decode steps are
+added wherever the contexts were still the same (a pack's decode-sized kernels run only there), so the distributions
+compare in identical contexts at prefill and at decode. The
 model's own float64 twin (the same weights in transformers, float64, in kernelbot's process) scores those contexts
 too, and the in-process rule applies: the pack passes when its KL from float64 is within `KL_SLACK` times the stock
 engine's own (or under `KL_FLOOR`), mean and max over positions, and its greedy tokens agree or stay within twice
@@ -17,6 +19,7 @@ from collections.abc import Sequence
 
 import torch
 
+from kernelbot.engine.serving.apis import Generated
 from kernelbot.records import Fidelity, KLCheck
 
 KL_SLACK = 2.0
@@ -47,6 +50,14 @@ def exact_top(log_probs: torch.Tensor) -> Top:
 
 def _argmax(top: Top, ids: Sequence[int]) -> int:
     return max(ids, key=lambda i: top[i])
+
+
+def same_context_steps(stock: Generated, pack: Generated) -> int:
+    """How many decode steps of one prompt both servers took in the same context, with top-k logprobs from both: every
+    step up to and including the first where their greedy tokens part (the context before it is still shared)."""
+    n = min(len(stock.top), len(pack.top), len(stock.tokens), len(pack.tokens))
+    parted = next((i for i in range(n) if stock.tokens[i] != pack.tokens[i]), None)
+    return n if parted is None else parted + 1
 
 
 def kl_check(stock: list[Top], pack: list[Top], exact: list[Top]) -> KLCheck | None:

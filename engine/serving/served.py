@@ -310,13 +310,16 @@ class ServedEngine:
                   twin: Callable[[list[list[int]]], list[torch.Tensor]]) -> Fidelity:
         prompts = random_prompts(self.opts.probe_prompts, self.workload.input_len, self.vocab, seed=10_001)
         tokens = self.workload.output_len
-        stock_out = [generate(self.api, stock.url, p, tokens) for p in prompts]
-        pack_out = [generate(self.api, packed.url, p, tokens) for p in prompts]
+        stock_out = [generate(self.api, stock.url, p, tokens, top_logprobs=fid.TOP_K) for p in prompts]
+        pack_out = [generate(self.api, packed.url, p, tokens, top_logprobs=fid.TOP_K) for p in prompts]
         contexts = [p + g.tokens for p, g in zip(prompts, stock_out, strict=True)]
         stock_top = [t for c in contexts for t in generate(self.api, stock.url, c, 1,
                                                            prompt_logprobs=fid.TOP_K).prompt_top]
         pack_top = [t for c in contexts for t in generate(self.api, packed.url, c, 1,
                                                           prompt_logprobs=fid.TOP_K).prompt_top]
+        # the decode steps too, where a pack's decode-sized kernels run (a prompt's logprobs come from one prefill):
+        # each prompt's steps up to the first token the servers chose apart, whose contexts are still the same
+        steps = [fid.same_context_steps(s, p) for s, p in zip(stock_out, pack_out, strict=True)]
         exact = None
         expected = sum(len(c) - 1 for c in contexts)
         if len(stock_top) != expected or len(pack_top) != expected:
@@ -324,11 +327,16 @@ class ServedEngine:
                      "and repetition only")
             stock_top = pack_top = []
         else:
+            stock_top += [t for g, n in zip(stock_out, steps, strict=True) for t in g.top[:n]]
+            pack_top += [t for g, n in zip(pack_out, steps, strict=True) for t in g.top[:n]]
             try:
-                rows = [r for logp in twin(contexts) for r in logp]
+                logps = twin(contexts)
             except KernelbotError as exc:
                 self.say(f"      no float64 twin ({exc}): fidelity judges greedy parity and repetition only")
             else:
+                rows = [r for logp in logps for r in logp]
+                rows += [logp[len(p) - 1 + k] for logp, p, n in zip(logps, prompts, steps, strict=True)
+                         for k in range(n)]  # row j of a context predicts its token j + 1
                 exact = [{i: float(r[i]) for i in set(s) | set(p)} for r, s, p in zip(rows, stock_top, pack_top,
                                                                                       strict=True)]
         return fid.served_fidelity([g.tokens for g in stock_out], [g.tokens for g in pack_out], stock_top, pack_top,
