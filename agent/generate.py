@@ -100,7 +100,15 @@ def try_candidates(task: Task, task_dir: Path, proposals: list[Proposal], evalua
     return results, pick_best(task, results, winners)
 
 
-Generated = tuple[list[KernelResult], list[Accepted], LLMUsage | None]
+@dataclasses.dataclass(frozen=True)
+class Generated:
+    """What one generate step made: every candidate's row, each task's winner, the LLM's spend, and the step's notes
+    for the report."""
+
+    rows: list[KernelResult]
+    accepted: list[Accepted]
+    usage: LLMUsage | None
+    notes: list[str]
 
 
 @dataclasses.dataclass
@@ -112,8 +120,9 @@ class Generation:
     state: RunState
     stages: Stages
     device: Device
-    notes: list[str]  # the report's notes
     executor: ClusterExecutor | None = None  # --cluster: candidates are evaluated there
+    # what the step now running has to say in the report; returned with its results (Generated.notes)
+    notes: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def backends(self) -> list[str]:
@@ -134,6 +143,7 @@ class Generation:
 
     def generate(self, tasks: list[Task], hotspots: list[Hotspot], incumbents: dict[str, Accepted]) -> Generated:
         """Candidates for every task, most headroom first, every candidate verified and benchmarked."""
+        self.notes = []
         session = self._session() if self.opts.llm else None
         source = f"LLM {self.opts.llm.model}" if self.opts.llm else "built-in proposer"
         where = f"on the Ray cluster {self.opts.cluster}" if self.executor is not None else ""
@@ -159,10 +169,10 @@ class Generation:
             if best:
                 accepted.append(best)
         if session is None:
-            return kernels, accepted, None
+            return Generated(kernels, accepted, None, self.notes)
         usage = session.finish()
         self.stages.say(f"      {llm_line(usage)}")
-        return kernels, accepted, usage
+        return Generated(kernels, accepted, usage, self.notes)
 
     def _one_task(self, task: Task, hotspot: Hotspot | None, incumbents: dict[str, Accepted],
                   session: LLMSession | None) -> tuple[list[KernelResult], Accepted | None]:
@@ -306,7 +316,7 @@ class Generation:
             if chosen:
                 accepted.append(chosen)
         self.state.stage("generate", done=len(tasks), planned=len(tasks))
-        return kernels, accepted, None
+        return Generated(kernels, accepted, None, self.notes)
 
     def _on_cluster(self, items: list[tuple[Task, Candidate, str]],
                     by_id: dict[str, Hotspot]) -> list[tuple[Task, Outcome]]:

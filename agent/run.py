@@ -91,7 +91,7 @@ class OptimizeRun:
         self.engine = engine_for(serve, self.spec, self.device, self.choice, self.run_dir, self.workload,
                                  self.stages.say)
         self.notes = list(spec_notes)  # the report's
-        self.generation = Generation(opts, self.run_dir, self.state, self.stages, self.device, self.notes, executor)
+        self.generation = Generation(opts, self.run_dir, self.state, self.stages, self.device, executor)
         self.kernels: list[KernelResult] = []
         self.accepted: list[Accepted] = []
         self.attempted: set[str] = set()  # op signatures planned in an iteration
@@ -175,8 +175,10 @@ class OptimizeRun:
             self.state.stop_reason = self.state.stop_reason or self.state.clock.spent_reason()
             self.notes.append(f"iteration {it + 1}'s tasks not tried: {self.state.stop_reason}")
             return False
-        new_rows, new_accepted, self.usage = self.generation.generate(tasks, self.hotspots_now, incumbents)
-        self.kernels += new_rows
+        generated = self.generation.generate(tasks, self.hotspots_now, incumbents)
+        new_accepted, self.usage = generated.accepted, generated.usage
+        self.kernels += generated.rows
+        self.notes += generated.notes
         if incumbents and all(a is incumbents.get(a.task.id) for a in new_accepted):
             return False  # every incumbent stayed: the pack is what it was
         self.integrate(new_accepted)
@@ -212,8 +214,9 @@ class OptimizeRun:
             "no generic task: the built-in generator writes C++ for CPUs, and no LLM (--llm) can write a kernel for "
             f"{self.device.kind}")
         source = self.engine.tasks(self.profiled, generic_refused)
-        tasks = plan_tasks(self.hotspots_now, source, self.opts, self.run_dir, self.notes, iteration=it,
-                           attempted=self.attempted, deferred=self.deferred)
+        tasks, notes = plan_tasks(self.hotspots_now, source, self.opts, self.run_dir, iteration=it,
+                                  attempted=self.attempted, deferred=self.deferred)
+        self.notes += notes
         self.stages.say(f"      {len(tasks)} tasks: {', '.join(t.id for t in tasks)}")
         incumbents = {} if tasks else self._challenges()
         if incumbents:

@@ -243,10 +243,10 @@ def test_endpoint_down_falls_back_to_the_builtin_proposer(tmp_path, monkeypatch)
     with ScriptedServer(script) as server, Journal(tmp_path / "run") as journal:
         llm = LLMOptions(model=MODEL, api_base=server.api_base, max_retries=2, backoff=0.01)
         stages = Stages(__import__("rich.console").console.Console(quiet=True), tmp_path / "run")
-        notes: list[str] = []
         state = RunState(journal, Clock(journal, None), None, "")
-        generation = generate.Generation(OptimizeOptions(llm=llm), tmp_path / "run", state, stages, DEVICE, notes)
-        kernels, accepted, usage = generation.generate([task], [], {})
+        generation = generate.Generation(OptimizeOptions(llm=llm), tmp_path / "run", state, stages, DEVICE)
+        generated = generation.generate([task], [], {})
+    kernels, accepted, usage, notes = generated.rows, generated.accepted, generated.usage, generated.notes
     assert fallback == [task.id] and kernels == [] and accepted == []
     assert usage is not None and usage.fallback.startswith("endpoint down") and usage.failed_calls == 1
     assert len(script.requests) == 3

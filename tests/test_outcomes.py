@@ -167,10 +167,10 @@ def _generic_hotspot(share: float = 0.3) -> Hotspot:
 
 
 def test_a_hotspot_over_the_max_tasks_budget_is_deferred_to_a_later_iteration(tmp_path: Path) -> None:
-    h, notes, deferred = _generic_hotspot(), [], {}
+    h, deferred = _generic_hotspot(), {}
     engine = SimpleNamespace(model=None, run_workload=None)  # not touched: a deferred hotspot gets no task
-    tasks = plan_tasks([h], ModelTasks(engine), OptimizeOptions(max_tasks=0), tmp_path, notes, attempted=set(),
-                       deferred=deferred)
+    tasks, notes = plan_tasks([h], ModelTasks(engine), OptimizeOptions(max_tasks=0), tmp_path, attempted=set(),
+                              deferred=deferred)
     assert tasks == [] and notes == []
     assert deferred == {signature(h): "h07 OddBlock [[4, 8, 64]] (30.0%): no task, over the --max-tasks 0 budget "
                                        "of iteration 1"}
@@ -183,10 +183,10 @@ def test_a_hotspot_whose_no_task_reason_mentions_max_tasks_is_noted_not_deferred
 
     monkeypatch.setattr(plan_mod, "module_labels", lambda *_: {})
     monkeypatch.setattr(plan_mod, "make_generic_task", cannot_extract)
-    h, notes, deferred = _generic_hotspot(), [], {}
+    h, deferred = _generic_hotspot(), {}
     engine = SimpleNamespace(model=None, run_workload=None)
-    tasks = plan_tasks([h], ModelTasks(engine), OptimizeOptions(max_tasks=8), tmp_path, notes, attempted=set(),
-                       deferred=deferred)
+    tasks, notes = plan_tasks([h], ModelTasks(engine), OptimizeOptions(max_tasks=8), tmp_path, attempted=set(),
+                              deferred=deferred)
     assert tasks == [] and deferred == {}
     assert notes == ["h07 OddBlock [[4, 8, 64]] (30.0%): no task, no generic task: its forward reads sys.argv for "
                      "--max-tasks"]
@@ -200,11 +200,11 @@ def test_where_no_generic_candidate_can_be_made_a_generic_hotspot_is_refused_bef
 
     monkeypatch.setattr(plan_mod, "module_labels", must_not_extract)
     monkeypatch.setattr(plan_mod, "make_generic_task", must_not_extract)
-    h, notes, deferred = _generic_hotspot(), [], {}
+    h, deferred = _generic_hotspot(), {}
     engine = SimpleNamespace(model=None, run_workload=None)
     why = "no generic task: the built-in generator writes C++ for CPUs"
-    tasks = plan_tasks([h], ModelTasks(engine, why), OptimizeOptions(max_tasks=0), tmp_path, notes, attempted=set(),
-                       deferred=deferred)
+    tasks, notes = plan_tasks([h], ModelTasks(engine, why), OptimizeOptions(max_tasks=0), tmp_path, attempted=set(),
+                              deferred=deferred)
     assert tasks == [] and deferred == {}  # refused, not deferred: a later iteration cannot do better
     assert notes == [f"h07 OddBlock [[4, 8, 64]] (30.0%): no task, {why}"]
 

@@ -68,13 +68,14 @@ def signature(h: Hotspot) -> str:
     return json.dumps([h.family, h.module_class, h.dtype, h.input_dims])
 
 
-def plan_tasks(hotspots: list[Hotspot], source: TaskSource, opts: Selection, run_dir: Path, notes: list[str],
+def plan_tasks(hotspots: list[Hotspot], source: TaskSource, opts: Selection, run_dir: Path,
                *, iteration: int = 0, attempted: set[str] | None = None,
-               deferred: dict[str, str] | None = None) -> list[Task]:
+               deferred: dict[str, str] | None = None) -> tuple[list[Task], list[str]]:
     """Tasks by expected gain (headroom over the roofline, as ranked), skipping ops already tried or replaced;
-    each written under run_dir/tasks/. Hotspots over --max-tasks are deferred to a later iteration when `deferred`
-    is given (op signature → note), else noted."""
+    each written under run_dir/tasks/; and the notes for the report on hotspots that got none. Hotspots over
+    --max-tasks are deferred to a later iteration when `deferred` is given (op signature → note), else noted."""
     tasks: list[Task] = []
+    notes: list[str] = []
     for h in sorted(hotspots, key=lambda h: -h.score_us):
         reason = skip_reason(h, opts.min_share)
         if reason is None and h.kernel:
@@ -96,7 +97,7 @@ def plan_tasks(hotspots: list[Hotspot], source: TaskSource, opts: Selection, run
         for p in planned[:max(opts.max_tasks - len(tasks), 1)]:  # a hotspot's variants share the budget
             write_task(p.task, run_dir / "tasks" / p.task.id, p.reference)
             tasks.append(p.task)
-    return tasks
+    return tasks, notes
 
 
 def _note(h: Hotspot, why: NoTask, opts: Selection, notes: list[str], iteration: int,
