@@ -3,7 +3,7 @@ generically (vLLM's CustomOps with a native forward) get their calls captured as
 generic kernels, as engine/served_layers.py's router does for the families.
 
 - capture: the first call of each (layer variant, call signature) outside a profiled window runs the engine's own
-  path with its inputs kept; the layer's native forward (pure PyTorch) is then traced (agent/tasks/extract.py) under
+  path with its inputs kept; the layer's native forward (pure PyTorch) is then traced (engine/extract.py) under
   the engine's switch to its native ops, into a reference over ATen ops only, and checked against the engine's own
   output on that call. The record (GenericCapture) carries the reference: kernelbot makes the task from it.
 - route: a pack's generic kernel takes a call of a layer built like the captured one (the same attributes) with
@@ -100,7 +100,7 @@ class GenericLayers:
     def capture(self, params: tuple[str, ...], layer: torch.nn.Module, call: dict[str, Any],
                 original: Callable[[], Any]) -> tuple[Any, bool]:
         """The call run by the engine's own path, captured; (result, whether a record was added or changed)."""
-        from kernelbot.agent.tasks import extract
+        from kernelbot.engine import extract
 
         named = normal(params, call)
         key = (self.variant(layer), *((k, None if v is None else (v.shape, v.dtype)) for k, v in named.items()))
@@ -124,7 +124,7 @@ class GenericLayers:
 
     def _extract(self, record: GenericCapture, layer: torch.nn.Module, call: Any) -> None:
         """The call's reference from the layer's native forward, checked against the engine's output (`call`)."""
-        from kernelbot.agent.tasks import extract
+        from kernelbot.engine import extract
 
         try:
             with self.native(), _native_forward(layer):

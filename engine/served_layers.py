@@ -8,6 +8,7 @@ layer class, and how a call maps onto the kernel's inputs):
   outputs on a live call (the engine's own forward is the judge). kernelbot makes its tasks from these records.
 - route (KERNELBOT_PACK_DIR): a call goes to a pack kernel only for a layer variant, shape, dtype and device the
   kernel was verified on; everything else runs the engine's own path and is counted as a fallback, with the reason.
+Layers no family covers (`generic_spec`) are captured and routed the same way by engine/served_generic.py.
 
 Every process writes what it saw to `<counts dir>/counts-pid<P>.json` (a `PluginReport`), read back by
 `read_reports`. Nothing here imports the profiler or pandas: it runs in every worker of the engine.

@@ -2,7 +2,7 @@
 
 The fixtures in tests/generic_refs are real make_fx output (transformers' LlamaRotaryEmbedding, LayerNorm + GELU,
 residual add + LlamaRMSNorm, an MLP traced with symbolic sizes, and an "op zoo" of ~50 ops LLM blocks use) in the
-format agent/tasks/extract.py writes. Each
+format engine/extract.py writes. Each
 extension takes seconds to build the first time (2 cores) and is cached after that; the cases that add little
 beyond the fast ones are marked slow.
 """

@@ -8,9 +8,9 @@ import pytest
 import torch
 from torch import nn
 
-from kernelbot.agent.tasks import extract
 from kernelbot.agent.tasks.tasks import _computes, module_labels
 from kernelbot.agent.verify import cases
+from kernelbot.engine import extract
 from kernelbot.engine.patching import PackPatcher
 from kernelbot.loading import load_module
 from kernelbot.records import Pack, PackEntry, Task

@@ -1,6 +1,6 @@
 """Candidates for any generic task without an LLM: the reference's ATen graph translated to one C++ function.
 
-A generic task's reference (written by agent/tasks/extract.py) computes `graph(*params, *inputs)`, a straight-line graph
+A generic task's reference (written by engine/extract.py) computes `graph(*params, *inputs)`, a straight-line graph
 of `torch.ops.aten.*` calls printed from make_fx. `generate()` turns it into candidates, one per config:
 
 - `ops`: every node becomes a call of ATen's typed entry point `at::_ops::<op>_<overload>::call(...)`, in the
@@ -102,7 +102,7 @@ def load_generic_reference(path: Path) -> ModuleType:
     for name in ("graph", "Model", "get_inputs", "get_init_inputs"):
         if not hasattr(module, name):
             raise KernelbotError(f"{path}: not a generic task reference (no `{name}`); make it with "
-                                 "agent/tasks/extract.py")
+                                 "engine/extract.py")
     return module
 
 

@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from kernelbot.agent.tasks.extract import NotExtractable
 from kernelbot.agent.tasks.tasks import (
     OWN_OPS,
     make_generic_task,
@@ -24,6 +23,7 @@ from kernelbot.agent.tasks.tasks import (
     write_task,
 )
 from kernelbot.engine import TorchEngine
+from kernelbot.engine.extract import NotExtractable
 from kernelbot.kernel_library.base import GENERIC
 from kernelbot.records import GenericCapture, Hotspot, LayerCapture, Task
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from kernelbot.agent.tasks import extract
+from kernelbot.engine import extract
 from kernelbot.kernel_library import FAMILIES
 from kernelbot.kernel_library.base import GENERIC
 from kernelbot.records import GenericCapture, Hotspot, Task
