@@ -182,7 +182,7 @@ class Verdict(BaseModel):
     seed: int | None = None  # replays this verification with `kernelbot verify --seed`
     notes: list[str] = Field(default_factory=list)
     # Triton launches the CPU interpreter ran: whether the candidate is a Triton kernel is what it launched, never
-    # what its source spells (0 on a GPU, where Triton compiles and no interpreter watches)
+    # what its source spells (on a GPU, those of its race check in the interpreter on the node's CPU)
     triton_launches: int = 0
 
     @property

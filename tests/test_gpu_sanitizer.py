@@ -172,14 +172,14 @@ def test_without_a_network_namespace_a_sanitizer_job_gets_no_tcp_at_all(tmp_path
 
 
 def test_a_check_the_sanitizer_could_not_run_is_named_beside_the_judges_finding() -> None:
-    from kernelbot.agent.verify.run import _merge
+    from kernelbot.agent.verify.judge import merge
     from kernelbot.records import Check
 
     judged = Check(id="race", status="pass", detail="no address shared between programs")
     skipped = Check(id="race", status="not_run", detail="compute-sanitizer racecheck: no report")
-    for merged in (_merge(judged, skipped), _merge(skipped, judged)):
+    for merged in (merge(judged, skipped), merge(skipped, judged)):
         assert merged.status == "pass" and "racecheck: no report" in merged.detail
-    assert _merge(skipped, skipped).status == "not_run"
+    assert merge(skipped, skipped).status == "not_run"
 
 
 def test_the_compile_summary_names_the_architecture_the_kernels_were_built_for() -> None:

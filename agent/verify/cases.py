@@ -7,10 +7,11 @@ weights and the intermediates alive at once at their peak (measured on the meta 
 scores need gigabytes is judged at a size that fits); the original sizes are kept as well when they fit
 `ORIGINAL_BYTES`, else sizes scaled to `LARGE_BYTES`; fuzzed sizes — 1, primes, non-multiples of any block
 size, and one group past the scaled value — are set through the same constants, so shapes that must agree keep
-agreeing. Tasks made by `kernelbot optimize` carry `INPUT_SHAPES` with their observed shapes and free
-(batch/token) dims; those dims are fuzzed instead. Input values come from the reference's own `get_inputs()`
-under a seed the candidate never sees (so value ranges the op needs are kept), in the layout it gives (a
-transposed view stays one), then rescaled: tiny, large, and with signed zeros and subnormals sprinkled in.
+agreeing (a `Budget` holds those three byte counts; `SMALL`'s, which also halve an optimize task's free dims, are
+for the interpreter's race check on a GPU node). Tasks made by `kernelbot optimize` carry `INPUT_SHAPES` with their
+observed shapes and free (batch/token) dims; those dims are fuzzed instead. Input values come from the reference's
+own `get_inputs()` under a seed the candidate never sees (so value ranges the op needs are kept), in the layout it
+gives (a transposed view stays one), then rescaled: tiny, large, and with signed zeros and subnormals sprinkled in.
 Special values follow: ±inf and NaN sprinkled into float inputs that are not masks, and, where the reference
 takes a mask (bool, 0/1, or additive -inf), rows fully masked and left-padded in both polarities; then the main
 inputs in a non-contiguous layout and with their rows permuted, and a draw moved by a mean far beyond its spread;
@@ -47,6 +48,23 @@ VALUE_VARIANTS = {"tiny": 1e-3, "large": 1e3}
 STRENGTH_DRAWS = 5  # independent input draws a reference's output is compared across
 SPECIAL_SHARE = 0.01  # of a float input's elements set to +inf, -inf or NaN (at least one of each)
 ELEMENT_CHANGES = 3  # calls on the same tensors with one element changed
+SMALL_BYTES = 1 << 20  # a small plan's main case: the Triton interpreter runs it in seconds
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Bytes a plan's sizes must fit (as `footprint` counts them): the main case's scaled sizes; the reference's own
+    sizes, run too where they fit `original` (and the one group of constants past the scaled ones); else sizes scaled
+    to `large`. `observed`: free dims of a task's observed shapes halved until they fit it (None: kept as observed)."""
+    scaled: int = SCALED_BYTES
+    original: int = ORIGINAL_BYTES
+    large: int = LARGE_BYTES
+    observed: int | None = None
+
+
+FULL = Budget()
+# Small: for the race check of a GPU node's Triton candidates in the interpreter on its CPU (interpreter_race.py)
+SMALL = Budget(scaled=SMALL_BYTES, original=4 * SMALL_BYTES, large=SMALL_BYTES, observed=SMALL_BYTES)
 
 
 class WeakTask(KernelbotError):
@@ -277,40 +295,55 @@ def shape_sets(task: Task) -> list[list[list[int]]]:
     return sets
 
 
-def _size_variants(module: ModuleType, task: Task, plan: Plan) -> list[tuple[str, dict[str, Any]]]:
+def observed_within(module: ModuleType, task: Task, budget: int) -> Task:
+    """The task with the free dims of its observed shapes halved (to 1 at least) until they fit `budget` bytes."""
+    shapes = [list(s) for s in task.input_shapes]
+    for _ in range(64):
+        size = footprint(module, {"INPUT_SHAPES": shapes})
+        free = [(i, d) for i, dims in enumerate(task.free_dims) for d in dims if shapes[i][d] > 1]
+        if (size is not None and size <= budget) or not free:
+            break
+        for i, d in free:
+            shapes[i][d] //= 2
+    return task.model_copy(update={"input_shapes": shapes})
+
+
+def _size_variants(module: ModuleType, task: Task, plan: Plan, budget: Budget) -> list[tuple[str, dict[str, Any]]]:
     """(label, module constants) for each size the candidate is run at; the first is the main case."""
     if task.free_dims and any(task.free_dims) and hasattr(module, "INPUT_SHAPES"):
+        if budget.observed is not None:
+            task = observed_within(module, task, budget.observed)
         return [("observed" if i == 0 else f"fuzz {s}", {"INPUT_SHAPES": s}) for i, s in enumerate(shape_sets(task))]
     names = size_constants(module)
-    scaled = scale_down(module, names, SCALED_BYTES)
+    scaled = scale_down(module, names, budget.scaled)
     original = footprint(module, {})
     if scaled != names:
         plan.notes.append("scaled " + ", ".join(f"{k} {names[k]}→{v}" for k, v in scaled.items() if v != names[k]))
     variants = [("scaled" if scaled != names else "original", materialize(module, scaled))]
     if scaled != names:
-        if original is not None and original <= ORIGINAL_BYTES:
+        if original is not None and original <= budget.original:
             variants.append(("original", {}))
         else:
-            large = scale_down(module, names, LARGE_BYTES)
+            large = scale_down(module, names, budget.large)
             size = footprint(module, materialize(module, large))
             plan.notes.append((f"original sizes not run: {original / 2**20:.0f} MiB (inputs, weights and the "
-                               f"intermediates alive at once) is over the {ORIGINAL_BYTES >> 20} MiB budget"
+                               f"intermediates alive at once) is over the {budget.original >> 20} MiB budget"
                                if original else "original sizes not run: they could not be measured") +
                               (f"; run at {size / 2**20:.0f} MiB instead" if large != scaled and size else ""))
             if large != scaled and size:
                 variants.append(("large sizes: " + ",".join(f"{k}={v}" for k, v in large.items() if v != scaled[k]),
                                  materialize(module, large)))
-    fuzzed = fuzz_constants(scaled, names) + _beyond(module, scaled)
+    fuzzed = fuzz_constants(scaled, names) + _beyond(module, scaled, budget.original)
     return variants + [(f"fuzz {label}", materialize(module, values)) for label, values in fuzzed]
 
 
-def _beyond(module: ModuleType, scaled: dict[str, int]) -> list[tuple[str, dict[str, int]]]:
+def _beyond(module: ModuleType, scaled: dict[str, int], budget: int) -> list[tuple[str, dict[str, int]]]:
     """One group of size constants past the scaled value (2n + 1: a size no table or buffer made for the scaled
-    sizes covers), the first group for which the problem still fits ORIGINAL_BYTES."""
+    sizes covers), the first group for which the problem still fits `budget` bytes."""
     for group in _groups(scaled):
         values = {**scaled, **{k: 2 * scaled[k] + 1 for k in group}}
         size = footprint(module, materialize(module, values))
-        if size is not None and size <= ORIGINAL_BYTES:
+        if size is not None and size <= budget:
             return [("beyond the scaled sizes: " + ",".join(f"{k}={values[k]}" for k in group), values)]
     return []
 
@@ -502,13 +535,14 @@ def inputs_at(module: ModuleType, task: Task, seed: int) -> list[Any]:
     return draw(module, {"INPUT_SHAPES": task.input_shapes} if hasattr(module, "INPUT_SHAPES") else {}, seed)[1]
 
 
-def plan(module: ModuleType, task: Task, seed: int, trials: int = 1) -> Plan:
-    """Models and input sets; raises WeakTask for references a constant or an input could pass."""
+def plan(module: ModuleType, task: Task, seed: int, trials: int = 1, budget: Budget = FULL) -> Plan:
+    """Models and input sets at sizes that fit `budget`; raises WeakTask for references a constant or an input could
+    pass."""
     _complete(module, task)
     result = Plan()
     gen = torch.Generator().manual_seed(seed)
     seeds = iter(torch.randint(0, 2**62, (64 + trials,), generator=gen).tolist())
-    for label, values in _size_variants(module, task, result):
+    for label, values in _size_variants(module, task, result, budget):
         try:
             init, inputs = draw(module, values, next(seeds))
             failed = _runs_on(module, init, inputs)
@@ -544,7 +578,6 @@ def plan(module: ModuleType, task: Task, seed: int, trials: int = 1) -> Plan:
         current = _changed_one_element(current, gen)
         result.changed.append(current)
     return result
-
 
 
 def check_strength(module: ModuleType, plan_: Plan, init_seed: int) -> None:

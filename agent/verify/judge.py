@@ -141,6 +141,18 @@ def not_run(cid: str, why: str) -> Check:
     return Check(id=cid, status="not_run", detail=why)
 
 
+def merge(a: Check, b: Check) -> Check:
+    """Two findings for one check id: failing wins; a check that ran beats one that did not, and says why the other
+    did not run (a verdict on a GPU names the sanitizer tool that could not run)."""
+    if a.status == "not_run" or b.status == "not_run":
+        ran, other = (b, a) if a.status == "not_run" else (a, b)
+        if ran.status == "not_run":
+            return ran
+        return Check(id=ran.id, status=ran.status, detail=f"{ran.detail}; {other.detail}"[:1500])
+    status = "fail" if "fail" in (a.status, b.status) else "pass"
+    return Check(id=a.id, status=status, detail=f"{a.detail}; {b.detail}"[:1500])
+
+
 class Judge:
     """Turns what the child returned into checks, against references computed here."""
 

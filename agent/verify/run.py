@@ -15,8 +15,9 @@ here, in a process the candidate never runs in. Check ids (stable):
   race                Triton: no address written by one program and touched by another unless under one lock or by
                       commuting atomics, same bits in shuffled program order (kernels with float atomic adds or
                       locked writes kept in natural order) and in reversed order unless those kernels explain it;
-                      no Triton launch on a CPU: right with one thread and with more threads than cores; CUDA on a
-                      GPU: racecheck and synccheck
+                      no Triton launch on a CPU: right with one thread and with more threads than cores; on a GPU:
+                      racecheck and synccheck, and for Triton the same in the interpreter on the node's CPU at small
+                      sizes (interpreter_race.py)
   nondeterminism      two runs on the same inputs are bit-identical (with require_deterministic, also in every
                       program order)
   input_mutation      inputs, parameters and buffers unchanged afterwards
@@ -47,8 +48,9 @@ import torch
 
 from kernelbot import KernelbotError
 from kernelbot.agent.verify import cases as casemod
+from kernelbot.agent.verify import interpreter_race
 from kernelbot.agent.verify.asan import asan_check
-from kernelbot.agent.verify.judge import Judge, excerpt, guard, not_run, scrub
+from kernelbot.agent.verify.judge import Judge, excerpt, guard, merge, not_run, scrub
 from kernelbot.agent.verify.messages import (
     Failure,
     PtxasReport,
@@ -120,18 +122,20 @@ def interpreted_triton(device: str) -> bool:
 
 def verify(task: Task, reference_path: Path, candidate_path: Path, workdir: Path, *, seed: int | None = None,
            timeout: float = 300.0, env: dict[str, str] | None = None, device: str = "cpu", trials: int = 1,
-           require_deterministic: bool = False) -> Verdict:
+           require_deterministic: bool = False, budget: casemod.Budget = casemod.FULL) -> Verdict:
     """Verify `candidate_path` (ModelNew) against `reference_path` (Model). Raises KernelbotError for a
     reference that cannot be used (it does not run, or is a weak task); every candidate gets a Verdict.
     `require_deterministic`: results that depend on program order (float atomics) fail `nondeterminism`
-    instead of being reported as a property."""
+    instead of being reported as a property. `budget`: the sizes verified at (cases.Budget). On a GPU, a candidate
+    is verified once more on the node's CPU, in Triton's interpreter at small sizes, for its races between programs
+    (interpreter_race.py)."""
     t0 = time.perf_counter()
     if device == "cuda" and not torch.cuda.is_available():
         raise KernelbotError("--device cuda: no CUDA device here (verify on a GPU node, or use --device cpu)")
     seed = secrets.randbits(31) if seed is None else seed
     workdir.mkdir(parents=True, exist_ok=True)
     module = load_reference(reference_path)
-    plan = casemod.plan(module, task, seed, trials)
+    plan = casemod.plan(module, task, seed, trials, budget)
     init_seed = seed + 1
     casemod.check_strength(module, plan, init_seed)
     references = casemod.References(module, plan.init_args, init_seed)
@@ -160,6 +164,7 @@ def verify(task: Task, reference_path: Path, candidate_path: Path, workdir: Path
 
     checks = _sandbox_checks(result, report)
     properties: list[str] = []
+    launches = report.triton.launches if isinstance(report, VerifyResult) and report.triton else 0
     if result.status == "ok" and not isinstance(report, VerifyResult):
         checks.append(Check(id="crash", status="fail", detail="the box's result.json is not a verify job's result"))
     elif result.status == "ok":
@@ -175,13 +180,17 @@ def verify(task: Task, reference_path: Path, candidate_path: Path, workdir: Path
             if device == "cuda":
                 sanitized = {c.id: c for c in sanitize(_sanitize_job(job, plan, sent[0], workdir), workdir,
                                                        timeout, job_env)}
-                checks = [_merge(c, sanitized.pop(c.id)) if c.id in sanitized else c for c in checks]
+                checks = [merge(c, sanitized.pop(c.id)) if c.id in sanitized else c for c in checks]
                 checks += list(sanitized.values())
+                interpreted = _interpreted_race(task, reference_path, candidate_path, workdir, seed, timeout, env,
+                                                report)
+                if interpreted is not None:
+                    checks, launches = interpreter_race.merged(checks, interpreted), interpreted.launches
             elif report.profile is not None:  # unguarded inputs: ASan's redzones lie right past them
                 unguarded = [x.clone() if isinstance(x, torch.Tensor) else x for x in plan.cases[0].inputs]
                 found = asan_check(lambda: _sanitize_job(job, plan, unguarded, workdir), report.profile.own_kernels,
                                    workdir, timeout, job_env)
-                checks = [_merge(c, found) if found is not None and c.id == found.id else c for c in checks]
+                checks = [merge(c, found) if found is not None and c.id == found.id else c for c in checks]
     elif isinstance(report, Failure) and report.stage == "needs_gpu":
         why = "not run: the CUDA code compiled, but there is no GPU here to run it"
         checks += [not_run(cid, why) for cid in CHECK_IDS if cid not in {c.id for c in checks}]
@@ -201,7 +210,16 @@ def verify(task: Task, reference_path: Path, candidate_path: Path, workdir: Path
                    shapes=[[list(x.shape) for x in case.inputs if isinstance(x, torch.Tensor)] for case in plan.cases],
                    cases=[c.label for c in plan.cases], seconds=round(time.perf_counter() - t0, 2),
                    protections=[excerpt(p) for p in result.protections], seed=seed, notes=[scrub(n) for n in notes],
-                   triton_launches=report.triton.launches if isinstance(report, VerifyResult) and report.triton else 0)
+                   triton_launches=launches)
+
+
+def _interpreted_race(task: Task, reference_path: Path, candidate_path: Path, workdir: Path, seed: int, timeout: float,
+                      env: dict[str, str] | None, report: VerifyResult) -> interpreter_race.InterpreterRace | None:
+    """A GPU job's candidate verified again on the node's CPU in Triton's interpreter, for its race findings."""
+    planned = interpreter_race.plan_for("cuda", report, interpreted_triton("cpu"))
+    return None if planned is None else interpreter_race.run(planned, lambda budget: verify(
+        task, reference_path, candidate_path, workdir / "interpreter", seed=seed, timeout=timeout, env=env,
+        device="cpu", budget=budget))
 
 
 def _sanitize_job(job: VerifyJob, plan: casemod.Plan, inputs: list[Any], workdir: Path) -> SanitizeJob:
@@ -212,18 +230,6 @@ def _sanitize_job(job: VerifyJob, plan: casemod.Plan, inputs: list[Any], workdir
     main = plan.cases[0].model
     return SanitizeJob(candidate=job.candidate, plan=str((workdir / "sanitize_plan.pt").resolve()),
                        state_dicts=job.state_dicts[main:main + 1], init_seed=job.init_seed, device=job.device)
-
-
-def _merge(a: Check, b: Check) -> Check:
-    """Two findings for one check id: failing wins; a check that ran beats one that did not, and says why the other
-    did not run (a verdict on a GPU names the sanitizer tool that could not run)."""
-    if a.status == "not_run" or b.status == "not_run":
-        ran, other = (b, a) if a.status == "not_run" else (a, b)
-        if ran.status == "not_run":
-            return ran
-        return Check(id=ran.id, status=ran.status, detail=f"{ran.detail}; {other.detail}"[:1500])
-    status = "fail" if "fail" in (a.status, b.status) else "pass"
-    return Check(id=a.id, status=status, detail=f"{a.detail}; {b.detail}"[:1500])
 
 
 def _sandbox_checks(result: SandboxResult, report: Result | None) -> list[Check]:
