@@ -39,6 +39,7 @@ NUMERICS = {  # methods a subclass may override to compute something the kernel 
 
 FUSED_OP = ("sglang.kernels.fused_op", "BaseFusedOp")  # the base of SGLang's ops with a native forward
 BASE_MODULES = (FUSED_OP[0], "sglang.srt.layers.utils.multi_platform")  # where forward_native is only a stub
+GENERIC_MODULES = ("sglang.srt.layers.activation", "sglang.srt.layers.layernorm")  # whose fused ops are looked at
 
 _ROUTER: Router | None = None
 
@@ -135,9 +136,15 @@ LAYERS: dict[str, list[LayerSpec]] = {
 def _generic_classes() -> dict[str, type]:
     """SGLang's fused ops (its layer modules' BaseFusedOp subclasses) that LAYERS does not take, whose forward is the
     base's dispatch and whose forward_native is their own: each may become a generic task, forward_native the
-    reference (the classes one name ties to, the first found)."""
-    base = getattr(importlib.import_module(FUSED_OP[0]), FUSED_OP[1])
-    taken = tuple(getattr(importlib.import_module(module), name) for name, module in CLASSES.items())
+    reference (the classes one name ties to, the first found). None where SGLang has no such modules (an older
+    release, a stand-in)."""
+    try:
+        base = getattr(importlib.import_module(FUSED_OP[0]), FUSED_OP[1])
+        for module in GENERIC_MODULES:
+            importlib.import_module(module)
+        taken = tuple(getattr(importlib.import_module(module), name) for name, module in CLASSES.items())
+    except (ImportError, AttributeError):
+        return {}
     found: dict[str, type] = {}
     todo = list(base.__subclasses__())
     while todo:
@@ -160,29 +167,24 @@ def register() -> None:
     global _ROUTER
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    importlib.import_module("sglang.srt.layers.activation")  # the modules whose fused ops may be generic tasks
-    importlib.import_module("sglang.srt.layers.layernorm")
-    classes = {name: getattr(importlib.import_module(module), name) for name, module in CLASSES.items()}
-    targets = dict(LAYERS)
-    for name, cls in _generic_classes().items():
-        spec = generic_spec(cls, variant=_generic_variant, mutable=_compiling)
-        if spec is not None:
-            classes[name], targets[name] = cls, [spec]
+    generic = {name: (cls, spec) for name, cls in _generic_classes().items()
+               if (spec := generic_spec(cls, variant=_generic_variant, mutable=_compiling)) is not None}
+    targets = {**LAYERS, **{name: [spec] for name, (_, spec) in generic.items()}}
     router = router_from_env("sglang", targets)
     if router is None:
         return
     _ROUTER = router
     wanted = set(targets) if router.capturing else {cls for cls, _family in router.routes}
-    for name in sorted(wanted, key=list(classes).index):
-        cls, specs = classes[name], targets[name]
+    for name in sorted(wanted, key=list(targets).index):
+        only = generic[name][0] if name in generic else None  # a generic hook takes its own class's calls only
+        target = f"{CLASSES[name]}.{name}" if only is None else f"{only.__module__}.{only.__qualname__}"
 
-        def hook(original: Any, layer: torch.nn.Module, *args: Any, _specs: list[LayerSpec] = specs,
-                 _only: type | None = None if name in CLASSES else cls, **kwargs: Any) -> Any:
-            if _only is not None and type(layer) is not _only:  # a generic hook takes its own class's calls only
+        def hook(original: Any, layer: torch.nn.Module, *args: Any, _specs: list[LayerSpec] = targets[name],
+                 _only: type | None = only, **kwargs: Any) -> Any:
+            if _only is not None and type(layer) is not _only:
                 return original(layer, *args, **kwargs)
             return router.handle(_specs, layer, lambda *a, **k: original(layer, *a, **k), args, kwargs)
 
-        target = f"{cls.__module__}.{cls.__qualname__}"
         HookRegistry.register(f"{target}.forward", hook, HookType.AROUND)
         router.hooked.append(target)
     router.write(force=True)
