@@ -21,7 +21,7 @@ from kernelbot.agent.journal.journal import Journal
 from kernelbot.agent.journal.run_state import Clock, RunState
 from kernelbot.agent.measure.compile_baseline import RegionCompile, time_region_compile
 from kernelbot.agent.measure.gate import faster, never_slower, ratio
-from kernelbot.agent.measure.measure import Measured, apply_counts, median
+from kernelbot.agent.measure.measure import Measured, calls_of, final_rows, median
 from kernelbot.agent.pack import build_pack
 from kernelbot.agent.report.report import write_report
 from kernelbot.agent.run_options import OptimizeOptions
@@ -38,7 +38,6 @@ from kernelbot.records import (
     Device,
     Fidelity,
     Hotspot,
-    KernelOutcome,
     KernelResult,
     LLMUsage,
     Origin,
@@ -92,7 +91,11 @@ class OptimizeRun:
                                  self.stages.say)
         self.notes = list(spec_notes)  # the report's
         self.generation = Generation(opts, self.run_dir, self.state, self.stages, self.device, executor)
-        self.kernels: list[KernelResult] = []
+        self.kernels: list[KernelResult] = []  # every candidate's row as evaluation made it
+        # what is learnt of candidates later, kept beside their rows (agent/measure/measure.py's final_rows joins them)
+        self.region_speedups: dict[str, float | None] = {}  # task id → torch.compile's gain on its region
+        self.dropped: dict[str, str] = {}  # candidate id → why the gate took its kernel out of the pack
+        self.counted: Measured | None = None  # the measurement whose calls each kernel's row reports
         self.accepted: list[Accepted] = []
         self.attempted: set[str] = set()  # op signatures planned in an iteration
         self.challenged: set[str] = set()  # task ids whose incumbent was challenged once already
@@ -296,9 +299,7 @@ class OptimizeRun:
             write_record(task_dir / "compile.json", region)
             if region.error:
                 self.stages.say(f"      {a.task.id}: torch.compile not timed: {region.error}", style="yellow")
-            for row in self.kernels:
-                if row.candidate_id.startswith(f"{a.task.id}/"):
-                    row.region_compile_speedup = region.speedup
+            self.region_speedups[a.task.id] = region.speedup
 
     def measure(self, finish: Finish) -> Measured:
         """Calls into each kernel of the pack, the model's outputs with it, and the workload's time: eager (or the
@@ -311,9 +312,9 @@ class OptimizeRun:
                         "rounds")
         measured = Measured.model_validate(self.state.memo(f"measured:{self.pack.version}", "stage", lambda: (
             self.engine.measure(self.pack, self.pack_dir, finish.rounds, finish.compile, self.stages).model_dump())))
-        apply_counts(self.kernels, measured.calls, measured.fallbacks)
+        self.counted = measured
         self.notes.extend(f"{row.candidate_id} is in the pack but never ran" for row in self.kernels
-                          if row.accepted and row.calls == 0)
+                          if row.accepted and calls_of(row, measured) == 0)
         self.notes.extend(measured.notes)
         self.stages.say(f"      fidelity: {measured.fidelity.summary()}")
         write_record(self.run_dir / "timings.json", measured.times)
@@ -355,9 +356,7 @@ class OptimizeRun:
 
     def _drop(self, a: Accepted, why: str) -> None:
         self.accepted = [x for x in self.accepted if x is not a]
-        for row in self.kernels:
-            if row.candidate_id == f"{a.task.id}/{a.candidate.id}":
-                row.outcome, row.reason = KernelOutcome.SLOWER_IN_MODEL, why
+        self.dropped[f"{a.task.id}/{a.candidate.id}"] = why
         self.notes.append(f"{a.task.id}/{a.candidate.id} dropped from the pack: {why}")
         self.stages.say(f"      dropped {a.task.id}/{a.candidate.id}: {why}", style="yellow")
 
@@ -378,7 +377,8 @@ class OptimizeRun:
             optimized_ms=optimized, compiled_ms=comp, speedup=round(baseline / optimized, 3),
             speedup_vs_compiled=round(comp / optimized, 3) if comp else None, graph_decode_ms=graphed,
             timing_rounds=finish.rounds,
-            fidelity=fid, kernels=self.kernels, hotspots_before=self.hotspots_before, hotspots_after=hotspots_after,
+            fidelity=fid, kernels=final_rows(self.kernels, self.counted, self.region_speedups, self.dropped),
+            hotspots_before=self.hotspots_before, hotspots_after=hotspots_after,
             notes=self.notes, seconds=round(self.state.clock.elapsed(), 1), llm=self.usage,
             iterations=max(self.iterations_done, 1), stop_reason=self.state.stop_reason, budget=self._budget(),
             reused=self.state.reused, sessions=self.sessions, host=times.host, engine=self.engine.kind,

@@ -227,3 +227,21 @@ def test_a_candidates_origin_is_a_value_and_older_records_get_theirs_from_the_pr
     assert Candidate.model_validate({**old, "proposer": "store:builtin"}).origin is Origin.STORE
     # a name proves nothing once the origin is recorded: the value decides
     assert Candidate.model_validate({**old, "proposer": "llm:x", "origin": "builtin"}).origin is Origin.BUILTIN
+
+
+def test_the_reports_rows_are_built_once_from_what_was_learnt_later_and_the_evaluated_rows_stay_as_they_were() -> None:
+    from kernelbot.agent.measure.measure import Measured, final_rows
+    from kernelbot.records import EndToEndTimes, Fidelity
+
+    won, lost = _row("won", KernelOutcome.ACCEPTED, "verified; 2x"), _row("lost", KernelOutcome.FAILED, "failed x")
+    dropped = _row("gone", KernelOutcome.ACCEPTED, "verified; 3x")
+    before = [r.model_copy(deep=True) for r in (won, lost, dropped)]
+    measured = Measured(calls={"t1__won": 40, "t1__gone": 7}, fallbacks={"LlamaRMSNorm": 3},
+                        fidelity=Fidelity(max_abs_logit_diff=0.0, greedy_match=True, token_agreement=1.0),
+                        times=EndToEndTimes(eager=[1.0], kernelbot=[0.5]))
+    rows = final_rows([won, lost, dropped], measured, {"t1": 1.4}, {"t1/gone": "slower in the model"})
+    assert [(r.calls, r.fallback_calls, r.region_compile_speedup) for r in rows] == \
+        [(40, 3, 1.4), (0, 0, 1.4), (7, 3, 1.4)]
+    assert rows[2].outcome is KernelOutcome.SLOWER_IN_MODEL and rows[2].reason == "slower in the model"
+    assert [won, lost, dropped] == before  # joined into new rows: nothing patched the evaluated ones
+    assert [r.calls for r in final_rows([won], None, {}, {})] == [0]  # not measured: no calls to report

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import statistics
 from pathlib import Path
+from typing import Any
 
 import torch
 from pydantic import BaseModel, Field
@@ -12,7 +13,16 @@ from kernelbot.agent.measure.timing import time_once
 from kernelbot.engine import TorchEngine, host
 from kernelbot.engine.graph_decode import StaticDecode
 from kernelbot.engine.serving.fidelity import distinct_ngrams
-from kernelbot.records import EndToEndTimes, Fidelity, KernelResult, KLCheck, Pack, ServedComparison, WorkloadFloor
+from kernelbot.records import (
+    EndToEndTimes,
+    Fidelity,
+    KernelOutcome,
+    KernelResult,
+    KLCheck,
+    Pack,
+    ServedComparison,
+    WorkloadFloor,
+)
 
 
 class Measured(BaseModel):
@@ -147,13 +157,28 @@ def time_end_to_end(engine: TorchEngine, pack: Pack, pack_dir: Path, rounds: int
     return times
 
 
-def apply_counts(kernels: list[KernelResult], calls: dict[str, int], fallbacks: dict[str, int]) -> None:
-    """Each row's calls into its pack kernel (pack files name a candidate with `__` for `/`), and for accepted rows
-    the calls on their module that fell back."""
-    for row in kernels:
-        row.calls = calls.get(row.candidate_id.replace("/", "__"), 0)
-        if row.accepted:
-            row.fallback_calls = fallbacks.get(row.module, 0)
+def calls_of(row: KernelResult, measured: Measured) -> int:
+    """The calls the measured engine made into the row's pack kernel (pack files name a candidate `__` for `/`)."""
+    return measured.calls.get(row.candidate_id.replace("/", "__"), 0)
+
+
+def final_rows(rows: list[KernelResult], measured: Measured | None, region_speedups: dict[str, float | None],
+               dropped: dict[str, str]) -> list[KernelResult]:
+    """The report's rows, built once: each candidate's row as evaluation made it, with what was learnt of it later
+    from records of their own: its calls in the measured engine (and, accepted, its module's calls that fell back),
+    torch.compile's gain on its task's region (task id →), and the gate's reason when it left the pack (candidate
+    id →)."""
+    out = []
+    for row in rows:
+        update: dict[str, Any] = {"region_compile_speedup": region_speedups.get(row.candidate_id.split("/", 1)[0])}
+        if row.candidate_id in dropped:
+            update.update(outcome=KernelOutcome.SLOWER_IN_MODEL, reason=dropped[row.candidate_id])
+        if measured is not None:
+            update["calls"] = calls_of(row, measured)
+            if row.accepted:  # as evaluation left it: a dropped kernel was in the pack when the engine was measured
+                update["fallback_calls"] = measured.fallbacks.get(row.module, 0)
+        out.append(row.model_copy(update=update))
+    return out
 
 
 def median(xs: list[float]) -> float | None:
