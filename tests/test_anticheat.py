@@ -476,7 +476,7 @@ def test_cheat_is_caught(tmp_path, backend, name):
     check, body = CHEATS[name]
     ref = write_module(tmp_path / "reference.py", reference_source(RMS_TASK))
     verdict = verify(RMS_TASK, ref, _candidate(tmp_path, backend, name, body), tmp_path / "work", timeout=300)
-    assert verdict.verdict == "fail"
+    assert verdict.verdict == "fail", next(c for c in verdict.checks if c.id == check)  # what the check saw
     expected = {check}
     if backend == "triton" and name == "finishes_on_a_side_thread":
         expected.add("crash")  # Triton's interpreter is not thread-safe: two threads in it can bring the process down

@@ -161,8 +161,8 @@ def _inside(h: Hotspot, labels: dict[str, str], covered: list[str]) -> bool:
 class ServedTasks:
     """Tasks for a served model: one per layer variant the engine's plugin captured (engine/served_layers.py), with
     the arguments its layers were built with and the most rows the engine ran; only variants whose own outputs the
-    family's reference reproduced on a live call. A layer no family covers gets a generic task from its most frequent
-    captured call whose native forward was extracted in the engine's process (engine/served_generic.py). Anything
+    family's reference reproduced on a live call. A layer no family covers gets generic tasks from its frequent
+    captured calls whose native forward was extracted in the engine's process (engine/served_generic.py). Anything
     else is reported as not integrable, with the reason."""
 
     engine: str
@@ -205,7 +205,7 @@ class ServedTasks:
         if not found:
             return (f"not integrable: no seam of {self.engine} carries a kernel for {hotspot.module_class} into the "
                     f"server (kernelbot's plugin takes {self.engine}'s norms, activations, rotary embeddings, linear "
-                    "layers, LM head, attention, MoE experts, and any of its CustomOps with a native forward; "
+                    "layers, LM head, attention, MoE experts, and any other op of its own with a native forward; "
                     + ("a module's own ops are none of these)" if hotspot.module_class.endswith(OWN_OPS) else
                        "this layer is none of these)"))
         return None if found[0].reference else f"not integrable: no generic task, {found[0].why}"

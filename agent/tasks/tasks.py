@@ -137,7 +137,7 @@ def served_generic_task(hotspot: Hotspot, capture: GenericCapture) -> Task:
         input_shapes=shapes, free_dims=[[] for _ in shapes], init_args=[], share=hotspot.share,
         floor_us=hotspot.floor_us / max(hotspot.calls, 1), profiled_dims=hotspot.input_dims,
         signature=capture.signature, layer_variant=capture.variant,
-        region=f"{capture.engine_class} in the engine's process, its native forward at its most frequent call")
+        region=f"{capture.engine_class} in the engine's process, its native forward at one captured call signature")
 
 
 def _siblings(model: torch.nn.Module, module: torch.nn.Module) -> list[str]:
