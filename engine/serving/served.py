@@ -17,6 +17,7 @@ import re
 import shutil
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -308,10 +309,16 @@ class ServedEngine:
 
     def _fidelity(self, stock: ServerProcess, packed: ServerProcess,
                   twin: Callable[[list[list[int]]], list[torch.Tensor]]) -> Fidelity:
-        prompts = random_prompts(self.opts.probe_prompts, self.workload.input_len, self.vocab, seed=10_001)
+        # at least as many prompts as the load has in flight, all at once: the probe's decode steps run at the rows
+        # the load's do, which the pack's kernels were made for (a generic kernel takes only its captured shapes)
+        prompts = random_prompts(max(self.opts.probe_prompts, self.workload.concurrency), self.workload.input_len,
+                                 self.vocab, seed=10_001)
         tokens = self.workload.output_len
-        stock_out = [generate(self.api, stock.url, p, tokens, top_logprobs=fid.TOP_K) for p in prompts]
-        pack_out = [generate(self.api, packed.url, p, tokens, top_logprobs=fid.TOP_K) for p in prompts]
+        with ThreadPoolExecutor(max_workers=self.workload.concurrency) as pool:
+            stock_out = list(pool.map(lambda p: generate(self.api, stock.url, p, tokens, top_logprobs=fid.TOP_K),
+                                      prompts))
+            pack_out = list(pool.map(lambda p: generate(self.api, packed.url, p, tokens, top_logprobs=fid.TOP_K),
+                                     prompts))
         contexts = [p + g.tokens for p, g in zip(prompts, stock_out, strict=True)]
         stock_top = [t for c in contexts for t in generate(self.api, stock.url, c, 1,
                                                            prompt_logprobs=fid.TOP_K).prompt_top]
