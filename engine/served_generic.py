@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
+from kernelbot.engine import extract
 from kernelbot.engine.patching import GenericCall
 from kernelbot.kernel_library.base import GENERIC, dtype_name
 from kernelbot.records import GenericCapture, PackEntry
@@ -100,8 +101,6 @@ class GenericLayers:
     def capture(self, params: tuple[str, ...], layer: torch.nn.Module, call: dict[str, Any],
                 original: Callable[[], Any]) -> tuple[Any, bool]:
         """The call run by the engine's own path, captured; (result, whether a record was added or changed)."""
-        from kernelbot.engine import extract
-
         named = normal(params, call)
         key = (self.variant(layer), *((k, None if v is None else (v.shape, v.dtype)) for k, v in named.items()))
         record = self.captures.get(key)
@@ -122,10 +121,8 @@ class GenericLayers:
         self._extract(record, layer, extract.Call((), inputs, output=pytree.tree_map(_clone, result)))
         return result, True
 
-    def _extract(self, record: GenericCapture, layer: torch.nn.Module, call: Any) -> None:
+    def _extract(self, record: GenericCapture, layer: torch.nn.Module, call: extract.Call) -> None:
         """The call's reference from the layer's native forward, checked against the engine's output (`call`)."""
-        from kernelbot.engine import extract
-
         try:
             with self.native(), _native_forward(layer):
                 ex = extract.extract(layer, [call])

@@ -108,17 +108,22 @@ MIXTRAL = {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "hi
            "max_position_embeddings": 512, "tie_word_embeddings": False}
 
 
-@pytest.mark.slow
-def test_a_mixtral_served_by_vllm_runs_a_verified_kernel_for_its_experts_through_vllms_moe_method(tmp_path):
-    model = tmp_path / "mixtral"
+def _served_config_run(tmp_path: Path, config: dict, families: str) -> Report:
+    """`optimize --engine vllm` (bf16, one task of `families`) on a config-only model directory, to its report."""
+    model = tmp_path / "model_config"
     model.mkdir()
-    (model / "config.json").write_text(json.dumps(MIXTRAL))
+    (model / "config.json").write_text(json.dumps(config))
     run_dir, port = tmp_path / "run", free_port()
     args = [a if a != "llama-micro" else str(model) for a in SMALL]
     code = main(["optimize", *args, "--dtype", "bfloat16", "--port", str(port), "--run-dir", str(run_dir),
-                 "--max-tasks", "1", "--families", "moe_experts"])
+                 "--max-tasks", "1", "--families", families])
     assert code == 0
-    report = Report.model_validate_json((run_dir / "report.json").read_text())
+    return Report.model_validate_json((run_dir / "report.json").read_text())
+
+
+@pytest.mark.slow
+def test_a_mixtral_served_by_vllm_runs_a_verified_kernel_for_its_experts_through_vllms_moe_method(tmp_path):
+    report = _served_config_run(tmp_path, MIXTRAL, "moe_experts")
     # vLLM's experts, captured at its MoE method (vLLM's router has chosen them) and traced under its MoERunner;
     # the family's reference reproduced vLLM's own CPU kernel on a live call, or no task would have been made
     assert ("MoERunner", "moe_experts") in {(h.module_class, h.family) for h in report.hotspots_before}
@@ -138,15 +143,7 @@ GEMMA = {"architectures": ["GemmaForCausalLM"], "model_type": "gemma", "hidden_s
 
 @pytest.mark.slow
 def test_a_gemma_served_by_vllm_runs_a_generic_kernel_for_a_customop_no_family_covers(tmp_path):
-    model = tmp_path / "gemma"
-    model.mkdir()
-    (model / "config.json").write_text(json.dumps(GEMMA))
-    run_dir, port = tmp_path / "run", free_port()
-    args = [a if a != "llama-micro" else str(model) for a in SMALL]
-    code = main(["optimize", *args, "--dtype", "bfloat16", "--port", str(port), "--run-dir", str(run_dir),
-                 "--max-tasks", "1", "--families", "generic"])
-    assert code == 0
-    report = Report.model_validate_json((run_dir / "report.json").read_text())
+    report = _served_config_run(tmp_path, GEMMA, "generic")
     # vLLM's GemmaRMSNorm is a CustomOp no family covers: its native forward, extracted in vLLM's worker and checked
     # there against vLLM's own output, is the task's reference; the generated kernel runs in vLLM's worker
     ran = [k for k in report.kernels if k.outcome in (KernelOutcome.ACCEPTED, KernelOutcome.SLOWER_IN_MODEL)]
