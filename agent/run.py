@@ -389,7 +389,10 @@ class OptimizeRun:
         return report
 
     def _fidelity_notes(self, fid: Fidelity) -> None:
-        if not fid.passed:
+        if fid.rounds_agree is False:
+            self.notes.append("fidelity: with the pack, later timed rounds decoded other tokens than the first (a "
+                              "kernel's answers changed from call to call); do not ship it")
+        elif not fid.passed:
             self.notes.append("fidelity: the pack changed the model's outputs beyond its dtype's own error; "
                               "do not ship it")
         elif not fid.greedy_match:

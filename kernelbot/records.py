@@ -299,21 +299,25 @@ class Fidelity(BaseModel):
     # in-process runs: the next-token distributions compared position by position (None in older reports and
     # served runs); the pack must also pass this check
     kl: KLCheck | None = None
+    # in-process runs: the pack decoded the same tokens in every timed round (False: a kernel changed its answers
+    # after the calls this check saw); None where not compared, or where eager's own rounds differ
+    rounds_agree: bool | None = None
 
     # a computed field, so report.json states the verdict; reading a report back ignores it and recomputes
     @computed_field
     @property
     def passed(self) -> bool:
         return ((self.greedy_match or bool(self.within_noise)) and not self.repetition_collapse
-                and (self.kl is None or self.kl.within_noise))
+                and (self.kl is None or self.kl.within_noise) and self.rounds_agree is not False)
 
     def summary(self) -> str:
         noise = "" if self.dtype_noise is None else (
             f" (against float64: eager {self.dtype_noise:.2e}, with the pack {self.pack_error:.2e}, "
             f"{'within' if self.within_noise else 'beyond'} the dtype's noise)")
         kl = "" if self.kl is None else f"; {self.kl.summary()}"
+        rounds = "" if self.rounds_agree is not False else "; the pack decoded other tokens in later timed rounds"
         return (f"max |Δlogit| {self.max_abs_logit_diff:.2e}{noise}, greedy tokens identical: {self.greedy_match} "
-                f"({self.token_agreement:.1%} agreement){kl}")
+                f"({self.token_agreement:.1%} agreement){kl}{rounds}")
 
 
 class KernelOutcome(str, Enum):
@@ -457,6 +461,9 @@ class EndToEndTimes(BaseModel):
     compiled: list[float] = Field(default_factory=list)
     graph_decode: list[float] = Field(default_factory=list)  # static cache, decode steps replayed from a graph (GPUs)
     host: HostLoad | None = None  # None in runs recorded before the host was read
+    # rounds (from 0) that decoded other tokens than the first round did, eager's and the pack's
+    eager_rounds_differ: list[int] = Field(default_factory=list)
+    pack_rounds_differ: list[int] = Field(default_factory=list)
 
 
 class Report(BaseModel):

@@ -429,6 +429,37 @@ CHEATS = {
             ring[1] += 1
             return ring[0][ring[1] % 64].copy_(y)
     """),
+    # verification told from use: each tell of a verification run, and a candidate right only on one side of it
+    # 13. writes every element only while a fresh allocation holds the poison's byte (some verified calls run
+    # unpoisoned now; one that looks for any repeated byte is the benchmark's: tests/test_bench_as_in_use.py)
+    "writes_every_element_only_while_it_sees_poison": ("result_caching", """
+        def forward(self, x):
+            probe = torch.empty(64, dtype=torch.uint8)
+            y = self.kernel(x)
+            if bool((probe == 0x7F).all()):
+                return y
+            out = torch.empty_like(y)
+            out[: y.shape[0] // 2] = y[: y.shape[0] // 2]
+            return out
+    """),
+    # 14. wrong while the op log's profile hook is installed (that call's outputs are checked now)
+    "wrong_under_the_profile_hook": ("result_caching", """
+        def forward(self, x):
+            y = self.kernel(x)
+            return torch.zeros_like(y) if sys.getprofile() is not None else y
+    """),
+    # 15. wrong while a perf event (the CPU sampler's) is open in its process (some sampled calls are checked now)
+    "wrong_while_a_perf_event_is_open": ("result_caching", """
+        def forward(self, x):
+            y = self.kernel(x)
+            for fd in os.listdir("/proc/self/fd"):
+                try:
+                    if "perf_event" in os.readlink(f"/proc/self/fd/{fd}"):
+                        return torch.zeros_like(y)
+                except OSError:
+                    pass
+            return y
+    """),
 }
 # The quick ones run in every CI; the rest are marked slow (each is one sandboxed verification).
 QUICK = {("cpp", n) for n in ("freed_reference_output", "caches_on_pointer", "finishes_on_a_side_thread",
@@ -444,7 +475,9 @@ QUICK = {("cpp", n) for n in ("freed_reference_output", "caches_on_pointer", "fi
                               "closes_the_audit_fd_for_one_call", "replaces_a_field_of_the_recorder_class",
                               "works_between_calls_on_a_thread_started_at_import",
                               "falls_back_to_numpy_beside_its_kernel", "labels_numpy_as_its_kernel",
-                              "cycles_through_sixty_four_output_buffers")} | \
+                              "cycles_through_sixty_four_output_buffers",
+                              "writes_every_element_only_while_it_sees_poison", "wrong_under_the_profile_hook",
+                              "wrong_while_a_perf_event_is_open")} | \
     {("triton", "caches_on_id_and_version"), ("triton", "decorative_kernel")}
 
 
@@ -466,7 +499,7 @@ TRITON_ONLY = {"forces_natural_program_order"}  # program orders exist for Trito
 # Caught through the hundreds of sampled calls a fast kernel gets; one in Triton's slow interpreter gets a handful, too
 # few to time its libraries or to wrap a ring of 64 buffers (the README says so under what the checks cannot see)
 MANY_CALLS_ONLY = {"falls_back_to_numpy_beside_its_kernel", "cycles_through_sixty_four_output_buffers",
-                   "runs_its_kernel_only_under_a_profiler_hook"}
+                   "runs_its_kernel_only_under_a_profiler_hook", "wrong_while_a_perf_event_is_open"}
 
 
 @pytest.mark.parametrize("backend,name", [

@@ -129,11 +129,34 @@ def test_end_to_end_timing_keeps_its_rounds_in_ms_per_engine(tmp_path) -> None:
 
     spec, _ = resolve_spec("llama-micro", dtype="float32", batch=1, prompt_len=3, decode_steps=2)
     engine = TorchEngine(spec)
-    engine.run_workload = lambda: time.sleep(0.02)  # a workload of known length
+    engine.run_workload = lambda: (time.sleep(0.02), torch.zeros(3))[1]  # a workload of known length
     times = time_end_to_end(engine, Pack(version="empty", run_id="r", device="cpu", entries=[]), tmp_path, 3, None)
     assert len(times.eager) == len(times.kernelbot) == 3 and times.compiled == []
     assert all(20.0 <= t < 35.0 for t in times.eager + times.kernelbot)  # in ms
     assert times.host is not None and times.host.window_s is not None and times.host.window_s >= 0.1  # the rounds'
+
+
+def test_the_packs_timed_rounds_are_held_and_a_later_change_of_answer_fails_fidelity(tmp_path) -> None:
+    from kernelbot.agent.measure.measure import time_end_to_end
+    from kernelbot.engine import TorchEngine
+    from kernelbot.engine.models import resolve_spec
+    from kernelbot.records import Fidelity, Pack
+
+    spec, _ = resolve_spec("llama-micro", dtype="float32", batch=1, prompt_len=3, decode_steps=2)
+    engine = TorchEngine(spec)
+    state = {"pack": False, "calls": 0}
+    engine.apply_pack = lambda pack, pack_dir: state.update(pack=True)
+    engine.remove_pack = lambda: state.update(pack=False)
+
+    def workload() -> torch.Tensor:  # with the pack, right for two rounds (as many as a fidelity check runs)
+        state["calls"] += state["pack"]
+        return torch.tensor([5, 6, 8 if state["pack"] and state["calls"] > 2 else 7])
+
+    engine.run_workload = workload
+    times = time_end_to_end(engine, Pack(version="v", run_id="r", device="cpu", entries=[]), tmp_path, 4, None)
+    assert (times.eager_rounds_differ, times.pack_rounds_differ) == ([], [2, 3])
+    fid = Fidelity(max_abs_logit_diff=0.0, greedy_match=True, token_agreement=1.0)
+    assert fid.passed and not fid.model_copy(update={"rounds_agree": False}).passed
 
 
 def test_a_report_timed_on_a_busy_host_says_so_at_the_top(tmp_path) -> None:

@@ -139,14 +139,17 @@ def time_end_to_end(engine: TorchEngine, pack: Pack, pack_dir: Path, rounds: int
     """Workload time in ms for eager, kernelbot-patched, torch.compile and graph-replayed decode (where given),
     interleaved round by round so that drift on a noisy machine hits all of them alike; each round from an idle device
     until the device is done. The host's load over the rounds comes with them: other processes' CPU time makes every
-    ratio doubtful."""
+    ratio doubtful. Each round's tokens are held and compared once all ran: the pack's rounds that decoded other
+    tokens than its first (a kernel right only for its first calls) are named."""
     times = EndToEndTimes(eager=[], kernelbot=[])
+    decoded: dict[str, list[torch.Tensor]] = {"eager": [], "kernelbot": []}
     since = host.sample()
     for _ in range(rounds):
-        times.eager.append(time_once(engine.run_workload, engine.device))
+        times.eager.append(time_once(lambda: decoded["eager"].append(engine.run_workload()), engine.device))
         engine.apply_pack(pack, pack_dir)
         try:
-            times.kernelbot.append(time_once(engine.run_workload, engine.device))
+            times.kernelbot.append(time_once(lambda: decoded["kernelbot"].append(engine.run_workload()),
+                                             engine.device))
         finally:
             engine.remove_pack()
         if compiled is not None:
@@ -154,7 +157,13 @@ def time_end_to_end(engine: TorchEngine, pack: Pack, pack_dir: Path, rounds: int
         if graphed is not None:
             times.graph_decode.append(time_once(graphed.run_workload, engine.device))
     times.host = host.host_load(since)
+    times.eager_rounds_differ, times.pack_rounds_differ = (_rounds_apart(decoded[k]) for k in ("eager", "kernelbot"))
     return times
+
+
+def _rounds_apart(decoded: list[torch.Tensor]) -> list[int]:
+    """The rounds (from 0) whose tokens differ from the first round's."""
+    return [k for k, tokens in enumerate(decoded) if not torch.equal(tokens.cpu(), decoded[0].cpu())]
 
 
 def calls_of(row: KernelResult, measured: Measured) -> int:

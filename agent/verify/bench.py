@@ -1,10 +1,15 @@
 """Candidate vs the op it replaces on the task's shapes: warm-up, interleaved rounds, medians, noise.
 
 The reference and the candidate run in separate processes (neither can patch or slow the other, nor pick up
-memory the other freed), call by call. Every timed call sees inputs no earlier call saw (one element of each
-float input changes in place before it, among a few independent draws), so a cache of earlier results is
+memory the other freed), call by call. Every timed call sees inputs no earlier call saw (a few elements of each
+float input change in place before it, among a few independent draws), so a cache of earlier results is
 stale, and some calls' outputs — picked at random, fetched only after the call returned — are checked against
 the reference here: a candidate that is right only while verified, or only for its first calls, is refused.
+
+What verification looks like is here too, at random and apart from the checked calls: some calls run with
+allocations poisoned or after a pause like verification's (those are not timed), and the checked calls' outputs are
+held to the end, where each must still hold its bytes and none may share memory with another. The candidate's own
+threads may not use the CPU between its calls (the reference's turn included) beyond an OpenMP pool's spin.
 """
 
 from __future__ import annotations
@@ -53,7 +58,8 @@ def bench(task: Task, reference_path: Path, candidate_path: Path, workdir: Path,
     report = read_result(result.payload)
     if result.status != "ok" or not isinstance(report, BenchResult):
         raise RuntimeError(f"benchmark {result.status}: {result.detail[-300:]}")
-    refused = report.facts.timing + report.facts.subclass + report.facts.tamper
+    facts = report.facts
+    refused = facts.timing + facts.subclass + facts.tamper + facts.aliasing + facts.late + facts.threads
     if refused:
         raise RuntimeError(f"benchmark refused: {'; '.join(str(r)[:200] for r in refused[:3])}")
     wrong = _wrong_timed_outputs(model, exact_model, workdir / "outputs.pt")

@@ -28,6 +28,7 @@ import pickle
 import random
 import secrets
 import signal
+import statistics
 import sys
 import time
 import traceback
@@ -107,10 +108,15 @@ CHECKS_PER_ROUND = 4  # timed candidate calls per round whose outputs go back to
 # (an OpenMP pool spins a few milliseconds after its last parallel region, then sleeps), and over the whole job
 SPIN_NS = 2_000_000
 HELD_BYTES = 64 << 20  # outputs of the profiled calls the runner holds to the end of the job
+CHECKED_SAMPLED = 3  # the sampled calls whose outputs go back to be checked (picked once all ran)
 OUTSIDE_NS = 20_000_000
 # Between one runner's turn and the other's: longer than an OpenMP pool spins after its last parallel region, so the
 # idle runner's threads are asleep, not spinning on a core, while the other's calls are timed.
 SWITCH_GAP_S = 0.02
+SETTLE_S = VerifyJob.model_fields["settle_s"].default  # verification's pause after a call (jittered there): some
+# benchmark calls get one before them
+PERTURBED = 8  # elements of each float input a benchmark call changes before it runs
+DISTURBED_EVERY = 8  # one benchmark call in this many is poisoned or paused before, and not timed
 # Classes whose every attribute the seal covers: a method added or replaced on a tensor changes every tensor, and one
 # on a request's class changes what the runner reads out of every request; the audit recorder's, its fields too.
 SEALED_CLASSES = (torch.Tensor, torch.UntypedStorage, BaseModel, Message, Request, *REQUEST_TYPES, Recorder)
@@ -214,7 +220,8 @@ class RunnerSetup:
     cls: str  # Model or ModelNew
     device: str = "cpu"
     triton: bool = False
-    poison: bool = False  # CPU allocations filled with a pattern (verification; never when timing)
+    poison: bool = False  # CPU allocations filled with a pattern from the start (verification; a benchmark poisons
+    # single untimed calls)
     settle_s: float = 0.02
     threads: int = field(default_factory=lambda: HOST_THREADS)  # torch's intra-op threads, as a real process has
 
@@ -442,12 +449,14 @@ class Tools(NamedTuple):
     op_timed_call: Callable[..., tuple]
     op_final: Callable[..., None]
     tampered: Callable[..., list[str]]
-    op_profile: Callable[..., tuple[dict[str, Any], tuple]]
+    op_profile: Callable[..., tuple[dict[str, Any], list[list[Any]], tuple]]
     audit_channel: Callable[[], tuple[int, int] | None]
     sampled_calls: Callable[..., dict[str, Any]]
     windows: Callable[[], tuple]
     set_threads: Callable[[int], None]
     leaves: Callable[[Any], list[Any]]
+    poison: Callable[[bool], bool]  # CPU allocations poisoned from now on, or not
+    randbelow: Callable[[int], int]  # the OS's randomness: a candidate cannot seed it
 
 
 class Watch(NamedTuple):
@@ -500,9 +509,8 @@ def _serve(setup: RunnerSetup, rfd: int, wfd: int) -> None:
     staged: tuple = ()  # bench: input sets
     last: Any = None  # bench: the last timed call's outputs
     quiet = tools.cpu_since(None, watch.known_threads)  # (CPU the candidate's threads used outside calls, mark)
-    requests = 0  # each one's gap after it is a window where no call runs
+    windows = 0  # each request's gap after it is a window where no call runs (a timed call's is allowed for there)
     while True:
-        requests += 1
         try:
             data = tools.loads(tools.recv(rfd))
         except EOFError:
@@ -512,6 +520,7 @@ def _serve(setup: RunnerSetup, rfd: int, wfd: int) -> None:
         facts["tamper"] += tampered(watch)
         request = tools.parse_request(data)
         op = request.op
+        windows += op not in ("tcall", "fetch")
         try:
             if op == "load":
                 reply, models = tools.op_load(setup, request, facts)
@@ -522,10 +531,10 @@ def _serve(setup: RunnerSetup, rfd: int, wfd: int) -> None:
                 if op == "case":
                     sent = tools.to(request.inputs, setup.device)
                     slots = (*slots, (request.keep, sent)) if request.keep else slots
-                    extras = (request.again, request.orders, request.order_seed, request.inputs_after)
+                    extras = (request.again, request.orders, request.order_seed, request.inputs_after, True)
                 else:
                     sent = tools.refill(dict(slots)[request.slot], request.values, setup.device)
-                    extras = (False, False, 0, False)
+                    extras = (False, False, 0, False, request.poison)
                 reply, held, quiet = tools.op_call(watch, models[request.model], sent, extras, held,
                                                    weights[request.model], facts, quiet)
             elif op == "reweight":
@@ -533,18 +542,22 @@ def _serve(setup: RunnerSetup, rfd: int, wfd: int) -> None:
                 weights = tuple(tools.weight_snapshot(m) for m in models)
             elif op == "profile":  # its calls are calls: the CPU they use is no work between calls
                 outside = quiet[0] + tools.cpu_since(quiet[1], watch.known_threads)[0]
-                reply["profile"], held = tools.op_profile(watch, models[request.model],
-                                                          tools.to(request.inputs, setup.device), held, facts)
+                reply["profile"], reply["later"], held = tools.op_profile(
+                    watch, models[request.model], tools.to(request.inputs, setup.device), held, facts)
                 quiet = (outside, tools.cpu_since(None, watch.known_threads)[1])
                 facts["tamper"] += tampered(watch)
             elif op == "stage":
                 staged = tuple(tuple(tools.to(s, setup.device)) for s in request.sets)
-            elif op == "tcall":
-                reply["us"], last = tools.op_timed_call(watch, models[0], staged[request.set], request.perturb)
-            elif op == "fetch":
-                reply["out"] = tools.outputs_of(last, facts)[0]
+            elif op == "tcall":  # the gap before it may hold an OpenMP pool's spin, per thread, and no more
+                used, _ = tools.cpu_since(quiet[1], watch.known_threads)
+                outside = quiet[0] + max(0, used - SPIN_NS * setup.threads)
+                reply["us"], last = tools.op_timed_call(watch, models[0], staged[request.set], request.perturb,
+                                                        request.poison)
+                quiet = (outside, tools.cpu_since(None, watch.known_threads)[1])
+            elif op == "fetch":  # held to the end of the job, as a verified call's outputs are
+                reply["out"], held = _held_call(tools, last, [], held, facts)
             elif op == "final":
-                tools.op_final(watch, held, quiet, facts, requests)
+                tools.op_final(watch, held, quiet, facts, windows)
                 reply["ptxas"] = cuda_check.REPORTS
         except LoadError as exc:
             reply = {"error": str(exc)[:1500], "stage": "compile", "ptxas": cuda_check.REPORTS}
@@ -580,7 +593,7 @@ def _prepare(setup: RunnerSetup, wfd: int) -> Watch:
         op_call=_op_call, op_timed_call=_op_timed_call, op_final=_op_final, tampered=_tampered, op_profile=_op_profile,
         audit_channel=confine_mod.RECORDER.channel if confine_mod.RECORDER else _no_channel,
         sampled_calls=sampling.sampled_calls, windows=triton_check.recent_windows, set_threads=torch.set_num_threads,
-        leaves=_leaves)
+        leaves=_leaves, poison=probes.poison_allocations, randbelow=secrets.randbelow)
     codes = tuple((fn, fn.__code__) for fn in tools if hasattr(fn, "__code__"))
     places = _places(setup.module, work)
     probes.install(places)
@@ -636,19 +649,26 @@ def _op_call(watch: Watch, model: torch.nn.Module, sent: list[Any], extras: tupl
     on copies, other program orders, the inputs and weights afterwards. Everything after the call goes through
     the bound tools, and the seal is read right after it (before a patch made during the call could undo
     itself). `extras`, read from the request before the call: (a second run, other program orders, their seed,
-    the inputs afterwards). `quiet`: (CPU the candidate's threads used while no call ran, where that was last
-    read), carried from call to call."""
+    the inputs afterwards, poisoned allocations). `quiet`: (CPU the candidate's threads used while no call ran,
+    where that was last read), carried from call to call. Not poisoned: this call's allocations are as malloc
+    gives them (a candidate that writes every element only while it sees poison is caught on such a call)."""
     tools, setup, reply = watch.tools, watch.setup, {}
-    again, orders, order_seed, inputs_after = extras
+    again, orders, order_seed, inputs_after, poisoned = extras
     used, _ = tools.cpu_since(quiet[1], watch.known_threads)
     outside = quiet[0] + used
+    unpoison = setup.poison and not poisoned and setup.device == "cpu"
     with torch.inference_mode():
         try:
+            if unpoison:
+                tools.poison(False)
             out = model(*sent)
             if setup.device == "cuda":
                 tools.cuda_sync()
         except Exception as exc:
             reply["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+        finally:
+            if unpoison:
+                tools.poison(True)
         facts["tamper"] += tools.tampered(watch)
         if "error" not in reply:
             encoded, items = tools.outputs_of(out, facts)
@@ -656,9 +676,10 @@ def _op_call(watch: Watch, model: torch.nn.Module, sent: list[Any], extras: tupl
             digests = tuple(tools.sha256(e[5]).digest() if e else None for e in encoded)
             facts["aliasing"] += tools.aliasing(items, sent, [r for h in held for r in h[2]],
                                                 [t for _, t, _ in weights])
-            tools.sleep(setup.settle_s / 2)
+            settle = setup.settle_s * (500 + tools.randbelow(1001)) / 1000  # no fixed gap a candidate could time
+            tools.sleep(settle / 2)
             _, mark = tools.cpu_since(None, watch.known_threads)
-            tools.sleep(setup.settle_s / 2)
+            tools.sleep(settle / 2)
             working, _ = tools.cpu_since(mark, watch.known_threads)
             settled, _ = tools.outputs_of(out, {k: [] for k in FACT_KINDS})
             if any(a is not None and b is not None and a[5] != b[5] for a, b in zip(encoded, settled, strict=True)):
@@ -705,25 +726,35 @@ def _held_call(tools: Tools, out: Any, inputs: list[Any], held: tuple, facts: di
     return encoded, (*held, (items, digests, tuple(tools.storages(items))))
 
 
-def _op_timed_call(watch: Watch, model: torch.nn.Module, inputs: tuple, perturb: list[tuple[int, int, Any]]
-                   ) -> tuple[float, Any]:
+def _op_timed_call(watch: Watch, model: torch.nn.Module, inputs: tuple, perturb: list[tuple[int, int, Any]],
+                   poisoned: bool = False) -> tuple[float, Any]:
     """The benchmark's call: this call's change to the inputs (outside the clock), then the one timing protocol
     (engine/device.py's timed_call: on a GPU the L2 flush, then device events around the call), with the
-    stopwatch bound before the candidate loaded."""
+    stopwatch bound before the candidate loaded. `poisoned`: CPU allocations poisoned, as in verification (the
+    harness does not count this call's time: poison costs a fill per allocation)."""
     tools = watch.tools
     for index, flat, value in perturb:  # on a GPU a launch of its own, queued before the flush and the start mark
         _set_element(inputs[index], flat, value)
+    poisoned = poisoned and watch.setup.device == "cpu"
     with torch.inference_mode():
         if watch.setup.device != "cuda":
             tools.wake_threads()
-        return tools.timed_call(model, inputs, tools.stopwatch(), tools.flush)
+        if poisoned:
+            tools.poison(True)
+        try:
+            return tools.timed_call(model, inputs, tools.stopwatch(), tools.flush)
+        finally:
+            if poisoned:
+                tools.poison(False)
 
 
 def _op_profile(watch: Watch, model: torch.nn.Module, inputs: list[Any], held: tuple, facts: dict[str, list[str]]
-                ) -> tuple[dict[str, Any], tuple]:
+                ) -> tuple[dict[str, Any], list[list[Any]], tuple]:
     """The op log of one call, then (on a CPU) where the CPU time of more calls went, by the code it ran in. Those
     calls' outputs are held too, up to HELD_BYTES, and none may share memory with an output held before it: a
-    candidate that cycles through more output buffers than a verification makes calls is caught reusing one."""
+    candidate that cycles through more output buffers than a verification makes calls is caught reusing one. The
+    profiled call's outputs and a few of the sampled calls', picked at random once all ran, go back encoded to be
+    checked: a call made under the profiler or the sampler is a call like any other."""
     tools, kept = watch.tools, []
     room = [HELD_BYTES]
 
@@ -739,6 +770,7 @@ def _op_profile(watch: Watch, model: torch.nn.Module, inputs: list[Any], held: t
         sampled = tools.sampled_calls(call, *watch.places, tools.windows) if watch.setup.device == "cpu" else {}
         profile = tools.profile_call(model, inputs, watch.places, tools.windows)
         profile.update(sampled)
+    profiled = [tools.leaves(out) for out in profile.pop("outputs")]
     earlier = [r for h in held for r in h[2]]
     for items in kept:
         found = tools.aliasing(items, inputs, earlier)
@@ -746,7 +778,14 @@ def _op_profile(watch: Watch, model: torch.nn.Module, inputs: list[Any], held: t
             facts["aliasing"].append(f"one of {len(kept)} repeated calls: {found[0]}")
             break
         earlier += tools.storages(items)
-    return profile, (*held, *((items, (), tuple(tools.storages(items))) for items in kept))
+    picked = {tools.randbelow(len(kept)) for _ in range(CHECKED_SAMPLED)} if kept else set()
+    checked = profiled + [kept[k] for k in sorted(picked)]
+    unread = [items for k, items in enumerate(kept) if k not in picked]
+    encoded = []
+    for items in checked:
+        out, held = _held_call(tools, items, inputs, held, facts)
+        encoded.append(out)
+    return profile, encoded, (*held, *((items, (), tuple(tools.storages(items))) for items in unread))
 
 
 def _op_final(watch: Watch, held: tuple, quiet: tuple[int, tuple], facts: dict[str, list[str]], windows: int
@@ -928,16 +967,19 @@ def _verify(job: VerifyJob) -> VerifyResult | JobFailure:
 def _later_calls(runner: Runner, plan: SentPlan, main: int, facts: Facts, job: VerifyJob,
                  runs: list[CaseRun]) -> tuple[VerifyOutputs, Profile]:
     """Calls on the main case's own tensors with new contents (all of them, then one element at a time), the op
-    log, and new weights copied into the same parameters."""
+    log, and new weights copied into the same parameters. About half of these calls, at random (one at least), run
+    with CPU allocations as malloc gives them, the others poisoned as every earlier call was."""
     outputs = VerifyOutputs(runs=runs)
-    reply = runner.ask(RefillRequest(model=main, slot="main", values=plan.fresh))
+    calls = 2 + len(plan.changed)
+    clean = set(random.Random(secrets.randbits(64)).sample(range(calls), max(1, calls // 2)))
+    reply = runner.ask(RefillRequest(model=main, slot="main", values=plan.fresh, poison=0 not in clean))
     _facts(reply, "new values in the same tensors", facts)
     if reply.error is not None:
         outputs.caching_error = reply.error[:500]
     else:
         outputs.caching_out = _decoded(reply.out)
     for k, values in enumerate(plan.changed):
-        reply = runner.ask(RefillRequest(model=main, slot="main", values=values))
+        reply = runner.ask(RefillRequest(model=main, slot="main", values=values, poison=k + 1 not in clean))
         _facts(reply, f"one element changed ({k + 1})", facts)
         outputs.element_outs.append(CallResult(error=reply.error[:300]) if reply.error is not None else
                                     CallResult(out=_decoded(reply.out)))
@@ -949,6 +991,7 @@ def _later_calls(runner: Runner, plan: SentPlan, main: int, facts: Facts, job: V
     launches = sum(isinstance(e, TritonLaunch) for e in runner.events[seen:])
     if launches and reply.profile is not None:
         profile.own_kernels.append(f"{launches} Triton launch(es)")
+    outputs.later_outs = [_decoded(out) for out in reply.later or []]
     if job.alt_state_dict:
         reply = runner.ask(ReweightRequest(model=main, state_dict=torch.load(job.alt_state_dict),
                                            names=job.param_names))
@@ -956,7 +999,7 @@ def _later_calls(runner: Runner, plan: SentPlan, main: int, facts: Facts, job: V
         if reply.error is not None:
             outputs.reweight_error = reply.error[:500]
         else:
-            reply = runner.ask(RefillRequest(model=main, slot="main", values=plan.fresh))
+            reply = runner.ask(RefillRequest(model=main, slot="main", values=plan.fresh, poison=calls - 1 not in clean))
             _facts(reply, "new weights in the same parameters", facts)
             outputs.reweight_out = CallResult(error=reply.error[:300]) if reply.error is not None else \
                 CallResult(out=_decoded(reply.out))
@@ -982,18 +1025,33 @@ def _mask_like(x: torch.Tensor) -> bool:
 
 
 def _perturbation(inputs: list[Any], rng: random.Random) -> list[tuple[int, int, Any]]:
-    """One element of each float (else integer) input that is not a mask, set to (minus) the value of another
-    element: every timed call sees contents no earlier call saw, values stay in the drawn range."""
+    """Up to PERTURBED elements of each float input that is not a mask (else one of an integer input: an index may
+    not take two places), each set to (minus) the value of another element: every timed call sees contents no earlier
+    call saw, values stay in the drawn range, and a kernel that leaves part of its output as an earlier call wrote it
+    is seen in the checked calls."""
     changes = []
     tensors = [(i, x) for i, x in enumerate(inputs)
                if isinstance(x, torch.Tensor) and x.numel() > 1 and not _mask_like(x)]
     floats = [(i, x) for i, x in tensors if x.is_floating_point()]
     for i, x in floats or [(i, x) for i, x in tensors if x.dtype != torch.bool][:1]:
         flat = x.reshape(-1)
-        j, k = rng.randrange(flat.numel()), rng.randrange(flat.numel())
-        value = flat[k].item()
-        changes.append((i, j, -value if x.is_floating_point() else value))
+        for _ in range(min(PERTURBED, flat.numel() // 2) if x.is_floating_point() else 1):
+            j, k = rng.randrange(flat.numel()), rng.randrange(flat.numel())
+            value = flat[k].item()
+            changes.append((i, j, -value if x.is_floating_point() else value))
     return changes
+
+
+def _disturbances(iters: int, rng: random.Random) -> list[tuple[bool, float]]:
+    """For each of a round's calls: (poisoned allocations, a pause before it in seconds), as verification has them:
+    one or the other for one call in DISTURBED_EVERY, at random and apart from which calls are checked; such a call
+    is not timed. A round of fewer than 4 calls keeps all of them undisturbed."""
+    plain = [(False, 0.0)] * iters
+    if iters < 4:
+        return plain
+    for k in rng.sample(range(iters), max(1, iters // DISTURBED_EVERY)):
+        plain[k] = (True, 0.0) if rng.random() < 0.5 else (False, rng.uniform(0.5, 1.5) * SETTLE_S)
+    return plain
 
 
 def _bench(job: BenchJob) -> BenchResult | JobFailure:
@@ -1012,12 +1070,12 @@ def _bench(job: BenchJob) -> BenchResult | JobFailure:
                 return JobFailure(error=f"{who}: {reply.error[:500]}", stage="run")
             r.ask(StageRequest(sets=drawn))
 
-        def timed(i: int, k: int) -> float:
+        def timed(i: int, k: int, poisoned: bool = False) -> float:
             sets = copies[i]
             changes = _perturbation(sets[k % len(sets)], rng)
             for index, flat, value in changes:
                 _set_element(sets[k % len(sets)][index], flat, value)
-            reply = runners[i].ask(TimedCallRequest(set=k % len(sets), perturb=changes))
+            reply = runners[i].ask(TimedCallRequest(set=k % len(sets), perturb=changes, poison=poisoned))
             if reply.error is not None or reply.us is None:
                 raise RunnerDied(f"{'candidate' if i else 'reference'}: {(reply.error or 'no time came back')[:300]}")
             return reply.us
@@ -1032,17 +1090,21 @@ def _bench(job: BenchJob) -> BenchResult | JobFailure:
         for r in range(job.rounds):
             picks = set(rng.sample(range(iters), min(CHECKS_PER_ROUND, iters)))
             for i in ((0, 1) if r % 2 == 0 else (1, 0)):  # alternate who goes first: drift hits both alike
-                time.sleep(SWITCH_GAP_S)
-                total = 0.0
-                for k in range(iters):
+                time.sleep(SWITCH_GAP_S * rng.uniform(1.0, 2.0))
+                counted = []
+                for k, (poisoned, gap) in enumerate(_disturbances(iters, rng)):
                     calls += 1
-                    total += timed(i, calls)
+                    if gap:
+                        time.sleep(gap)
+                    us = timed(i, calls, poisoned)
+                    if not (poisoned or gap):
+                        counted.append(us)
                     if i == 1 and k in picks:  # decided before the round, asked only after the call returned
                         reply = runners[1].ask(FetchRequest())
                         _facts(reply, f"timed call {calls}", facts)
                         checked.append(CheckedCall(inputs=_clones(copies[1][calls % len(drawn)]),
                                                    out=_decoded(reply.out)))
-                times[i].append(total / iters)
+                times[i].append(statistics.fmean(counted))
         final = runners[1].ask(FinalRequest())
         _facts(final, "end of benchmark", facts)
     except RunnerDied as exc:

@@ -375,8 +375,10 @@ class Judge:
                          for p in self.wrong(main, inputs, got.out)]
         if len(outputs.element_outs) != len(self.plan.changed):
             problems.append("not every one-element change was run")
+        problems += self.later_calls_wrong()
         done = f"new values in the same tensors, and {len(self.plan.changed)} single-element changes, gave the " \
-               "new results"
+               f"new results, as did the profiled call and {max(0, len(outputs.later_outs) - 1)} sampled call(s) " \
+               "checked at the end"
         if self.alt is not None:
             got = outputs.reweight_out
             if outputs.reweight_error is not None or got is None or got.error is not None:
@@ -387,6 +389,16 @@ class Judge:
                              for p in self.wrong("alt", self.plan.fresh, got.out)]
             done += "; so did new weights copied into the same parameters"
         return check("result_caching", problems, done)
+
+    def later_calls_wrong(self) -> list[str]:
+        """The profiled call's outputs and some sampled calls' (on the fresh values), checked once the job ended:
+        a candidate must not be right only while nothing profiles or samples it, nor only while something does."""
+        later = self.outputs.later_outs
+        if not later:
+            return [] if self.result.profile.error is not None else ["the profiled call's outputs did not come back"]
+        main = self.plan.cases[0].model
+        return [f"{'the profiled call' if k == 0 else f'sampled call {k}'} gave stale or wrong results: {p}"
+                for k, got in enumerate(later) for p in self.wrong(main, self.plan.fresh, got)][:3]
 
     def precision(self) -> Check:
         lower = LOWER_PRECISIONS.get(self.task.dtype)

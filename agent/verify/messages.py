@@ -213,6 +213,7 @@ class RefillRequest(Request):
     model: int
     slot: str
     values: list[Any]
+    poison: bool = True  # False: this call's allocations are left as malloc gives them
 
 
 class ReweightRequest(Request):
@@ -237,10 +238,11 @@ class StageRequest(Request):
 
 
 class TimedCallRequest(Request):
-    """One timed call on a staged set, after changing one element per input (index, flat position, value)."""
+    """One timed call on a staged set, after changing some input elements (index, flat position, value)."""
     op: Literal["tcall"] = "tcall"
     set: int
     perturb: list[tuple[int, int, float | int | bool]] = Field(default_factory=list)
+    poison: bool = False  # CPU allocations poisoned for this call, as in verification (its time is not counted)
 
 
 class FetchRequest(Request):
@@ -276,6 +278,7 @@ class Reply(Message):
     schedule: Schedule | None = None  # what `reversed` and `shuffled` varied
     inputs_after: list[Value] | None = None
     profile: Profile | None = None
+    later: list[list[Value]] | None = None  # the profiled call's outputs, then some sampled calls'
     us: float | None = None  # a timed call's microseconds
 
 
@@ -334,6 +337,7 @@ class VerifyOutputs(Message):
     element_outs: list[CallResult] = Field(default_factory=list)
     reweight_out: CallResult | None = None
     reweight_error: str | None = None
+    later_outs: list[list[Any]] = Field(default_factory=list)  # on the fresh values: the profiled and sampled calls
 
 
 class CheckedCall(Message):

@@ -114,11 +114,12 @@ def thread_names(known: Iterable[int]) -> list[tuple[str, int]]:
     return sorted(named, key=lambda pair: -pair[1])
 
 
-def poison_allocations() -> bool:
+def poison_allocations(on: bool = True) -> bool:
     """From now on every CPU allocation of this process (torch's included) comes back filled with POISON_BYTE:
-    an output element a kernel never writes keeps that pattern. No global torch flag changes."""
+    an output element a kernel never writes keeps that pattern (`on` False: allocations are left as malloc gives
+    them again). No global torch flag changes."""
     try:
-        return bool(ctypes.CDLL(None).mallopt(M_PERTURB, POISON_BYTE ^ 0xFF))
+        return bool(ctypes.CDLL(None).mallopt(M_PERTURB, POISON_BYTE ^ 0xFF if on else 0))
     except (OSError, AttributeError):
         return False
 
@@ -456,10 +457,11 @@ def profile_call(model: Any, inputs: list[Any], places: Places,
                  launches: Callable[[], Iterable[tuple[int, int, int, int, int]]] = tuple) -> dict[str, Any]:
     """Run once under the op log: aten compute work on every thread, calls into native code and ctypes libraries the
     candidate built, and whether the log stayed intact. Custom op names and record_function labels are not evidence
-    of anything: a candidate chooses them."""
+    of anything: a candidate chooses them. The call's outputs come back under "outputs" (checked like any call's)."""
     global _counting, _ctypes_calls
     native: set[str] = set()
     libraries = own_libraries(places)
+    outputs: list[Any] = []
 
     def profiler(frame, event, arg):
         if event == "c_call":
@@ -472,7 +474,7 @@ def profile_call(model: Any, inputs: list[Any], places: Places,
         _counting, _ctypes_calls = True, 0
         sys.setprofile(profiler)
         try:
-            model(*inputs)
+            outputs.append(model(*inputs))
         finally:
             sys.setprofile(None)
             _counting = False
@@ -481,4 +483,4 @@ def profile_call(model: Any, inputs: list[Any], places: Places,
     own = sorted(native)
     if _ctypes_calls:
         own.append(f"{_ctypes_calls} ctypes call(s)")
-    return {"compute": log.compute, "own_kernels": own, "intact": log.sentinel_seen}
+    return {"compute": log.compute, "own_kernels": own, "intact": log.sentinel_seen, "outputs": outputs[:1]}

@@ -1,0 +1,103 @@
+"""The benchmark is no place to misbehave: its checked calls' outputs are held to the end as verification's are, the
+candidate's own threads may not work while the reference is timed, and some of its calls look like verified ones
+(poisoned allocations, a pause before them) without being told apart from the checked ones."""
+
+import pytest
+from helpers import write_module
+from test_verify import RMS_TASK
+
+from kernelbot.agent.tasks.tasks import reference_source
+from kernelbot.agent.verify.bench import bench
+
+RING = """
+import torch
+from kernelbot.kernel_library.rmsnorm.cpp import RMSNormCpp
+
+
+class ModelNew(RMSNormCpp):
+    ring = []
+
+    def forward(self, x):
+        y = super().forward(x)
+        if len(self.ring) < 8:
+            self.ring.append(torch.empty_like(y))
+        self.ring.append(self.ring.pop(0))
+        return self.ring[-1].copy_(y)
+"""
+
+# works only while no call of its own runs (the reference's turn, whose timings it would slow down), in hashing that
+# lets go of the GIL
+BUSY_BETWEEN_CALLS = """
+import hashlib
+import threading
+import time
+from kernelbot.kernel_library.rmsnorm.cpp import RMSNormCpp
+
+LAST = [time.monotonic()]
+BLOCK = bytes(1 << 20)
+
+
+def _work():
+    while True:
+        if time.monotonic() - LAST[0] > 0.005:
+            hashlib.sha256(BLOCK).digest()
+        else:
+            time.sleep(0.001)
+
+
+threading.Thread(target=_work, daemon=True).start()
+
+
+class ModelNew(RMSNormCpp):
+    def forward(self, x):
+        out = super().forward(x)
+        LAST[0] = time.monotonic()
+        return out
+"""
+
+# writes every element only while fresh memory holds one repeated byte, as verification's poisoned allocations (and
+# the chunks freed while poisoned) do
+WRITES_ALL_ONLY_WHILE_POISONED = """
+import torch
+from kernelbot.kernel_library.rmsnorm.cpp import RMSNormCpp
+
+
+class ModelNew(RMSNormCpp):
+    def forward(self, x):
+        probe = torch.empty(64, dtype=torch.uint8)
+        y = super().forward(x)
+        if bool((probe == probe[0]).all()) and int(probe[0]) != 0:
+            return y
+        out = torch.empty_like(y)
+        out[: y.shape[0] // 2] = y[: y.shape[0] // 2]
+        return out
+"""
+
+HONEST = "from kernelbot.kernel_library.rmsnorm.cpp import RMSNormCpp as ModelNew\n"
+
+
+def _bench(tmp_path, source: str, rounds: int = 4):
+    ref = write_module(tmp_path / "reference.py", reference_source(RMS_TASK))
+    cand = write_module(tmp_path / "cand" / "candidate.py", source)
+    return bench(RMS_TASK, ref, cand, tmp_path / "bench", rounds=rounds)
+
+
+def test_a_ring_of_output_buffers_is_refused_by_the_benchmark(tmp_path):
+    # 4 rounds, 4 checked calls each: 16 held outputs from a ring of 8 must share memory, and the earlier ones change
+    with pytest.raises(RuntimeError, match="benchmark refused: .*reuses the memory of an earlier call's output"):
+        _bench(tmp_path, RING)
+
+
+def test_a_thread_that_works_while_the_reference_is_timed_is_refused_by_the_benchmark(tmp_path):
+    with pytest.raises(RuntimeError, match="benchmark refused: .*the candidate's threads used"):
+        _bench(tmp_path, BUSY_BETWEEN_CALLS)
+
+
+def test_a_kernel_that_writes_every_element_only_while_memory_looks_poisoned_is_refused_by_the_benchmark(tmp_path):
+    with pytest.raises(RuntimeError, match="timed call's output is wrong"):
+        _bench(tmp_path, WRITES_ALL_ONLY_WHILE_POISONED)
+
+
+def test_an_honest_library_kernel_is_timed_with_its_thread_pool_between_calls(tmp_path):
+    result = _bench(tmp_path, HONEST)
+    assert result.rounds == 4 and result.candidate_us > 0 and result.reference_us > 0
