@@ -73,6 +73,14 @@ class Family:
         )
 
 
+def cpp_family(name: str, wrapper: str, **fields: Any) -> Family:
+    """A family whose one backend is C++ over the small-M GEMMs (fp32 and bf16, tried at grains 1, 4 and 16), that
+    no class name selects: its modules are found by structure (`covers`), or it is only ever routed to."""
+    return Family(name=name, module_classes=(), wrappers={"cpp": wrapper},
+                  configs={"cpp": [{"grain": 1}, {"grain": 4}, {"grain": 16}]}, dtypes={"cpp": ("float32", "bfloat16")},
+                  **fields)
+
+
 def computes_reference(family: Family, module: torch.nn.Module, inputs: list[torch.Tensor]) -> bool:
     """Does the live module give what the family's reference gives on these inputs, with its own weights? The
     structural test behind `covers` for modules whose class name says nothing (MixtralRMSNorm, MyNorm...)."""
@@ -112,15 +120,23 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def hot_path(kernel: torch.nn.Module, dtype: str) -> Any:
-    """The kernel's hot path bound for this dtype (forward or step with weights packed once), where its class takes
-    `bound` and the forward (and step) that call it from one kernel_library class, none overridden: a candidate's
-    own methods are what was verified, so a candidate that redefines any of them runs through its forward (None)."""
+    """The kernel's hot path bound for this dtype (forward or step with weights packed once), where `bound` and the
+    forward (and step) that call it are one kernel_library class's own (the first with a `bound` in the kernel's MRO),
+    defined in it or in its bases, none overridden: a candidate's own methods are what was verified, so a candidate
+    that redefines any of them runs through its forward (None); so does a class that puts another library class's
+    forward before them (a reference Model's, which never runs `bound`)."""
     if not hasattr(kernel, "bound"):  # a kernel with no bound hot path (Triton wrappers, some C++ ones)
         return None
-    owners = {next((c for c in type(kernel).__mro__ if name in vars(c)), None)
+    mro = type(kernel).__mro__
+    owners = {next((c for c in mro if name in vars(c)), None)
               for name in ("bound", "forward", "step") if hasattr(kernel, name)}
-    owner = owners.pop() if len(owners) == 1 else None
-    if owner is None or not owner.__module__.startswith("kernelbot.kernel_library.") or getattr(
-            sys.modules.get(owner.__module__), owner.__name__, None) is not owner:
+    library = next((c for c in mro if _library_class(c) and hasattr(c, "bound")), None)
+    if library is None or not all(_library_class(owner) and owner in library.__mro__ for owner in owners):
         return None
     return kernel.bound(getattr(torch, dtype))
+
+
+def _library_class(cls: type | None) -> bool:
+    """Whether `cls` is a kernel_library class: defined in one of its modules, under the name it has there."""
+    return cls is not None and cls.__module__.startswith("kernelbot.kernel_library.") and getattr(
+        sys.modules.get(cls.__module__), cls.__name__, None) is cls

@@ -196,14 +196,18 @@ static void check(const at::Tensor& x, const at::Tensor& panels, int64_t G, int6
   TORCH_CHECK(panels.size(0) * 8 >= N && N > 0, "panels do not cover N");
 }
 
+// The bias's elements where one is given, checked to be N contiguous elements of `dtype` (`what` says so); else null.
+template <typename T>
+static const T* bias_data(const c10::optional<at::Tensor>& bias, int64_t N, at::ScalarType dtype, const char* what) {
+  if (!bias.has_value()) return nullptr;
+  TORCH_CHECK(bias->is_contiguous() && bias->numel() == N && bias->scalar_type() == dtype, what);
+  return static_cast<const T*>(bias->data_ptr());
+}
+
 inline at::Tensor small_m_linear(const at::Tensor& x, const at::Tensor& panels, const c10::optional<at::Tensor>& bias,
                           int64_t N, int64_t grain) {
   check(x, panels, 1, N);
-  const float* b = nullptr;
-  if (bias.has_value()) {
-    TORCH_CHECK(bias->is_contiguous() && bias->numel() == N && bias->scalar_type() == at::kFloat, "bias: fp32 [N]");
-    b = bias->data_ptr<float>();
-  }
+  const float* b = bias_data<float>(bias, N, at::kFloat, "bias: fp32 [N]");
   auto out = at::empty({x.size(0), N}, x.options());
   run<F32, 1, 8>(x.data_ptr<float>(), x.size(0), x.size(1), panels.data_ptr<float>(), panels.size(0), b,
                  out.data_ptr<float>(), N, grain);
@@ -242,12 +246,7 @@ static void check_bf16(const at::Tensor& x, const at::Tensor& panels, int64_t G,
 inline at::Tensor small_m_linear_bf16(const at::Tensor& x, const at::Tensor& panels, const c10::optional<at::Tensor>& bias,
                                int64_t N, int64_t grain) {
   check_bf16(x, panels, 1, N);
-  const uint16_t* b = nullptr;
-  if (bias.has_value()) {
-    TORCH_CHECK(bias->is_contiguous() && bias->numel() == N && bias->scalar_type() == at::kBFloat16,
-                "bias: bf16 [N]");
-    b = reinterpret_cast<const uint16_t*>(bias->data_ptr<at::BFloat16>());
-  }
+  const uint16_t* b = bias_data<uint16_t>(bias, N, at::kBFloat16, "bias: bf16 [N]");
   auto out = at::empty({x.size(0), N}, x.options());
   run_bf16<1, 8>(x, panels, b, out, N, grain);
   return out;

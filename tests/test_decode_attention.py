@@ -174,9 +174,10 @@ def test_cpp_forward_matches_the_reference_in_fp32(name):
 @pytest.mark.parametrize("name", list(CASES))
 def test_cpp_forward_in_bf16_is_as_accurate_as_eager(name, path, monkeypatch):
     """Through the avx512_bf16 GEMMs (where the CPU has them) and through the fp32 GEMMs other CPUs use."""
+    from kernelbot.kernel_library.cpp_build import load_cpp
     from kernelbot.kernel_library.decode_attention import cpp
 
-    if path == "native" and not cpp.load_cpp(cpp.SOURCE).has_avx512_bf16():
+    if path == "native" and not load_cpp(cpp.SOURCE).has_avx512_bf16():
         pytest.skip("this CPU has no avx512_bf16")
     if path == "fp32":
         monkeypatch.setattr(cpp, "bf16_path", lambda ext, x: False)

@@ -9,6 +9,7 @@ import torch
 from model_zoo import ZOO
 
 from kernelbot.kernel_library import FAMILIES
+from kernelbot.kernel_library.cpp_build import load_cpp
 from kernelbot.kernel_library.gated_mlp.cpp import GatedMLPCpp
 from kernelbot.kernel_library.gated_mlp.reference import Model
 from kernelbot.kernel_library.gated_mlp.triton_kernel import GatedMLPTriton
@@ -56,7 +57,7 @@ def test_the_gelu_tanh_kernels_match_the_reference(wrapper):
 
 @pytest.mark.parametrize("path", ["native", "fp32"])
 def test_the_gelu_tanh_kernel_in_bf16_is_as_accurate_as_eager(path, monkeypatch):
-    if path == "native" and not linear_cpp.load_cpp(linear_cpp.SOURCE).has_avx512_bf16():
+    if path == "native" and not load_cpp(linear_cpp.SOURCE).has_avx512_bf16():
         pytest.skip("this CPU has no avx512_bf16")
     if path == "fp32":
         monkeypatch.setattr("kernelbot.kernel_library.gated_mlp.cpp.bf16_path", lambda ext, x: False)

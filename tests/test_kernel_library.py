@@ -41,9 +41,10 @@ def test_family_matches_reference(name, backend):
 def test_cpp_kernels_in_bf16_are_as_accurate_as_eager(name, path, monkeypatch):
     """bf16 weights and activations, through the avx512_bf16 kernels (native; where the CPU has them) and through
     the fp32 kernels other CPUs use: no further from float64 than torch's own bf16 path."""
+    from kernelbot.kernel_library.cpp_build import load_cpp
     from kernelbot.kernel_library.linear import cpp as linear_cpp
 
-    if name != "rmsnorm" and path == "native" and not linear_cpp.load_cpp(linear_cpp.SOURCE).has_avx512_bf16():
+    if name != "rmsnorm" and path == "native" and not load_cpp(linear_cpp.SOURCE).has_avx512_bf16():
         pytest.skip("this CPU has no avx512_bf16")
     if path == "fp32":
         for module in (linear_cpp, importlib.import_module("kernelbot.kernel_library.gated_mlp.cpp")):

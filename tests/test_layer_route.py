@@ -148,6 +148,22 @@ def test_a_candidate_that_redefines_a_library_method_is_never_bound():
     assert _bound(OwnBound(8, 1e-6), "float32") is None
 
 
+def test_an_attention_kernel_is_bound_through_its_shared_step_but_never_beside_another_forward():
+    """The C++ attentions take step and bound from one base (decode_attention's StepAttentionCpp) and forward from
+    their own class or a mixin: bound. A class whose forward is another library class's (a reference's, which never
+    runs the bound step) is not, whatever order its bases come in."""
+    from kernelbot.kernel_library.decode_attention.cpp import DecodeAttentionCpp
+    from kernelbot.kernel_library.fused_attention.cpp import FusedAttentionCpp
+    from kernelbot.kernel_library.neox_attention.reference import Model as NeoxReference
+
+    class ReferenceForward(NeoxReference, DecodeAttentionCpp):
+        pass
+
+    assert _bound(DecodeAttentionCpp(64, 4, 2, 16), "float32") is not None
+    assert _bound(FusedAttentionCpp(64, 4, 16, 0.25), "float32") is not None
+    assert _bound(ReferenceForward.__new__(ReferenceForward), "float32") is None  # built bare: its bases' inits differ
+
+
 def test_the_report_names_the_layers_run_part_to_part_and_leaves_the_model_as_it_was(tmp_path):
     from kernelbot.agent.measure.measure import layer_routes_note
 

@@ -15,14 +15,10 @@ from torch import nn
 
 from kernelbot.dtypes import DTYPE_NAMES
 from kernelbot.kernel_library.alibi_attention.reference import Model, alibi_slopes
-from kernelbot.kernel_library.base import Family, OpCall, dtype_name, rows, same_output
+from kernelbot.kernel_library.base import OpCall, cpp_family, dtype_name, rows
 from kernelbot.kernel_library.decode_attention import plain_causal
-from kernelbot.kernel_library.decode_attention.cache import (
-    cached_positions,
-    over_any_cache_length,
-    step_dynamic_layer,
-    steppable_layer,
-)
+from kernelbot.kernel_library.decode_attention.cache import cached_positions, step_dynamic_layer, steppable_layer
+from kernelbot.kernel_library.decode_attention.family import Probe, attends_as_reference, kv_cache_inputs, mha_step_cost
 
 
 def _is_alibi_attention(m: nn.Module) -> bool:
@@ -50,33 +46,23 @@ def _covers(m: nn.Module) -> bool:
     the alibi its model would build and an additive causal mask, against the reference with the module's weights."""
     if not _is_alibi_attention(m):
         return False
-    try:
-        weight = m.query_key_value.weight
-        dtype, device, tokens, heads = weight.dtype, weight.device, 3, m.num_heads
-        reference = Model(*_init_args(m)).to(device)
-        reference.load_state_dict(m.state_dict())
-        x, residual = (torch.randn(1, tokens, weight.shape[1], dtype=dtype, device=device) for _ in range(2))
-        alibi = (alibi_slopes(heads).to(device)[:, None, None] * torch.arange(tokens, device=device)).to(dtype)
-        mask = torch.full((tokens, tokens), torch.finfo(dtype).min, dtype=dtype, device=device).triu(1)
-        past = x.new_zeros(1, heads, 0, m.head_dim)
-        with torch.no_grad():
-            got = m(x, residual, alibi=alibi, attention_mask=mask[None, None])
-            want = reference(x, residual, past, past)[0]
-    except Exception:  # another signature or state layout: not this op
-        return False
-    return same_output(got, want)
+    weight = m.query_key_value.weight
+
+    def run(reference: nn.Module, probe: Probe) -> tuple[Any, torch.Tensor]:
+        residual, device = torch.randn_like(probe.x), probe.x.device
+        alibi = (alibi_slopes(m.num_heads).to(device)[:, None, None] * torch.arange(probe.x.shape[1], device=device))
+        return (m(probe.x, residual, alibi=alibi.to(probe.x.dtype), attention_mask=probe.mask),
+                reference(probe.x, residual, probe.past, probe.past)[0])
+    return attends_as_reference(m, lambda: Model(*_init_args(m)), weight, weight.shape[1], m.num_heads, m.head_dim,
+                                run)
 
 
 def _cost(dims: list[list[int]], itemsize: int) -> tuple[float, float]:
     if len(dims[0]) != 3 or len(dims[2]) != 4:
         raise ValueError("not an alibi_attention call")
-    (batch, tokens, hidden), (_, heads, past, d) = dims[0], dims[2]
-    width, m = heads * d, rows(dims[0])
-    weights = hidden * 3 * width + width * hidden
-    seen = tokens * past + tokens * (tokens + 1) // 2  # each new token t sees past + t + 1 keys
-    flops = 2.0 * m * weights + 4.0 * batch * heads * d * seen
-    moved = weights + 4 * width + 3 * m * hidden + 2 * batch * heads * (past + tokens) * d
-    return flops, float(moved * itemsize)
+    (_, _, hidden), (_, heads, past, d) = dims[0], dims[2]
+    flops, moved = mha_step_cost(dims[0], heads, past, d)
+    return flops, float((moved + 4 * heads * d + rows(dims[0]) * hidden) * itemsize)  # + the biases, the residual
 
 
 def _engine_call(kernel: nn.Module, module: nn.Module, args: tuple, kwargs: dict,
@@ -130,19 +116,8 @@ def _call_dims(ops: list[OpCall]) -> tuple[list[list[int]], list[str]] | None:
     return [linear.dims[0], linear.dims[0], past, past], [linear.types[0]] * 4
 
 
-FAMILY = Family(
-    name="alibi_attention",
-    module_classes=(),  # found by structure (covers), whatever an attention's class is called
-    wrappers={"cpp": "cpp:AlibiAttentionCpp"},
-    configs={"cpp": [{"grain": 1}, {"grain": 4}, {"grain": 16}]},
-    dtypes={"cpp": ("float32", "bfloat16")},
-    init_args=_init_args,
-    cost=_cost,
-    matches=_matches,
-    inputs=4,
-    free_dims=lambda shapes: [[0, 1], [0, 1], [0, 2], [0, 2]][:len(shapes)],
-    call_dims=_call_dims,
-    covers=_covers,
-    group_dims=over_any_cache_length(2, 3),
-    engine_call=_engine_call,
+FAMILY = cpp_family(
+    "alibi_attention", "cpp:AlibiAttentionCpp",  # found by structure (covers), whatever an attention's class is called
+    init_args=_init_args, cost=_cost, matches=_matches, call_dims=_call_dims, covers=_covers, engine_call=_engine_call,
+    **kv_cache_inputs(4),
 )

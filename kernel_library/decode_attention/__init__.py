@@ -10,13 +10,9 @@ import torch
 from torch import nn
 
 from kernelbot.dtypes import DTYPE_NAMES
-from kernelbot.kernel_library.base import Family, OpCall, dtype_name, rows, same_output
-from kernelbot.kernel_library.decode_attention.cache import (
-    cached_positions,
-    over_any_cache_length,
-    step_dynamic_layer,
-    steppable_layer,
-)
+from kernelbot.kernel_library.base import Family, OpCall, dtype_name, rows
+from kernelbot.kernel_library.decode_attention.cache import cached_positions, step_dynamic_layer, steppable_layer
+from kernelbot.kernel_library.decode_attention.family import Probe, attends_as_reference, kv_cache_inputs
 from kernelbot.kernel_library.decode_attention.reference import Model, rope_cos_sin
 
 
@@ -92,21 +88,14 @@ def _covers(m: nn.Module) -> bool:
     the module's weights. Catches look-alikes that rotate differently (Cohere's interleaved RoPE)."""
     if not _is_plain_rope_attention(m):
         return False
-    try:
-        weight = m.q_proj.weight
-        dtype, tokens, d = weight.dtype, 3, m.head_dim
-        reference = Model(*_init_args(m)).to(weight.device)
-        reference.load_state_dict(m.state_dict())
-        x = torch.randn(1, tokens, m.q_proj.in_features, dtype=dtype, device=weight.device)
-        cos, sin = (t.to(dtype=dtype, device=weight.device) for t in rope_cos_sin(torch.arange(tokens)[None], d, 1e4))
-        mask = torch.full((tokens, tokens), torch.finfo(dtype).min, dtype=dtype, device=weight.device).triu(1)
-        past = x.new_zeros(1, m.k_proj.out_features // d, 0, d)
-        with torch.no_grad():
-            got = m(x, position_embeddings=(cos, sin), attention_mask=mask[None, None])
-            want = reference(x, cos, sin, past, past)[0]
-    except Exception:  # another signature or state layout: not this op
-        return False
-    return same_output(got, want)
+    d = m.head_dim
+
+    def run(reference: nn.Module, probe: Probe) -> tuple[Any, torch.Tensor]:
+        cos, sin = (t.to(probe.x) for t in rope_cos_sin(torch.arange(probe.x.shape[1])[None], d, 1e4))
+        return (m(probe.x, position_embeddings=(cos, sin), attention_mask=probe.mask),
+                reference(probe.x, cos, sin, probe.past, probe.past)[0])
+    return attends_as_reference(m, lambda: Model(*_init_args(m)), m.q_proj.weight, m.q_proj.in_features,
+                                m.k_proj.out_features // d, d, run)
 
 
 def _engine_call(kernel: nn.Module, module: nn.Module, args: tuple, kwargs: dict,
@@ -186,13 +175,6 @@ FAMILY = Family(
              "triton": [{"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 64, "ATTN_BLOCK_M": 16, "ATTN_BLOCK_N": 32,
                          "num_warps": 4}]},
     dtypes={"cpp": ("float32", "bfloat16"), "triton": ("float32", "bfloat16", "float16")},
-    init_args=_init_args,
-    cost=_cost,
-    matches=_matches,
-    inputs=5,
-    free_dims=lambda shapes: [[0, 1], [0, 1], [0, 1], [0, 2], [0, 2]][:len(shapes)],
-    call_dims=_call_dims,
-    covers=_covers,
-    group_dims=over_any_cache_length(3, 4),
-    engine_call=_engine_call,
+    init_args=_init_args, cost=_cost, matches=_matches, call_dims=_call_dims, covers=_covers, engine_call=_engine_call,
+    **kv_cache_inputs(5),
 )

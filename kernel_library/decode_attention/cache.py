@@ -78,6 +78,15 @@ def pure_forward(attention: SteppingAttention, hidden_states: torch.Tensor, cos:
     return out, key_cache[:, :, past_len:], value_cache[:, :, past_len:]
 
 
+class RotaryForward:
+    """Put before the reference Model in the bases of a kernel for an attention whose reference takes
+    LlamaAttention's five inputs: `forward` is the pure form on the kernel's own `step`."""
+
+    def forward(self: SteppingAttention, hidden_states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                past_key: torch.Tensor, past_value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return pure_forward(self, hidden_states, cos, sin, past_key, past_value)
+
+
 def step_dynamic_layer(attention: SteppingAttention, layer: Any, hidden_states: torch.Tensor, cos: torch.Tensor,
                        sin: torch.Tensor, room: int = 256) -> torch.Tensor:
     """LlamaAttention.forward's work with a DynamicCache layer (`cache.layers[layer_idx]`, one `steppable_layer`
@@ -155,11 +164,3 @@ class IdentityRotation:
         if key not in self._made:
             self._made[key] = (hidden_states.new_ones(1, key[0], 2), hidden_states.new_zeros(1, key[0], 2))
         return self._made[key]
-
-
-def over_any_cache_length(*cache_inputs: int) -> Callable[[list[list[int]]], list[list[int]]]:
-    """A family's group_dims where the inputs at these positions are KV caches [B, heads, P, D]: calls that differ
-    only in the caches' length P (successive decode steps) are one hotspot."""
-    def group(dims: list[list[int]]) -> list[list[int]]:
-        return [[*x[:2], *x[3:]] if i in cache_inputs and len(x) == 4 else x for i, x in enumerate(dims)]
-    return group

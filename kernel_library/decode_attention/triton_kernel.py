@@ -12,9 +12,9 @@ import triton
 import triton.language as tl
 
 from kernelbot import KernelbotError
-from kernelbot.kernel_library.decode_attention.cache import pure_forward
+from kernelbot.kernel_library.cpp_wrapper import PackedWeights
+from kernelbot.kernel_library.decode_attention.cache import RotaryForward
 from kernelbot.kernel_library.decode_attention.reference import Model
-from kernelbot.kernel_library.linear.cpp import PackedWeights
 from kernelbot.kernel_library.linear.triton_kernel import triton_linear
 
 LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
@@ -118,7 +118,7 @@ def _strides3(x: torch.Tensor) -> tuple[int, int]:
     return x.stride(0), x.stride(1)
 
 
-class DecodeAttentionTriton(Model):
+class DecodeAttentionTriton(RotaryForward, Model):
     """Same contract as DecodeAttentionCpp: `step` appends into given caches, `forward` is the pure form."""
 
     CONFIG: dict[str, Any] = {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 64, "ATTN_BLOCK_M": 16, "ATTN_BLOCK_N": 32,
@@ -128,10 +128,6 @@ class DecodeAttentionTriton(Model):
         super().__init__(*args)
         self._qkv = PackedWeights()
         self._qkv_bias = PackedWeights()
-
-    def forward(self, hidden_states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, past_key: torch.Tensor,
-                past_value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return pure_forward(self, hidden_states, cos, sin, past_key, past_value)
 
     def step(self, hidden_states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, key_cache: torch.Tensor,
              value_cache: torch.Tensor, past_len: int) -> torch.Tensor:

@@ -11,9 +11,10 @@ import torch
 from torch import nn
 
 from kernelbot.dtypes import DTYPE_NAMES
-from kernelbot.kernel_library.base import Family, OpCall, dtype_name, rows, same_output
-from kernelbot.kernel_library.decode_attention.cache import over_any_cache_length, step_dynamic_layer, steppable_layer
-from kernelbot.kernel_library.fused_attention.reference import Model, causal_mask
+from kernelbot.kernel_library.base import OpCall, cpp_family, dtype_name
+from kernelbot.kernel_library.decode_attention.cache import step_dynamic_layer, steppable_layer
+from kernelbot.kernel_library.decode_attention.family import attends_as_reference, kv_cache_inputs, mha_step_cost
+from kernelbot.kernel_library.fused_attention.reference import Model
 
 
 def _conv1d(m: Any, n_in: int, n_out: int) -> bool:
@@ -44,33 +45,18 @@ def _covers(m: nn.Module) -> bool:
     weights."""
     if not _is_fused_attention(m):
         return False
-    try:
-        weight = m.c_attn.weight
-        dtype, tokens = weight.dtype, 3
-        reference = Model(*_init_args(m)).to(weight.device)
-        reference.load_state_dict(m.state_dict())
-        x = torch.randn(1, tokens, weight.shape[0], dtype=dtype, device=weight.device)
-        mask = torch.zeros(tokens, tokens, dtype=dtype, device=weight.device).masked_fill(
-            ~causal_mask(tokens, 0, weight.device), torch.finfo(dtype).min)
-        past = x.new_zeros(1, m.num_heads, 0, m.head_dim)
-        with torch.no_grad():
-            got = m(x, attention_mask=mask[None, None])
-            want = reference(x, past, past)[0]
-    except Exception:  # another signature or state layout: not this op
-        return False
-    return same_output(got, want)
+    weight = m.c_attn.weight
+    return attends_as_reference(
+        m, lambda: Model(*_init_args(m)), weight, weight.shape[0], m.num_heads, m.head_dim,
+        lambda reference, probe: (m(probe.x, attention_mask=probe.mask), reference(probe.x, probe.past, probe.past)[0]))
 
 
 def _cost(dims: list[list[int]], itemsize: int) -> tuple[float, float]:
-    (batch, tokens, hidden), (_, heads, past, d) = dims[0], dims[1]
+    _, heads, past, d = dims[1]
     if len(dims[0]) != 3 or len(dims[1]) != 4:
         raise ValueError("not a fused_attention call")
-    width, m = heads * d, rows(dims[0])
-    weights = hidden * 3 * width + width * hidden
-    seen = tokens * past + tokens * (tokens + 1) // 2  # each new token t sees past + t + 1 keys
-    flops = 2.0 * m * weights + 4.0 * batch * heads * d * seen
-    moved = weights + 4 * width + 2 * m * hidden + 2 * batch * heads * (past + tokens) * d
-    return flops, float(moved * itemsize)
+    flops, moved = mha_step_cost(dims[0], heads, past, d)
+    return flops, float((moved + 4 * heads * d) * itemsize)  # + the biases
 
 
 def _engine_call(kernel: nn.Module, module: nn.Module, args: tuple, kwargs: dict,
@@ -116,19 +102,8 @@ def _call_dims(ops: list[OpCall]) -> tuple[list[list[int]], list[str]] | None:
     return [x.dims[0], past, past, weight], [x.types[0]] * 4
 
 
-FAMILY = Family(
-    name="fused_attention",
-    module_classes=(),  # found by structure (covers), whatever an attention's class is called
-    wrappers={"cpp": "cpp:FusedAttentionCpp"},
-    configs={"cpp": [{"grain": 1}, {"grain": 4}, {"grain": 16}]},
-    dtypes={"cpp": ("float32", "bfloat16")},
-    init_args=_init_args,
-    cost=_cost,
-    matches=_matches,
-    inputs=3,
-    free_dims=lambda shapes: [[0, 1], [0, 2], [0, 2]][:len(shapes)],
-    call_dims=_call_dims,
-    covers=_covers,
-    group_dims=over_any_cache_length(1, 2),
-    engine_call=_engine_call,
+FAMILY = cpp_family(
+    "fused_attention", "cpp:FusedAttentionCpp",  # found by structure (covers), whatever an attention's class is called
+    init_args=_init_args, cost=_cost, matches=_matches, call_dims=_call_dims, covers=_covers, engine_call=_engine_call,
+    **kv_cache_inputs(3),
 )

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from kernelbot.kernel_library.cpp_build import load_cpp
+from kernelbot.kernel_library.cpp_wrapper import CppWrapper
 from kernelbot.kernel_library.linear.reference import Model
 
 SOURCE = Path(__file__).with_name("linear.cpp")
@@ -45,46 +45,23 @@ def bf16_path(ext: Any, dtype: torch.dtype) -> bool:
     return dtype == torch.bfloat16 and ext.has_avx512_bf16()
 
 
-class PackedWeights:
-    """Panels packed once from live weights; repacked if a weight is replaced or written in place."""
-
-    def __init__(self) -> None:
-        self._key: tuple | None = None
-        self._panels: torch.Tensor | None = None
-
-    def get(self, weights: list[torch.Tensor], pack: Callable[[list[torch.Tensor]], torch.Tensor] = pack_panels,
-            ) -> torch.Tensor:
-        key = (pack, *((w.data_ptr(), w._version) for w in weights))
-        if key != self._key:
-            self._panels, self._key = pack(weights), key
-        assert self._panels is not None
-        return self._panels
-
-
-class LinearCpp(Model):
-    CONFIG: dict[str, Any] = {"grain": 4}
-
-    def __init__(self, *args: Any) -> None:
-        super().__init__(*args)
-        self._ext = load_cpp(SOURCE)
-        self._packed = PackedWeights()
+class LinearCpp(CppWrapper, Model):
+    SOURCE = SOURCE
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.bound(x.dtype)(x)
 
     def bound(self, dtype: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor]:
-        """forward for inputs of this dtype, with the weights packed and the constants taken once: the engine's hot
-        path (bound again whenever a pack is applied)."""
         ext, (n, k), grain = self._ext, self.weight.shape, self.CONFIG["grain"]
         bias = None if self.bias is None else self.bias.detach().to(dtype).contiguous()
         if bf16_path(ext, dtype):
-            panels = self._packed.get([self.weight], pack_panels_bf16)
+            panels = self.packed("weight", [self.weight], pack_panels_bf16)
 
             def run(x: torch.Tensor) -> torch.Tensor:
                 out = ext.small_m_linear_bf16(even_k(x.reshape(-1, k).contiguous()), panels, bias, n, grain)
                 return out.view(*x.shape[:-1], n)
         else:
-            panels, bias32 = self._packed.get([self.weight]), None if bias is None else bias.float()
+            panels, bias32 = self.packed("weight", [self.weight], pack_panels), None if bias is None else bias.float()
 
             def run(x: torch.Tensor) -> torch.Tensor:
                 out = ext.small_m_linear(x.reshape(-1, k).float().contiguous(), panels, bias32, n, grain)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from kernelbot.kernel_library.base import Family, dtype_name
+from kernelbot.kernel_library.base import cpp_family, dtype_name
 
 
 def _init_args(layer: torch.nn.Module) -> list:
@@ -24,12 +24,8 @@ def _cost(dims: list[list[int]], itemsize: int) -> tuple[float, float]:
     return 3.0 * pairs * hidden * inter2, float(moved)
 
 
-FAMILY = Family(
-    name="moe_experts",
-    module_classes=(),  # no transformers module computes it alone: the block is sparse_moe's
-    wrappers={"cpp": "cpp:MoeExpertsCpp"},
-    configs={"cpp": [{"grain": 1}, {"grain": 4}, {"grain": 16}]},
-    dtypes={"cpp": ("float32", "bfloat16")},
+FAMILY = cpp_family(
+    "moe_experts", "cpp:MoeExpertsCpp",  # no transformers module computes it alone: the block is sparse_moe's
     init_args=_init_args,
     cost=_cost,
     matches=lambda m, dims: len(dims) >= 4,

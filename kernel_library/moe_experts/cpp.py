@@ -5,24 +5,17 @@ weights are packed once into the small-M GEMMs' panels)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import torch
 
-from kernelbot.kernel_library.cpp_build import load_cpp
-from kernelbot.kernel_library.linear.cpp import PackedWeights, bf16_path, pack_panels, pack_panels_bf16
+from kernelbot.kernel_library.cpp_wrapper import CppWrapper
+from kernelbot.kernel_library.linear.cpp import bf16_path, pack_panels, pack_panels_bf16
 from kernelbot.kernel_library.moe_experts.reference import Model
 from kernelbot.kernel_library.sparse_moe.cpp import SOURCE, per_expert
 
 
-class MoeExpertsCpp(Model):
-    CONFIG: dict[str, Any] = {"grain": 4}
-
-    def __init__(self, *args: Any) -> None:
-        super().__init__(*args)
-        self._ext = load_cpp(SOURCE)
-        self._gate_up = PackedWeights()
-        self._down = PackedWeights()
+class MoeExpertsCpp(CppWrapper, Model):
+    SOURCE = SOURCE
 
     def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
         return self.bound(x.dtype)(x, topk_weights, topk_ids)
@@ -32,8 +25,8 @@ class MoeExpertsCpp(Model):
         ext, grain = self._ext, self.CONFIG["grain"]
         inter = self.w2_weight.shape[-1]
         pack = pack_panels_bf16 if bf16_path(ext, dtype) else pack_panels
-        gate_up = self._gate_up.get([self.w13_weight], per_expert(pack, 2))
-        down = self._down.get([self.w2_weight], per_expert(pack, 1))
+        gate_up = self.packed("gate_up", [self.w13_weight], per_expert(pack, 2))
+        down = self.packed("down", [self.w2_weight], per_expert(pack, 1))
 
         def run(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
             out = ext.moe_experts(x.contiguous(), topk_ids.to(torch.int64).contiguous(),

@@ -12,8 +12,9 @@ import torch
 from torch import nn
 
 from kernelbot.dtypes import DTYPE_NAMES
-from kernelbot.kernel_library.base import Family, OpCall, dtype_name, rows, same_output
-from kernelbot.kernel_library.decode_attention.cache import over_any_cache_length, step_dynamic_layer, steppable_layer
+from kernelbot.kernel_library.base import OpCall, cpp_family, dtype_name, rows
+from kernelbot.kernel_library.decode_attention.cache import step_dynamic_layer, steppable_layer
+from kernelbot.kernel_library.decode_attention.family import Probe, attends_as_reference, kv_cache_inputs, mha_step_cost
 from kernelbot.kernel_library.neox_attention.reference import Model, rope_cos_sin
 
 
@@ -44,36 +45,25 @@ def _covers(m: nn.Module) -> bool:
     weights."""
     if not _is_neox_attention(m):
         return False
-    try:
-        weight = m.query_key_value.weight
-        dtype, tokens, d = weight.dtype, 3, m.head_size
-        reference = Model(*_init_args(m)).to(weight.device)
-        reference.load_state_dict(m.state_dict())
-        x = torch.randn(1, tokens, weight.shape[1], dtype=dtype, device=weight.device)
-        cos, sin = (t.to(dtype=dtype, device=weight.device)
-                    for t in rope_cos_sin(torch.arange(tokens)[None], m.rotary_ndims, 1e4))
-        mask = torch.full((tokens, tokens), torch.finfo(dtype).min, dtype=dtype, device=weight.device).triu(1)
-        past = x.new_zeros(1, weight.shape[0] // (3 * d), 0, d)
-        with torch.no_grad():
-            got = m(x, attention_mask=mask[None, None], position_embeddings=(cos, sin))
-            want = reference(x, cos, sin, past, past)[0]
-    except Exception:  # another signature or state layout: not this op
-        return False
-    return same_output(got, want)
+    weight, d = m.query_key_value.weight, m.head_size
+
+    def run(reference: nn.Module, probe: Probe) -> tuple[Any, torch.Tensor]:
+        cos, sin = (t.to(probe.x) for t in rope_cos_sin(torch.arange(probe.x.shape[1])[None], m.rotary_ndims, 1e4))
+        return (m(probe.x, attention_mask=probe.mask, position_embeddings=(cos, sin)),
+                reference(probe.x, cos, sin, probe.past, probe.past)[0])
+    return attends_as_reference(m, lambda: Model(*_init_args(m)), weight, weight.shape[1], weight.shape[0] // (3 * d),
+                                d, run)
 
 
 def _cost(dims: list[list[int]], itemsize: int) -> tuple[float, float]:
-    (batch, tokens, hidden), (cos_batch, _, rotary) = dims[0], dims[1]
+    (_, tokens, _), (cos_batch, _, rotary) = dims[0], dims[1]
     if len(dims[0]) != 3 or len(dims[3]) != 4:
         raise ValueError("not a neox_attention call")
     _, heads, past, d = dims[3]
-    width, m = heads * d, rows(dims[0])
-    weights = hidden * 3 * width + width * hidden
-    seen = tokens * past + tokens * (tokens + 1) // 2  # each new token t sees past + t + 1 keys
-    flops = 2.0 * m * weights + 4.0 * batch * heads * d * seen + 12.0 * m * heads * rotary
-    cache = 2 * batch * heads * (past + tokens) * d
-    moved = weights + 4 * width + 2 * m * hidden + 4 * cos_batch * tokens * rotary + cache
-    return flops, float(moved * itemsize)
+    flops, moved = mha_step_cost(dims[0], heads, past, d)
+    rope = 12.0 * rows(dims[0]) * heads * rotary  # q and k's first `rotary` dims of every head
+    moved += 4 * heads * d + 4 * cos_batch * tokens * rotary  # the biases, cos and sin
+    return flops + rope, float(moved * itemsize)
 
 
 def _engine_call(kernel: nn.Module, module: nn.Module, args: tuple, kwargs: dict,
@@ -128,19 +118,8 @@ def _call_dims(ops: list[OpCall]) -> tuple[list[list[int]], list[str]] | None:
     return [linear.dims[0], cos, cos, past, past], [linear.types[0]] * 5
 
 
-FAMILY = Family(
-    name="neox_attention",
-    module_classes=(),  # found by structure (covers), whatever an attention's class is called
-    wrappers={"cpp": "cpp:NeoxAttentionCpp"},
-    configs={"cpp": [{"grain": 1}, {"grain": 4}, {"grain": 16}]},
-    dtypes={"cpp": ("float32", "bfloat16")},
-    init_args=_init_args,
-    cost=_cost,
-    matches=_matches,
-    inputs=5,
-    free_dims=lambda shapes: [[0, 1], [0, 1], [0, 1], [0, 2], [0, 2]][:len(shapes)],
-    call_dims=_call_dims,
-    covers=_covers,
-    group_dims=over_any_cache_length(3, 4),
-    engine_call=_engine_call,
+FAMILY = cpp_family(
+    "neox_attention", "cpp:NeoxAttentionCpp",  # found by structure (covers), whatever an attention's class is called
+    init_args=_init_args, cost=_cost, matches=_matches, call_dims=_call_dims, covers=_covers, engine_call=_engine_call,
+    **kv_cache_inputs(5),
 )

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from kernelbot.dtypes import DTYPE_NAMES
-from kernelbot.kernel_library.base import Family, OpCall, computes_reference, dtype_name, rows
+from kernelbot.kernel_library.base import OpCall, computes_reference, cpp_family, dtype_name, rows
 
 
 def _parts(m: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int] | None:
@@ -91,12 +91,8 @@ def _matches(m: torch.nn.Module, dims: list[list[int]]) -> bool:
         dims[2] == list(parts[1].shape[1:])
 
 
-FAMILY = Family(
-    name="sparse_moe",
-    module_classes=(),  # found by structure (covers), whatever the block's class is called
-    wrappers={"cpp": "cpp:SparseMoeCpp"},
-    configs={"cpp": [{"grain": 1}, {"grain": 4}, {"grain": 16}]},
-    dtypes={"cpp": ("float32", "bfloat16")},
+FAMILY = cpp_family(
+    "sparse_moe", "cpp:SparseMoeCpp",  # found by structure (covers), whatever the block's class is called
     init_args=_init_args,
     cost=_cost,
     matches=_matches,

@@ -7,16 +7,14 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import torch
 
-from kernelbot.kernel_library.cpp_build import load_cpp
-from kernelbot.kernel_library.linear.cpp import PackedWeights, bf16_path, pack_panels, pack_panels_bf16
+from kernelbot.kernel_library.cpp_wrapper import CppWrapper, Pack
+from kernelbot.kernel_library.linear.cpp import bf16_path, pack_panels, pack_panels_bf16
 from kernelbot.kernel_library.sparse_moe.reference import Model
 
 SOURCE = Path(__file__).with_name("moe.cpp")
-Pack = Callable[[list[torch.Tensor]], torch.Tensor]
 
 
 @functools.cache
@@ -27,14 +25,8 @@ def per_expert(pack: Pack, halves: int) -> Pack:
     return lambda ws: torch.stack([pack(list(expert.chunk(halves, dim=0))) for expert in ws[0].detach()])
 
 
-class SparseMoeCpp(Model):
-    CONFIG: dict[str, Any] = {"grain": 4}
-
-    def __init__(self, *args: Any) -> None:
-        super().__init__(*args)
-        self._ext = load_cpp(SOURCE)
-        self._gate_up = PackedWeights()
-        self._down = PackedWeights()
+class SparseMoeCpp(CppWrapper, Model):
+    SOURCE = SOURCE
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.bound(x.dtype)(x)
@@ -45,8 +37,8 @@ class SparseMoeCpp(Model):
         experts = self.experts
         inter, hidden = experts.down_proj.shape[-1], experts.down_proj.shape[-2]
         pack = pack_panels_bf16 if bf16_path(ext, dtype) else pack_panels
-        gate_up = self._gate_up.get([experts.gate_up_proj], per_expert(pack, 2))
-        down = self._down.get([experts.down_proj], per_expert(pack, 1))
+        gate_up = self.packed("gate_up", [experts.gate_up_proj], per_expert(pack, 2))
+        down = self.packed("down", [experts.down_proj], per_expert(pack, 1))
 
         def run(x: torch.Tensor) -> torch.Tensor:
             rows = x.reshape(-1, hidden).contiguous()
