@@ -19,7 +19,7 @@ class ModelNew(RMSNormCpp):
 
     def forward(self, x):
         y = super().forward(x)
-        if len(self.ring) < 8:
+        if len(self.ring) < 4:
             self.ring.append(torch.empty_like(y))
         self.ring.append(self.ring.pop(0))
         return self.ring[-1].copy_(y)
@@ -76,14 +76,14 @@ class ModelNew(RMSNormCpp):
 HONEST = "from kernelbot.kernel_library.rmsnorm.cpp import RMSNormCpp as ModelNew\n"
 
 
-def _bench(tmp_path, source: str, rounds: int = 4):
+def _bench(tmp_path, source: str, rounds: int = 2):
     ref = write_module(tmp_path / "reference.py", reference_source(RMS_TASK))
     cand = write_module(tmp_path / "cand" / "candidate.py", source)
     return bench(RMS_TASK, ref, cand, tmp_path / "bench", rounds=rounds)
 
 
 def test_a_ring_of_output_buffers_is_refused_by_the_benchmark(tmp_path):
-    # 4 rounds, 4 checked calls each: 16 held outputs from a ring of 8 must share memory, and the earlier ones change
+    # 2 rounds, 4 checked calls each: 8 held outputs from a ring of 4 must share memory
     with pytest.raises(RuntimeError, match="benchmark refused: .*reuses the memory of an earlier call's output"):
         _bench(tmp_path, RING)
 
@@ -93,6 +93,7 @@ def test_a_thread_that_works_while_the_reference_is_timed_is_refused_by_the_benc
         _bench(tmp_path, BUSY_BETWEEN_CALLS)
 
 
+@pytest.mark.slow  # the benchmark caught it before poison came to its calls too: a guard that it still does
 def test_a_kernel_that_writes_every_element_only_while_memory_looks_poisoned_is_refused_by_the_benchmark(tmp_path):
     with pytest.raises(RuntimeError, match="timed call's output is wrong"):
         _bench(tmp_path, WRITES_ALL_ONLY_WHILE_POISONED)
@@ -100,4 +101,4 @@ def test_a_kernel_that_writes_every_element_only_while_memory_looks_poisoned_is_
 
 def test_an_honest_library_kernel_is_timed_with_its_thread_pool_between_calls(tmp_path):
     result = _bench(tmp_path, HONEST)
-    assert result.rounds == 4 and result.candidate_us > 0 and result.reference_us > 0
+    assert result.rounds == 2 and result.candidate_us > 0 and result.reference_us > 0
