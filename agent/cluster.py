@@ -22,7 +22,7 @@ import tempfile
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -125,7 +125,8 @@ def evaluate_shipped(job: ShippedJob, board: Any) -> str:
     from kernelbot.agent.verify.evaluate import evaluate
 
     placement = _placement(job.device_kind)
-    placement.attempts = _tell(board, "started", job.key, placement.model_dump()) or 1
+    tries = _tell(board, "started", job.key, placement.model_dump()) or 1
+    placement = placement.model_copy(update={"attempts": tries})
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="kernelbot-") as tmp:
         task_dir = Path(tmp) / job.task.id
@@ -170,15 +171,14 @@ class Board:
 def comparable(out: Outcome, target_device: str) -> Outcome:
     """A benchmark counts only on the device model the pack is built and measured for: a candidate timed on
     another model keeps its numbers in its row but is not ranked against the others."""
-    row = out.row
-    timed_on = row.placement.device if row.placement else target_device
+    placement = out.row.placement
+    timed_on = placement.device if placement else target_device
     if out.bench is None or timed_on == target_device:
         return out
-    out.accepted = None
-    row.outcome = KernelOutcome.NOT_TIMED
-    row.reason = (f"verified; {out.bench.speedup:.2f}x on {timed_on}, not ranked: the pack is for {target_device}, "
-                  "and benchmarks compare only on one device model")
-    return out
+    row = out.row.model_copy(update={"outcome": KernelOutcome.NOT_TIMED, "reason": (
+        f"verified; {out.bench.speedup:.2f}x on {timed_on}, not ranked: the pack is for {target_device}, "
+        "and benchmarks compare only on one device model")})
+    return replace(out, row=row, accepted=None)
 
 
 def outcome_from(text: str, job: Job, target_device: str) -> Outcome:
@@ -197,10 +197,10 @@ def outcome_from(text: str, job: Job, target_device: str) -> Outcome:
         if name in RETURNED_FILES:
             (cdir / name).write_text(content)
     write_record(cdir / "placement.json", result.placement)
-    result.row.placement = result.placement
-    out = Outcome(result.row, result.verdict, result.bench, report=result.report)
-    if result.accepted and result.verdict is not None and result.bench is not None:
-        out.accepted = Accepted(job.task, job.candidate, job.path, result.verdict, result.bench)
+    won = result.accepted and result.verdict is not None and result.bench is not None
+    out = Outcome(result.row.model_copy(update={"placement": result.placement}), result.verdict, result.bench,
+                  Accepted(job.task, job.candidate, job.path, result.verdict, result.bench) if won else None,
+                  result.report)
     return comparable(out, target_device)
 
 
@@ -209,12 +209,11 @@ def lost_outcome(job: Job, error: BaseException, *, raised: bool) -> Outcome:
     (`raised`: kernelbot missing or broken on that node; the candidate itself never raises out of evaluate)."""
     from kernelbot.agent.verify.evaluate import Outcome, new_row
 
-    row = new_row(job.task, job.candidate, KernelOutcome.HARNESS_ERROR)
     first = str(error).strip().splitlines()[0] if str(error).strip() else ""
     where = "the worker failed" if raised else f"lost on the cluster after {1 + MAX_RETRIES} tries"
-    row.reason = f"harness error: {where} ({type(error).__name__}: {first})"[:400]
+    reason = f"harness error: {where} ({type(error).__name__}: {first})"[:400]
     (job.path.parent / "error.txt").write_text(f"{type(error).__name__}: {error}\n")
-    return Outcome(row, report=row.reason)
+    return Outcome(new_row(job.task, job.candidate, KernelOutcome.HARNESS_ERROR, reason), report=reason)
 
 
 def require_ray() -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kernelbot import KernelbotError
-from kernelbot.agent.journal.run_state import Evaluator, RunState
+from kernelbot.agent.journal.run_state import BudgetSpent, Evaluator, RunState
 from kernelbot.agent.llm.loop import LLMSession, run_task
 from kernelbot.agent.llm.prompt import PromptContext
 from kernelbot.agent.propose.proposer import available_backends, propose, write_candidate
@@ -66,18 +66,31 @@ def builtin_proposals(task: Task, task_dir: Path, backends: list[str], stages: S
     return items
 
 
-def _never_out_of_time(cand: Candidate) -> bool:
-    return False
+@dataclasses.dataclass(frozen=True)
+class Tried:
+    """One task's candidates as tried: their rows (the winner's standing decided), its best accepted candidate, and
+    what the generate step reports of it."""
+
+    rows: list[KernelResult]
+    best: Accepted | None
+    stopped: BudgetSpent | None = None  # the time budget, when it left candidates of the task untried
+    reused: list[str] = dataclasses.field(default_factory=list)  # kernel-store candidates that won their benchmark
+    outpaced: dict[str, str] = dataclasses.field(default_factory=dict)  # duel losers: candidate id → why
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+
+def _never_out_of_time(cand: Candidate) -> BudgetSpent | None:
+    return None
 
 
 def try_candidates(task: Task, task_dir: Path, proposals: list[Proposal], evaluate: Evaluator, stages: Stages,
                    max_task_minutes: float | None,
-                   out_of_time: Callable[[Candidate], bool] = _never_out_of_time,
-                   ) -> tuple[list[KernelResult], Accepted | None]:
-    """The proposals of one task evaluated in order, until the time budget (`out_of_time`) or the per-task cap
-    stops them; the rows, and the best accepted candidate."""
+                   out_of_time: Callable[[Candidate], BudgetSpent | None] = _never_out_of_time) -> Tried:
+    """The proposals of one task evaluated in order, until the time budget (`out_of_time`; then `stopped` says it)
+    or the per-task cap stops them; the rows, and the best accepted candidate."""
     results: list[KernelResult] = []
     winners: list[Accepted] = []
+    stopped: BudgetSpent | None = None
     t0 = time.perf_counter()
     runnable = [item for item in proposals if not isinstance(item, KernelResult)]
     for item in proposals:
@@ -85,7 +98,7 @@ def try_candidates(task: Task, task_dir: Path, proposals: list[Proposal], evalua
             results.append(item)
             continue
         cand, source = item
-        if out_of_time(cand):
+        if (stopped := out_of_time(cand)) is not None:
             break
         if max_task_minutes is not None and time.perf_counter() - t0 > max_task_minutes * 60:
             stages.say(f"  {task.id}: per-task cap of {max_task_minutes} min reached", style="yellow")
@@ -97,17 +110,41 @@ def try_candidates(task: Task, task_dir: Path, proposals: list[Proposal], evalua
         results.append(outcome.row)
         if outcome.accepted:
             winners.append(outcome.accepted)
-    return results, pick_best(task, results, winners)
+    rows, best = pick_best(task, results, winners)
+    return Tried(rows, best, stopped)
 
 
 @dataclasses.dataclass(frozen=True)
 class Generated:
     """What one generate step made: every candidate's row, each task's winner, the LLM's spend, and the step's notes
-    for the report."""
+    for the report; the duels' losers (candidate id → why another took its place: the run joins it into the
+    report's rows), the kernel-store candidates that won, and the time budget when it stopped the step early."""
 
     rows: list[KernelResult]
     accepted: list[Accepted]
     usage: LLMUsage | None
+    notes: list[str]
+    outpaced: dict[str, str] = dataclasses.field(default_factory=dict)
+    reused: list[str] = dataclasses.field(default_factory=list)
+    stopped: BudgetSpent | None = None
+
+    @classmethod
+    def of(cls, tried: list[Tried], usage: LLMUsage | None, notes: list[str],
+           stopped: BudgetSpent | None) -> Generated:
+        """The step's record from its tasks', in task order; `notes` and `stopped`: the step's own."""
+        return cls(rows=[r for t in tried for r in t.rows], accepted=[t.best for t in tried if t.best],
+                   usage=usage, notes=[n for t in tried for n in t.notes] + notes,
+                   outpaced={cid: why for t in tried for cid, why in t.outpaced.items()},
+                   reused=[cid for t in tried for cid in t.reused], stopped=stopped)
+
+
+@dataclasses.dataclass(frozen=True)
+class OnCluster:
+    """Candidates run on the cluster together: their outcomes (task, outcome) in the order given, the time budget
+    when it refused some, and the notes for the report."""
+
+    outcomes: list[tuple[Task, Outcome]]
+    stopped: BudgetSpent | None
     notes: list[str]
 
 
@@ -121,8 +158,6 @@ class Generation:
     stages: Stages
     device: Device
     executor: ClusterExecutor | None = None  # --cluster: candidates are evaluated there
-    # what the step now running has to say in the report; returned with its results (Generated.notes)
-    notes: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def backends(self) -> list[str]:
@@ -143,7 +178,6 @@ class Generation:
 
     def generate(self, tasks: list[Task], hotspots: list[Hotspot], incumbents: dict[str, Accepted]) -> Generated:
         """Candidates for every task, most headroom first, every candidate verified and benchmarked."""
-        self.notes = []
         session = self._session() if self.opts.llm else None
         source = f"LLM {self.opts.llm.model}" if self.opts.llm else "built-in proposer"
         where = f"on the Ray cluster {self.opts.cluster}" if self.executor is not None else ""
@@ -156,46 +190,42 @@ class Generation:
             if session is None:
                 return self._on_cluster_all(tasks, hotspots)
         by_id = {h.id: h for h in hotspots}
-        kernels: list[KernelResult] = []
-        accepted: list[Accepted] = []
+        tried: list[Tried] = []
+        stopped: BudgetSpent | None = None
+        notes: list[str] = []
         for i, task in enumerate(tasks):
             self.state.stage("generate", task=task.id, done=i, planned=len(tasks))
-            self.state.out_of_time(task.id)
-            if self.state.stop_reason and not self.state.recorded(task.id):
-                self.notes.append(f"{task.id} and later tasks not tried: {self.state.stop_reason}")
+            stopped = stopped or self.state.out_of_time(task.id)
+            if stopped and not self.state.recorded(task.id):
+                notes.append(f"{task.id} and later tasks not tried: {stopped}")
                 break
-            rows, best = self._one_task(task, by_id.get(task.hotspot_id), incumbents, session)
-            kernels += rows
-            if best:
-                accepted.append(best)
-        if session is None:
-            return Generated(kernels, accepted, None, self.notes)
-        usage = session.finish()
-        self.stages.say(f"      {llm_line(usage)}")
-        return Generated(kernels, accepted, usage, self.notes)
+            tried.append(self._one_task(task, by_id.get(task.hotspot_id), incumbents, session))
+            stopped = stopped or tried[-1].stopped
+        usage = None if session is None else session.finish()
+        if usage is not None:
+            self.stages.say(f"      {llm_line(usage)}")
+        return Generated.of(tried, usage, notes, stopped)
 
     def _one_task(self, task: Task, hotspot: Hotspot | None, incumbents: dict[str, Accepted],
-                  session: LLMSession | None) -> tuple[list[KernelResult], Accepted | None]:
-        if task.id in incumbents:
-            rows, best = [], incumbents[task.id]
-        else:
-            rows, best = self._from_store(task, hotspot)
+                  session: LLMSession | None) -> Tried:
+        stored = Tried([], incumbents[task.id]) if task.id in incumbents else self._from_store(task, hotspot)
+        rows, best, outpaced, notes = stored.rows, stored.best, {}, []
         if session is not None and session.active:  # a stored kernel is the incumbent, not the end of the search
             more, challenger = self._llm_task(session, task, hotspot)
-            rows += more
-            best = self._crown(task, best, challenger, rows)
+            rows = [*rows, *more]
+            best, outpaced = self._crown(task, best, challenger)
             if not session.active:
                 why = (f"LLM endpoint {self.opts.llm.model} is down ({session.down})" if session.down
                        else f"LLM budget spent ({session.stopped})")
                 self.stages.say(f"{why}: the built-in proposer takes over from {task.id} on", style="yellow")
-                self.notes.append(f"{why}: built-in proposer from {task.id} on")
+                notes.append(f"{why}: built-in proposer from {task.id} on")
         if best is None and (session is None or not session.active):
-            more, best = try_candidates(
+            builtin = try_candidates(
                 task, self.task_dir(task), builtin_proposals(task, self.task_dir(task), self.backends, self.stages),
                 self.journaled(task, hotspot), self.stages, self.opts.max_task_minutes,
                 functools.partial(self.state.out_of_time, task.id))
-            rows += more
-        return rows, best
+            return Tried([*rows, *builtin.rows], builtin.best, builtin.stopped, stored.reused, outpaced, notes)
+        return Tried(rows, best, None, stored.reused, outpaced, notes)
 
     def _session(self) -> LLMSession:
         """The run's LLM session, its answers recorded in (and replayed from) the journal."""
@@ -228,10 +258,10 @@ class Generation:
                            source_hash=source_identity(source)), source, entry)
                 for backend, source, entry in found_all]
 
-    def _from_store(self, task: Task, hotspot: Hotspot | None) -> tuple[list[KernelResult], Accepted | None]:
+    def _from_store(self, task: Task, hotspot: Hotspot | None) -> Tried:
         """A kernel the store holds for this op, backend and device, verified and benchmarked again here."""
         if self.state.store is None:
-            return [], None
+            return Tried([], None)
         rows: list[KernelResult] = []
         winners: list[Accepted] = []
         run = self.journaled(task, hotspot)
@@ -242,8 +272,8 @@ class Generation:
             rows.append(outcome.row)
             if outcome.accepted:
                 winners.append(outcome.accepted)
-                self.state.reused.append(outcome.row.candidate_id)
-        return rows, pick_best(task, rows, winners)
+        ranked, best = pick_best(task, rows, winners)
+        return Tried(ranked, best, reused=[f"{task.id}/{a.candidate.id}" for a in winners])
 
     def _llm_task(self, session: LLMSession, task: Task,
                   hotspot: Hotspot | None) -> tuple[list[KernelResult], Accepted | None]:
@@ -259,11 +289,12 @@ class Generation:
         run = run_task(session, task, self.task_dir(task), ctx, self.journaled(task, hotspot))
         return run.rows, run.best
 
-    def _crown(self, task: Task, incumbent: Accepted | None, challenger: Accepted | None,
-               rows: list[KernelResult]) -> Accepted | None:
-        """The challenger replaces the incumbent only when it beats it in the same benchmark."""
+    def _crown(self, task: Task, incumbent: Accepted | None,
+               challenger: Accepted | None) -> tuple[Accepted | None, dict[str, str]]:
+        """The challenger replaces the incumbent only when it beats it in the same benchmark: the winner, and the
+        duel's record of the loser (its candidate id → why), whichever step made the loser's row."""
         if incumbent is None or challenger is None:
-            return incumbent or challenger
+            return incumbent or challenger, {}
 
         def fight() -> dict:
             return duel(task, self.task_dir(task), incumbent, challenger, seed=self.opts.seed,
@@ -275,12 +306,9 @@ class Generation:
         self.stages.say(f"  {task.id}: challenger {challenger.candidate.id} vs incumbent {incumbent.candidate.id}: "
                         f"{result.speedup:.2f}x, {'replaces it' if won else 'incumbent stays'}")
         winner, loser = (challenger, incumbent) if won else (incumbent, challenger)
-        for row in rows:
-            if row.candidate_id == f"{task.id}/{loser.candidate.id}":
-                row.outcome = KernelOutcome.OUTPACED
-                row.reason = (f"verified and faster than the op, but {result.speedup:.2f}x against "
-                              f"{winner.candidate.id} in a duel, which {'replaced it' if won else 'stays'}")
-        return winner
+        return winner, {f"{task.id}/{loser.candidate.id}": (
+            f"verified and faster than the op, but {result.speedup:.2f}x against {winner.candidate.id} in a duel, "
+            f"which {'replaced it' if won else 'stays'}")}
 
     def _on_cluster_all(self, tasks: list[Task], hotspots: list[Hotspot]) -> Generated:
         """The built-in proposer's candidates of every task at once, as many as the cluster holds: first the
@@ -290,38 +318,36 @@ class Generation:
         rows: dict[str, list[KernelResult]] = {t.id: [] for t in tasks}
         winners: dict[str, list[Accepted]] = {t.id: [] for t in tasks}
         self.state.stage("generate", done=0, planned=len(tasks))
-        stored = [(t, cand, source) for t in tasks for cand, source, _ in self._stored(t)]
-        for task, out in self._on_cluster(stored, by_id):
+        stored = self._on_cluster([(t, cand, source) for t in tasks for cand, source, _ in self._stored(t)], by_id)
+        for task, out in stored.outcomes:
             rows[task.id].append(out.row)
             if out.accepted:
                 winners[task.id].append(out.accepted)
-                self.state.reused.append(out.row.candidate_id)
-        best = {t.id: pick_best(t, rows[t.id], winners[t.id]) for t in tasks}
+        reused = {t.id: [f"{t.id}/{a.candidate.id}" for a in winners[t.id]] for t in tasks}
         proposed: list[tuple[Task, Candidate, str]] = []
-        for task in (t for t in tasks if best[t.id] is None):
+        for task in (t for t in tasks if not winners[t.id]):  # no stored kernel won its benchmark
             for item in builtin_proposals(task, self.task_dir(task), self.backends, self.stages):
                 if isinstance(item, KernelResult):
                     rows[task.id].append(item)
                 else:
                     proposed.append((task, *item))
-        for task, out in self._on_cluster(proposed, by_id):
+        built = self._on_cluster(proposed, by_id, stored.stopped)
+        for task, out in built.outcomes:
             rows[task.id].append(out.row)
             if out.accepted:
                 winners[task.id].append(out.accepted)
-        kernels: list[KernelResult] = []
-        accepted: list[Accepted] = []
+        tried = []
         for task in tasks:
-            chosen = best[task.id] or pick_best(task, rows[task.id], winners[task.id])
-            kernels += rows[task.id]
-            if chosen:
-                accepted.append(chosen)
+            ranked, best = pick_best(task, rows[task.id], winners[task.id])
+            tried.append(Tried(ranked, best, reused=reused[task.id]))
         self.state.stage("generate", done=len(tasks), planned=len(tasks))
-        return Generated(kernels, accepted, None, self.notes)
+        return Generated.of(tried, None, stored.notes + built.notes, built.stopped)
 
-    def _on_cluster(self, items: list[tuple[Task, Candidate, str]],
-                    by_id: dict[str, Hotspot]) -> list[tuple[Task, Outcome]]:
+    def _on_cluster(self, items: list[tuple[Task, Candidate, str]], by_id: dict[str, Hotspot],
+                    stopped: BudgetSpent | None = None) -> OnCluster:
         """Candidates evaluated concurrently on the cluster (recorded ones replayed from the journal), their
-        outcomes in the order given; a candidate the time budget or the per-task cap leaves unstarted has none."""
+        outcomes in the order given; a candidate the time budget (`stopped` already, or now) or the per-task cap
+        leaves unstarted has none."""
         from kernelbot.agent.cluster import Job
 
         assert self.executor is not None
@@ -338,14 +364,15 @@ class Generation:
             else:
                 jobs.append(job)
                 sources[job.key] = source
-        watch = _ClusterWatch(self, sources, outcomes, by_id)
+        watch = _ClusterWatch(self, sources, outcomes, by_id, stopped=stopped)
         refused = self.executor.run(jobs, watch.done, watch.may_start, watch.report)
+        notes = []
         if refused:
-            why = self.state.stop_reason or f"the per-task cap of {self.opts.max_task_minutes} min"
-            self.notes.append(f"{len(refused)} candidates not tried ({', '.join(j.key for j in refused[:4])}"
-                              f"{', ...' if len(refused) > 4 else ''}): {why}")
-        return [(task, outcomes[f"{task.id}/{cand.id}"]) for task, cand, _ in items
-                if f"{task.id}/{cand.id}" in outcomes]
+            why = watch.stopped or f"the per-task cap of {self.opts.max_task_minutes} min"
+            notes.append(f"{len(refused)} candidates not tried ({', '.join(j.key for j in refused[:4])}"
+                         f"{', ...' if len(refused) > 4 else ''}): {why}")
+        return OnCluster([(task, outcomes[f"{task.id}/{cand.id}"]) for task, cand, _ in items
+                          if f"{task.id}/{cand.id}" in outcomes], watch.stopped, notes)
 
 
 def _recorded_already(cand: Candidate, path: Path) -> Outcome:
@@ -360,6 +387,7 @@ class _ClusterWatch:
     sources: dict[str, str]  # job key → candidate source
     outcomes: dict[str, Outcome]  # job key → outcome, filled as they arrive
     by_id: dict[str, Hotspot]
+    stopped: BudgetSpent | None = None  # the time budget, once it refused a job (or an earlier batch's)
     started: dict[str, float] = dataclasses.field(default_factory=dict)  # job key → when it was shipped
     task_start: dict[str, float] = dataclasses.field(default_factory=dict)  # task id → its first shipment
     shown: Any = None  # the progress last printed
@@ -367,8 +395,8 @@ class _ClusterWatch:
     def may_start(self, job: Job) -> bool:
         g = self.generation
         now = time.perf_counter()
-        if not g.state.clock.affords_candidate():
-            g.state.stop_reason = g.state.stop_reason or g.state.clock.spent_reason()
+        if (spent := g.state.clock.spent()) is not None:
+            self.stopped = self.stopped or spent
             return False
         first = self.task_start.setdefault(job.task.id, now)
         if g.opts.max_task_minutes is not None and now - first > g.opts.max_task_minutes * 60:

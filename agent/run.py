@@ -18,10 +18,10 @@ from rich.console import Console
 from kernelbot.agent.engines import engine_for
 from kernelbot.agent.generate import Generation
 from kernelbot.agent.journal.journal import Journal
-from kernelbot.agent.journal.run_state import Clock, RunState
+from kernelbot.agent.journal.run_state import BudgetSpent, Clock, RunState
 from kernelbot.agent.measure.compile_baseline import RegionCompile, time_region_compile
 from kernelbot.agent.measure.gate import faster, never_slower, ratio
-from kernelbot.agent.measure.measure import Measured, calls_of, final_rows, median
+from kernelbot.agent.measure.measure import Measured, final_rows, median
 from kernelbot.agent.pack import build_pack
 from kernelbot.agent.report.report import write_report
 from kernelbot.agent.run_options import OptimizeOptions
@@ -62,6 +62,14 @@ class Finish:
     compile: bool
 
 
+@dataclass(frozen=True)
+class Iterated:
+    """How an iteration ended: whether another may change more, and the time budget when it refused work."""
+
+    go_on: bool
+    stopped: BudgetSpent | None = None
+
+
 class OptimizeRun:
     """One session of a run: built from its options and journal (which starts it: the engine and the device's
     peaks), then `run()` takes it to its report."""
@@ -91,12 +99,15 @@ class OptimizeRun:
                                  self.stages.say)
         self.notes = list(spec_notes)  # the report's
         self.generation = Generation(opts, self.run_dir, self.state, self.stages, self.device, executor)
-        self.kernels: list[KernelResult] = []  # every candidate's row as evaluation made it
+        self.kernels: list[KernelResult] = []  # every candidate's row as its generate step made it (frozen)
         # what is learnt of candidates later, kept beside their rows (agent/measure/measure.py's final_rows joins them)
         self.region_speedups: dict[str, float | None] = {}  # task id → torch.compile's gain on its region
+        self.outpaced: dict[str, str] = {}  # candidate id → why another won the duel against it
         self.dropped: dict[str, str] = {}  # candidate id → why the gate took its kernel out of the pack
         self.counted: Measured | None = None  # the measurement whose calls each kernel's row reports
         self.accepted: list[Accepted] = []
+        self.reused: list[str] = []  # kernel-store candidates that won their benchmark
+        self.stopped: BudgetSpent | None = None  # the time budget, when it ended the run's work early
         self.attempted: set[str] = set()  # op signatures planned in an iteration
         self.challenged: set[str] = set()  # task ids whose incumbent was challenged once already
         self.deferred: dict[str, str] = {}  # op signature → why no task yet (--max-tasks), until an iteration takes it
@@ -147,7 +158,11 @@ class OptimizeRun:
         for it in range(self.opts.iterations + 1):
             self.state.iteration = it
             self.hotspots_now = self.profile(it)
-            if it == self.opts.iterations or self.state.stop_reason or not self.iterate(it):
+            if it == self.opts.iterations or self.stopped is not None:
+                break
+            iterated = self.iterate(it)
+            self.stopped = iterated.stopped  # the one place the run's stop is decided: from what its step returned
+            if not iterated.go_on:
                 break
         self.notes.extend(note for sig, note in self.deferred.items() if sig not in self.attempted)
         if self.opts.llm is not None and self.usage is None and self.state.session is not None:
@@ -166,27 +181,31 @@ class OptimizeRun:
         self.state.clock.save()
         return report
 
-    def iterate(self, it: int) -> bool:
-        """Plan, generate and integrate on this iteration's hotspots; whether another iteration may change more."""
+    def iterate(self, it: int) -> Iterated:
+        """Plan, generate and integrate on this iteration's hotspots; whether another iteration may change more, and
+        the time budget when it refused the iteration's work (the run's loop stops on it)."""
         tasks, incumbents = self.plan(it)
         if not tasks:
             if it:
                 self.notes.append(f"iteration {it + 1}: no hotspot left with headroom a task could take")
-            return False
+            return Iterated(go_on=False)
         self.attempted.update(signature(h) for h in self.hotspots_now if h.id in {t.hotspot_id for t in tasks})
-        if not self.state.clock.affords_candidate() and not any(self.state.recorded(t.id) for t in tasks):
-            self.state.stop_reason = self.state.stop_reason or self.state.clock.spent_reason()
-            self.notes.append(f"iteration {it + 1}'s tasks not tried: {self.state.stop_reason}")
-            return False
+        spent = self.state.clock.spent()
+        if spent is not None and not any(self.state.recorded(t.id) for t in tasks):
+            self.notes.append(f"iteration {it + 1}'s tasks not tried: {spent}")
+            return Iterated(go_on=False, stopped=spent)
         generated = self.generation.generate(tasks, self.hotspots_now, incumbents)
         new_accepted, self.usage = generated.accepted, generated.usage
         self.kernels += generated.rows
         self.notes += generated.notes
+        self.outpaced.update(generated.outpaced)
+        self.reused += generated.reused
         if incumbents and all(a is incumbents.get(a.task.id) for a in new_accepted):
-            return False  # every incumbent stayed: the pack is what it was
+            return Iterated(go_on=False, stopped=generated.stopped)  # every incumbent stayed: the pack is as it was
         self.integrate(new_accepted)
         self.iterations_done = it + 1
-        return bool(new_accepted)  # nothing changed: profiling again would find the same hotspots
+        # nothing changed: profiling again would find the same hotspots
+        return Iterated(go_on=bool(new_accepted), stopped=generated.stopped)
 
     # -- the steps ------------------------------------------------------------------------------------------------
     def profile(self, it: int) -> list[Hotspot]:
@@ -313,8 +332,9 @@ class OptimizeRun:
         measured = Measured.model_validate(self.state.memo(f"measured:{self.pack.version}", "stage", lambda: (
             self.engine.measure(self.pack, self.pack_dir, finish.rounds, finish.compile, self.stages).model_dump())))
         self.counted = measured
-        self.notes.extend(f"{row.candidate_id} is in the pack but never ran" for row in self.kernels
-                          if row.accepted and calls_of(row, measured) == 0)
+        standing = final_rows(self.kernels, measured, {}, {}, self.outpaced)  # the duels decided; before the gate
+        self.notes.extend(f"{row.candidate_id} is in the pack but never ran" for row in standing
+                          if row.accepted and row.calls == 0)
         self.notes.extend(measured.notes)
         self.stages.say(f"      fidelity: {measured.fidelity.summary()}")
         write_record(self.run_dir / "timings.json", measured.times)
@@ -369,19 +389,20 @@ class OptimizeRun:
         graphed = median(times.graph_decode)
         assert baseline and optimized
         self._fidelity_notes(fid)
-        if self.state.stop_reason:
-            self.stages.say(f"stopped early by the {self.state.stop_reason}", style="yellow")
-            self.notes.append(f"stopped early by the {self.state.stop_reason}")
+        stop_reason = str(self.stopped or "")
+        if stop_reason:
+            self.stages.say(f"stopped early by the {stop_reason}", style="yellow")
+            self.notes.append(f"stopped early by the {stop_reason}")
         report = Report(
             run_id=self.run_dir.name, model=self.spec, device=self.device, baseline_ms=baseline,
             optimized_ms=optimized, compiled_ms=comp, speedup=round(baseline / optimized, 3),
             speedup_vs_compiled=round(comp / optimized, 3) if comp else None, graph_decode_ms=graphed,
-            timing_rounds=finish.rounds,
-            fidelity=fid, kernels=final_rows(self.kernels, self.counted, self.region_speedups, self.dropped),
+            timing_rounds=finish.rounds, fidelity=fid,
+            kernels=final_rows(self.kernels, self.counted, self.region_speedups, self.dropped, self.outpaced),
             hotspots_before=self.hotspots_before, hotspots_after=hotspots_after,
             notes=self.notes, seconds=round(self.state.clock.elapsed(), 1), llm=self.usage,
-            iterations=max(self.iterations_done, 1), stop_reason=self.state.stop_reason, budget=self._budget(),
-            reused=self.state.reused, sessions=self.sessions, host=times.host, engine=self.engine.kind,
+            iterations=max(self.iterations_done, 1), stop_reason=stop_reason, budget=self._budget(),
+            reused=self.reused, sessions=self.sessions, host=times.host, engine=self.engine.kind,
             serving=measured.serving, floor=measured.floor)
         write_report(report, self.run_dir, self.console)
         if fid.passed:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from enum import Enum
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, computed_field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
 
 KERNEL_LABEL = "kernelbot::"  # names a pack kernel's calls in traces (the engines label them, the profiler reads them)
 
@@ -369,6 +369,13 @@ class Placement(BaseModel):
 
 
 class KernelResult(BaseModel):
+    """One candidate's row: made whole where its candidate is evaluated, never patched afterwards. What later steps
+    learn of it (its standing among its task's candidates, a duel, the gate, calls, torch.compile's gain) makes a new
+    row (`model_copy(update=...)`), and the report's rows are built once from records of their own
+    (agent/measure/measure.py's final_rows)."""
+
+    model_config = ConfigDict(frozen=True)  # setting a field raises: a patch after creation fails loudly
+
     op: str
     module: str
     backend: str

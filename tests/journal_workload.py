@@ -46,9 +46,8 @@ class PaidLLM:
 
 def fake_evaluate(task: Task, cand: Candidate, path: Path) -> Outcome:
     time.sleep(STEP_S)
-    row = new_row(task, cand)
-    row.speedup = 1 + int(cand.source_hash[:4], 16) / 65536
-    row.reason = f"verified; {row.speedup:.3f}x"
+    speedup = 1 + int(cand.source_hash[:4], 16) / 65536
+    row = new_row(task, cand, reason=f"verified; {speedup:.3f}x").model_copy(update={"speedup": speedup})
     return Outcome(row, report=row.reason)
 
 

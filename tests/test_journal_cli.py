@@ -78,12 +78,40 @@ def test_the_time_budget_spans_sessions_and_keeps_the_finish_back(tmp_path):
         assert 3500 <= clock.elapsed() < 3510 and clock.left() <= 100
         assert clock.affords(50) and not clock.affords(200)
         clock.reserve = 80
-        assert not clock.affords(50) and clock.spent_reason().startswith("time budget")
+        assert not clock.affords(50) and clock.spent() is None  # a first candidate's guessed 10 s still fit
+        clock.longest_candidate = 50
+        assert not clock.affords_candidate() and str(clock.spent()).startswith("time budget: 0.97")
         clock.longest_candidate = 5
-        assert clock.affords_candidate()
+        assert clock.affords_candidate() and clock.spent() is None
         unlimited = Clock(j, None)
         unlimited.reserve = 10**9
-        assert unlimited.affords(10**6) and unlimited.spent_reason() == ""
+        assert unlimited.affords(10**6) and unlimited.spent() is None
+
+
+def test_a_generate_step_the_time_budget_refuses_returns_the_spent_budget_as_its_stop(tmp_path, monkeypatch):
+    """The run's stop reason is not a field any step writes: the step returns the budget that refused its work (a
+    typed value, what was used of it then), its note names it, and the run's loop alone keeps it."""
+    from rich.console import Console
+
+    from kernelbot.agent import generate
+    from kernelbot.agent.journal.run_state import BudgetSpent, RunState
+    from kernelbot.agent.stages import Stages
+    from kernelbot.records import Device, Task
+
+    monkeypatch.setattr(generate, "build_library", lambda stages: None)  # nothing is built: no candidate may start
+    task = Task(id="t1", hotspot_id="h01", family="rmsnorm", module_class="LlamaRMSNorm", dtype="float32",
+                input_shapes=[[4, 1, 128]], free_dims=[[0]], init_args=[128], share=0.2, floor_us=0.5)
+    device = Device(kind="cpu", name="test cpu", threads=2, peak_gflops=1.0, peak_gbps=1.0, peaks_source="test")
+    with Journal(tmp_path) as j:
+        j.set_meta("elapsed_s", 3600.0)  # an earlier session used the whole hour
+        state = RunState(j, Clock(j, budget_hours=1.0), None, "cpu:test cpu")
+        generation = generate.Generation(OptimizeOptions(), tmp_path, state, Stages(Console(quiet=True), tmp_path),
+                                         device)
+        generated = generation.generate([task], [], {})
+    assert isinstance(generated.stopped, BudgetSpent) and generated.stopped.limit_s == 3600.0
+    assert str(generated.stopped).startswith("time budget: 1.0")
+    assert generated.rows == [] and generated.notes == [f"t1 and later tasks not tried: {generated.stopped}"]
+    assert not hasattr(state, "stop_reason")
 
 
 @pytest.mark.slow

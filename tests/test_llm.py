@@ -238,7 +238,8 @@ def test_endpoint_down_falls_back_to_the_builtin_proposer(tmp_path, monkeypatch)
 
     task, task_dir = _task(tmp_path, "down")
     fallback: list[str] = []
-    monkeypatch.setattr(generate, "try_candidates", lambda task, *a, **k: (fallback.append(task.id), ([], None))[1])
+    monkeypatch.setattr(generate, "try_candidates",
+                        lambda task, *a, **k: (fallback.append(task.id), generate.Tried([], None))[1])
     script = Script({"-down-": [Reply('{"error": {"message": "internal"}}', 500)]})
     with ScriptedServer(script) as server, Journal(tmp_path / "run") as journal:
         llm = LLMOptions(model=MODEL, api_base=server.api_base, max_retries=2, backoff=0.01)

@@ -3,12 +3,14 @@ values, never from the wording of a reason, which is for people only."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 from rich.console import Console
 
 from kernelbot.agent.optimize import OptimizeOptions
@@ -75,8 +77,9 @@ def test_pick_best_outpaces_rows_by_their_outcome_not_their_reason(tmp_path: Pat
     rows = [_row("fast", KernelOutcome.FASTER, "any words", 3.0),
             _row("second", KernelOutcome.FASTER, "words that do not start with v", 2.0),
             _row("posing", KernelOutcome.NOT_FASTER, MISLEADING_VERIFIED, 1.02)]
-    assert pick_best(task, rows, [best]) is best
-    fast, second, posing = rows
+    ranked, chosen = pick_best(task, rows, [best])
+    assert chosen is best
+    fast, second, posing = ranked
     assert (fast.status, fast.outcome) == ("accepted", KernelOutcome.ACCEPTED)
     assert second.outcome is KernelOutcome.OUTPACED and "fast was faster still" in second.reason
     assert posing.outcome is KernelOutcome.NOT_FASTER and posing.reason == MISLEADING_VERIFIED
@@ -212,8 +215,8 @@ def test_where_no_generic_candidate_can_be_made_a_generic_hotspot_is_refused_bef
 def test_a_rows_status_follows_its_outcome_and_is_written_for_readers_of_the_file() -> None:
     row = _row("c", KernelOutcome.FASTER, MISLEADING_VERIFIED)
     assert (row.accepted, row.status) == (False, "rejected")
-    row.outcome = KernelOutcome.ACCEPTED  # the crowning step changes the outcome only: the status cannot lag behind
-    assert (row.accepted, row.status) == (True, "accepted")
+    row = row.model_copy(update={"outcome": KernelOutcome.ACCEPTED})  # the crowning step gives the outcome only:
+    assert (row.accepted, row.status) == (True, "accepted")  # the status cannot lag behind
     assert KernelResult.model_validate_json(row.model_dump_json()) == row and '"status":"accepted"' in \
         row.model_dump_json()
 
@@ -239,9 +242,40 @@ def test_the_reports_rows_are_built_once_from_what_was_learnt_later_and_the_eval
     measured = Measured(calls={"t1__won": 40, "t1__gone": 7}, fallbacks={"LlamaRMSNorm": 3},
                         fidelity=Fidelity(max_abs_logit_diff=0.0, greedy_match=True, token_agreement=1.0),
                         times=EndToEndTimes(eager=[1.0], kernelbot=[0.5]))
-    rows = final_rows([won, lost, dropped], measured, {"t1": 1.4}, {"t1/gone": "slower in the model"})
+    rows = final_rows([won, lost, dropped], measured, {"t1": 1.4}, {"t1/gone": "slower in the model"}, {})
     assert [(r.calls, r.fallback_calls, r.region_compile_speedup) for r in rows] == \
         [(40, 3, 1.4), (0, 0, 1.4), (7, 3, 1.4)]
     assert rows[2].outcome is KernelOutcome.SLOWER_IN_MODEL and rows[2].reason == "slower in the model"
     assert [won, lost, dropped] == before  # joined into new rows: nothing patched the evaluated ones
-    assert [r.calls for r in final_rows([won], None, {}, {})] == [0]  # not measured: no calls to report
+    assert [r.calls for r in final_rows([won], None, {}, {}, {})] == [0]  # not measured: no calls to report
+
+
+def test_setting_a_field_of_a_kernel_row_after_it_is_made_raises_so_later_steps_make_new_rows(tmp_path: Path) -> None:
+    task = _task()
+    row = _row("fast", KernelOutcome.FASTER, "verified; 3.00x beyond noise", 3.0)
+    for name, value in (("outcome", KernelOutcome.ACCEPTED), ("reason", "patched"), ("calls", 7)):
+        with pytest.raises(ValidationError, match="frozen"):
+            setattr(row, name, value)
+    best = Accepted(task, _cand("fast"), tmp_path / "fast.py", _verdict("fast", True), _bench("fast", 3.0))
+    out = evaluate_mod.Outcome(row, accepted=best)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        out.accepted = None  # type: ignore[misc]
+    (ranked,), chosen = pick_best(task, [row], [best])
+    assert chosen is best and ranked.outcome is KernelOutcome.ACCEPTED
+    assert row.outcome is KernelOutcome.FASTER and row.reason == "verified; 3.00x beyond noise"
+
+
+def test_a_duel_lost_is_joined_into_the_losers_row_whichever_step_made_it_and_takes_it_out_of_the_pack() -> None:
+    from kernelbot.agent.measure.measure import Measured, final_rows
+    from kernelbot.records import EndToEndTimes, Fidelity
+
+    incumbent = _row("builtin", KernelOutcome.ACCEPTED, "verified; 2x", 2.0)  # an earlier iteration's winner
+    challenger = _row("llm-r0-s0", KernelOutcome.ACCEPTED, "verified; 3x", 3.0)
+    why = "verified and faster than the op, but 1.50x against llm-r0-s0 in a duel, which replaced it"
+    measured = Measured(calls={"t1__llm-r0-s0": 40}, fallbacks={"LlamaRMSNorm": 3},
+                        fidelity=Fidelity(max_abs_logit_diff=0.0, greedy_match=True, token_agreement=1.0),
+                        times=EndToEndTimes(eager=[1.0], kernelbot=[0.5]))
+    lost, won = final_rows([incumbent, challenger], measured, {}, {}, {"t1/builtin": why})
+    assert (lost.outcome, lost.reason, lost.fallback_calls) == (KernelOutcome.OUTPACED, why, 0)
+    assert (won.outcome, won.fallback_calls, won.calls) == (KernelOutcome.ACCEPTED, 3, 40)
+    assert incumbent.outcome is KernelOutcome.ACCEPTED  # the row as made stays: the duel is a record of its own

@@ -20,6 +20,20 @@ from kernelbot.rundir import write_record
 FIRST_CANDIDATE_GUESS_S = 10.0  # before any candidate has been timed in this run
 
 
+@dataclasses.dataclass(frozen=True)
+class BudgetSpent:
+    """The time budget refusing work: what had been used of it at that moment and what was kept back for the finish.
+    Steps return it; the run's loop takes the first as the reason its work stopped early (the report's stop_reason)."""
+
+    elapsed_s: float
+    limit_s: float
+    reserve_s: float
+
+    def __str__(self) -> str:
+        return (f"time budget: {self.elapsed_s / 3600:.3f} h of {self.limit_s / 3600:.3f} h used, "
+                f"{self.reserve_s:.0f} s kept to integrate, measure and report")
+
+
 class Clock:
     """--budget-hours over every session of one run: earlier sessions' time is read back from the journal."""
 
@@ -44,9 +58,11 @@ class Clock:
     def affords_candidate(self) -> bool:
         return self.affords(self.longest_candidate or FIRST_CANDIDATE_GUESS_S)
 
-    def spent_reason(self) -> str:
-        return (f"time budget: {self.elapsed() / 3600:.3f} h of {self.limit / 3600:.3f} h used, "
-                f"{self.reserve:.0f} s kept to integrate, measure and report") if self.limit else ""
+    def spent(self) -> BudgetSpent | None:
+        """The budget as used now when it leaves no room for another candidate; None while one still fits."""
+        if self.limit is None or self.affords_candidate():
+            return None
+        return BudgetSpent(self.elapsed(), self.limit, self.reserve)
 
     def save(self) -> None:
         self.journal.set_meta("elapsed_s", round(self.elapsed(), 2))
@@ -64,9 +80,7 @@ class RunState:
     store: KernelStore | None
     device_name: str
     session: Any = None  # the run's LLMSession, shared by every iteration
-    stop_reason: str = ""  # the budget that ended the run's work early, when one did
     iteration: int = 0
-    reused: list[str] = dataclasses.field(default_factory=list)
 
     def memo(self, key: str, kind: str, compute: Callable[[], Any]) -> Any:
         """The recorded result for `key`, or compute it and record it before returning it."""
@@ -82,12 +96,10 @@ class RunState:
         key = f"cand:{task_id}:{cand.id}:{cand.source_hash}" if cand else f"cand:{task_id}:%"
         return self.journal.has(key)
 
-    def out_of_time(self, task_id: str, cand: Candidate | None = None) -> bool:
-        """Would this unrecorded work overrun the time budget? When it would, the budget is the stop reason."""
-        if self.clock.affords_candidate() or self.recorded(task_id, cand):
-            return False
-        self.stop_reason = self.stop_reason or self.clock.spent_reason()
-        return True
+    def out_of_time(self, task_id: str, cand: Candidate | None = None) -> BudgetSpent | None:
+        """The spent budget when this work would overrun it, else None (recorded work replays at no cost)."""
+        spent = self.clock.spent()
+        return None if spent is None or self.recorded(task_id, cand) else spent
 
     def stage(self, name: str, **progress: Any) -> None:
         self.journal.set_meta("stage", {"stage": name, "iteration": self.iteration, **progress})
@@ -119,9 +131,7 @@ def annotated(evaluate: Evaluator, hotspot_fields: dict[str, Any]) -> Evaluator:
 
     def run(cand: Candidate, path: Path) -> Outcome:
         out = evaluate(cand, path)
-        for name, value in {**hotspot_fields, "proposer": cand.proposer}.items():
-            setattr(out.row, name, value)
-        return out
+        return dataclasses.replace(out, row=out.row.model_copy(update={**hotspot_fields, "proposer": cand.proposer}))
 
     return run
 
@@ -134,11 +144,10 @@ def _outcome_data(out: Outcome) -> dict[str, Any]:
 def _replay(data: dict[str, Any], task: Task, cand: Candidate, path: Path) -> Outcome:
     verdict = Verdict.model_validate(data["verdict"]) if data["verdict"] else None
     bench = Bench.model_validate(data["bench"]) if data["bench"] else None
-    out = Outcome(KernelResult.model_validate(data["row"]), verdict, bench, report=data["report"])
     if verdict is not None and not (path.parent / "verdict.json").exists():
         write_record(path.parent / "verdict.json", verdict)
     if bench is not None and not (path.parent / "bench.json").exists():
         write_record(path.parent / "bench.json", bench)
-    if data["accepted"] and verdict is not None and bench is not None:
-        out.accepted = Accepted(task, cand, path, verdict, bench)
-    return out
+    won = data["accepted"] and verdict is not None and bench is not None
+    return Outcome(KernelResult.model_validate(data["row"]), verdict, bench,
+                   Accepted(task, cand, path, verdict, bench) if won else None, data["report"])

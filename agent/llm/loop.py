@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from kernelbot.agent.llm.budget import CHARS_PER_TOKEN, Ledger
@@ -153,9 +153,9 @@ def run_task(session: LLMSession, task: Task, task_dir: Path, ctx: PromptContext
 
 
 def _finish(session: LLMSession, task: Task, run: TaskRun, winners: list[Accepted]) -> TaskRun:
-    run.best = pick_best(task, run.rows, winners)
-    session.usage.accepted += run.best is not None
-    return run
+    rows, best = pick_best(task, run.rows, winners)
+    session.usage.accepted += best is not None
+    return replace(run, rows=rows, best=best)
 
 
 def _use_answer(session: LLMSession, task: Task, task_dir: Path, ctx: PromptContext, evaluate: Evaluator,
@@ -170,8 +170,7 @@ def _use_answer(session: LLMSession, task: Task, task_dir: Path, ctx: PromptCont
                      source_hash=source_identity(code or ""))
     call.candidate_id = f"{task.id}/{cid}"
     if code is None:
-        row = new_row(task, cand)
-        row.reason = f"LLM answer unusable: {extraction.problem}"
+        row = new_row(task, cand, reason=f"LLM answer unusable: {extraction.problem}")
         run.rows.append(row)
         attempts.append(Attempt(cid, None, f"no candidate: {extraction.problem}. Answer with one ```python block "
                                            "holding the whole file, including class ModelNew."))

@@ -172,19 +172,23 @@ def calls_of(row: KernelResult, measured: Measured) -> int:
 
 
 def final_rows(rows: list[KernelResult], measured: Measured | None, region_speedups: dict[str, float | None],
-               dropped: dict[str, str]) -> list[KernelResult]:
-    """The report's rows, built once: each candidate's row as evaluation made it, with what was learnt of it later
-    from records of their own: its calls in the measured engine (and, accepted, its module's calls that fell back),
-    torch.compile's gain on its task's region (task id →), and the gate's reason when it left the pack (candidate
-    id →)."""
+               dropped: dict[str, str], outpaced: dict[str, str]) -> list[KernelResult]:
+    """The report's rows, built once: each candidate's row as its generate step made it, with what was learnt of it
+    later from records of their own: a duel it lost (candidate id → why), its calls in the measured engine (and, in
+    the pack then, its module's calls that fell back), torch.compile's gain on its task's region (task id →), and the
+    gate's reason when it left the pack (candidate id →)."""
     out = []
     for row in rows:
         update: dict[str, Any] = {"region_compile_speedup": region_speedups.get(row.candidate_id.split("/", 1)[0])}
+        if row.candidate_id in outpaced:
+            update.update(outcome=KernelOutcome.OUTPACED, reason=outpaced[row.candidate_id])
+        # in the pack when the engine was measured: accepted and no duel lost (a kernel the gate dropped was in it)
+        in_pack = row.accepted and row.candidate_id not in outpaced
         if row.candidate_id in dropped:
             update.update(outcome=KernelOutcome.SLOWER_IN_MODEL, reason=dropped[row.candidate_id])
         if measured is not None:
             update["calls"] = calls_of(row, measured)
-            if row.accepted:  # as evaluation left it: a dropped kernel was in the pack when the engine was measured
+            if in_pack:
                 update["fallback_calls"] = measured.fallbacks.get(row.module, 0)
         out.append(row.model_copy(update=update))
     return out

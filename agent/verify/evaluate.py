@@ -15,7 +15,7 @@ from kernelbot.rundir import write_record
 DETAIL_CHARS = 1500  # per failed check, in the report
 
 
-@dataclass
+@dataclass(frozen=True)
 class Accepted:
     """A candidate that passed verification and won its benchmark: what the pack is built from."""
     task: Task
@@ -25,8 +25,10 @@ class Accepted:
     bench: Bench
 
 
-@dataclass
+@dataclass(frozen=True)
 class Outcome:
+    """One candidate's evaluation, whole when made: its row, verdict and benchmark, whether it won, and the report an
+    LLM is shown in its repair round."""
     row: KernelResult
     verdict: Verdict | None = None
     bench: Bench | None = None
@@ -34,11 +36,17 @@ class Outcome:
     report: str = ""
 
 
-def new_row(task: Task, cand: Candidate, outcome: KernelOutcome = KernelOutcome.NO_CANDIDATE) -> KernelResult:
-    """A rejected row for a candidate; until something runs it, there was no candidate to run."""
-    return KernelResult(op=task.family, module=task.module_class, backend=cand.backend, shapes=task.input_shapes,
-                        reason="", speedup=None, outcome=outcome,
-                        candidate_id=f"{task.id}/{cand.id}")
+def new_row(task: Task, cand: Candidate, outcome: KernelOutcome = KernelOutcome.NO_CANDIDATE, reason: str = "", *,
+            verdict: Verdict | None = None, timed: Bench | None = None) -> KernelResult:
+    """A candidate's row, complete: what became of it and why (until something runs it, there was no candidate to
+    run); the backend it launched (Triton whenever its verdict saw Triton launches, whatever it declared), and its
+    benchmark's numbers when it was timed."""
+    timings = {"speedup": None} if timed is None else {
+        "speedup": timed.speedup, "reference_us": timed.reference_us, "time_us": timed.candidate_us,
+        "floor_us": round(task.floor_us, 2)}
+    backend = "triton" if verdict is not None and verdict.triton_launches else cand.backend
+    return KernelResult(op=task.family, module=task.module_class, backend=backend, shapes=task.input_shapes,
+                        reason=reason, outcome=outcome, candidate_id=f"{task.id}/{cand.id}", **timings)
 
 
 SEVERITY = ("sandbox_violation", "harness_tamper", "timing_tamper", "crash", "timeout", "compile")
@@ -57,61 +65,66 @@ def _failure_report(verdict: Verdict) -> str:
 
 def evaluate(task: Task, task_dir: Path, cand: Candidate, path: Path, device_kind: str, *, seed: int,
              timeout: float, bench_rounds: int) -> Outcome:
-    out = Outcome(new_row(task, cand))
-    row = out.row
+    verdict: Verdict | None = None
+    timed: Bench | None = None
     try:
         # no seed: each verification draws a fresh secret one (recorded in the verdict), so no candidate can
         # predict its inputs; verify itself runs Triton in the interpreter on a CPU (run.interpreted_triton)
         verdict = verify(task, task_dir / "reference.py", path, path.parent / "verify", timeout=timeout,
                          device=device_kind)
-        out.verdict = verdict
-        if verdict.triton_launches:  # what it launched, whatever the proposer took it for
-            row.backend = "triton"
         write_record(path.parent / "verdict.json", verdict)
         if verdict.verdict == "fail":
-            # the gravest failure explains the verdict best: what it tried, then whether it ran, then the rest
-            failing = sorted((c for c in verdict.checks if c.status == "fail"),
-                             key=lambda c: SEVERITY.index(c.id) if c.id in SEVERITY else len(SEVERITY))
-            failed = failing[0] if failing else None
-            row.outcome = KernelOutcome.FAILED if failed else KernelOutcome.NOT_VERIFIED
-            row.reason = (f"failed {', '.join(c.id for c in failing)}: {failed.detail[:300]}" if failed else
-                          "not verified: correctness could not run here (" +
-                          next(c.detail for c in verdict.checks if c.id == "correctness")[:200] + ")")
-            # the sandbox's long paths say nothing to a model and cost tokens
-            out.report = _failure_report(verdict).replace(str(path.parent.resolve()), "<candidate>")
-        elif (why := untimed_here(cand, verdict, device_kind)) is not None:
-            row.outcome = KernelOutcome.NOT_TIMED
-            how = "Triton interpreter" if verdict.triton_launches else "compiled"
-            row.reason = f"verified ({how}); not timed: {why}"
-            out.report = f"verdict: pass on {len(verdict.shapes)} input sets; not timed on this {device_kind}"
-        else:
-            result = bench(task, task_dir / "reference.py", path, path.parent / "bench", rounds=bench_rounds,
-                           seed=seed, timeout=timeout, device=device_kind)
-            out.bench = result
-            write_record(path.parent / "bench.json", result)
-            row.speedup, row.reference_us, row.time_us = result.speedup, result.reference_us, result.candidate_us
-            row.floor_us = round(task.floor_us, 2)
-            busy = f"; timed on a busy host ({result.host.summary()})" if result.host and result.host.contended else ""
-            if result.significant:
-                out.accepted = Accepted(task, cand, path, verdict, result)
-                row.outcome = KernelOutcome.FASTER
-                row.reason = f"verified; {result.speedup:.2f}x beyond noise{busy}"
-            else:
-                row.outcome = KernelOutcome.NOT_FASTER
-                row.reason = (f"verified but not faster beyond noise: {result.speedup:.2f}x "
-                              f"(spread {result.reference_spread:.0%}/{result.candidate_spread:.0%}){busy}")
-            speed = "faster beyond noise" if result.significant else "not faster beyond noise"
-            out.report = (f"verdict: pass on {len(verdict.shapes)} input sets\n"
-                          f"benchmark ({result.rounds} interleaved rounds, medians): reference "
-                          f"{result.reference_us:.2f} µs, yours {result.candidate_us:.2f} µs per call, "
-                          f"{result.speedup:.2f}x; {speed}"
-                          f"; roofline floor {task.floor_us:.2f} µs")
+            return _failed(task, cand, path, verdict)
+        if (why := untimed_here(cand, verdict, device_kind)) is not None:
+            return _untimed(task, cand, verdict, device_kind, why)
+        timed = bench(task, task_dir / "reference.py", path, path.parent / "bench", rounds=bench_rounds,
+                      seed=seed, timeout=timeout, device=device_kind)
+        write_record(path.parent / "bench.json", timed)
+        return _timed(task, cand, path, verdict, timed)
     except Exception as exc:  # a broken candidate or harness error is this candidate's verdict, not the run's
-        row.outcome = KernelOutcome.HARNESS_ERROR
-        row.reason = f"harness error: {type(exc).__name__}: {exc}"[:400]
+        reason = f"harness error: {type(exc).__name__}: {exc}"[:400]
         (path.parent / "error.txt").write_text(traceback.format_exc())
-        out.report = row.reason
-    return out
+        row = new_row(task, cand, KernelOutcome.HARNESS_ERROR, reason, verdict=verdict)
+        return Outcome(row, verdict, timed, report=reason)
+
+
+def _failed(task: Task, cand: Candidate, path: Path, verdict: Verdict) -> Outcome:
+    """A failed verdict: the gravest failure explains it best (what it tried, then whether it ran, then the rest)."""
+    failing = sorted((c for c in verdict.checks if c.status == "fail"),
+                     key=lambda c: SEVERITY.index(c.id) if c.id in SEVERITY else len(SEVERITY))
+    failed = failing[0] if failing else None
+    reason = (f"failed {', '.join(c.id for c in failing)}: {failed.detail[:300]}" if failed else
+              "not verified: correctness could not run here (" +
+              next(c.detail for c in verdict.checks if c.id == "correctness")[:200] + ")")
+    row = new_row(task, cand, KernelOutcome.FAILED if failed else KernelOutcome.NOT_VERIFIED, reason,
+                  verdict=verdict)
+    # the sandbox's long paths say nothing to a model and cost tokens
+    return Outcome(row, verdict, report=_failure_report(verdict).replace(str(path.parent.resolve()), "<candidate>"))
+
+
+def _untimed(task: Task, cand: Candidate, verdict: Verdict, device_kind: str, why: str) -> Outcome:
+    how = "Triton interpreter" if verdict.triton_launches else "compiled"
+    row = new_row(task, cand, KernelOutcome.NOT_TIMED, f"verified ({how}); not timed: {why}", verdict=verdict)
+    return Outcome(row, verdict,
+                   report=f"verdict: pass on {len(verdict.shapes)} input sets; not timed on this {device_kind}")
+
+
+def _timed(task: Task, cand: Candidate, path: Path, verdict: Verdict, timed: Bench) -> Outcome:
+    """A verified candidate's benchmark: faster beyond the noise (a winner of its task, so far), or not."""
+    busy = f"; timed on a busy host ({timed.host.summary()})" if timed.host and timed.host.contended else ""
+    if timed.significant:
+        outcome, reason = KernelOutcome.FASTER, f"verified; {timed.speedup:.2f}x beyond noise{busy}"
+    else:
+        outcome, reason = KernelOutcome.NOT_FASTER, (f"verified but not faster beyond noise: {timed.speedup:.2f}x "
+                                                     f"(spread {timed.reference_spread:.0%}/"
+                                                     f"{timed.candidate_spread:.0%}){busy}")
+    speed = "faster beyond noise" if timed.significant else "not faster beyond noise"
+    report = (f"verdict: pass on {len(verdict.shapes)} input sets\n"
+              f"benchmark ({timed.rounds} interleaved rounds, medians): reference {timed.reference_us:.2f} µs, "
+              f"yours {timed.candidate_us:.2f} µs per call, {timed.speedup:.2f}x; {speed}"
+              f"; roofline floor {task.floor_us:.2f} µs")
+    return Outcome(new_row(task, cand, outcome, reason, verdict=verdict, timed=timed), verdict, timed,
+                   Accepted(task, cand, path, verdict, timed) if timed.significant else None, report)
 
 
 def untimed_here(cand: Candidate, verdict: Verdict, device_kind: str) -> str | None:
@@ -154,13 +167,20 @@ def duel(task: Task, task_dir: Path, incumbent: Accepted, challenger: Accepted, 
     return result
 
 
-def pick_best(task: Task, rows: list[KernelResult], winners: list[Accepted]) -> Accepted | None:
-    """The fastest accepted candidate; the rows say which won and why the other fast ones did not."""
+def pick_best(task: Task, rows: list[KernelResult],
+              winners: list[Accepted]) -> tuple[list[KernelResult], Accepted | None]:
+    """The fastest accepted candidate, and the rows as they stand once it is chosen: new rows say which won and why
+    the other fast ones did not (the rows given stay as evaluation made them)."""
     best = max(winners, key=lambda a: a.bench.speedup, default=None)
-    for row in rows:
-        if best and row.candidate_id == f"{task.id}/{best.candidate.id}":
-            row.outcome = KernelOutcome.ACCEPTED
-        elif best and row.speedup and row.outcome is KernelOutcome.FASTER:
-            row.outcome = KernelOutcome.OUTPACED
-            row.reason = f"verified and faster ({row.speedup:.2f}x), but {best.candidate.id} was faster still"
-    return best
+    if best is None:
+        return list(rows), None
+    return [_ranked(row, f"{task.id}/{best.candidate.id}", best.candidate.id) for row in rows], best
+
+
+def _ranked(row: KernelResult, best_id: str, best_name: str) -> KernelResult:
+    if row.candidate_id == best_id:
+        return row.model_copy(update={"outcome": KernelOutcome.ACCEPTED})
+    if row.speedup and row.outcome is KernelOutcome.FASTER:
+        return row.model_copy(update={"outcome": KernelOutcome.OUTPACED, "reason": (
+            f"verified and faster ({row.speedup:.2f}x), but {best_name} was faster still")})
+    return row
