@@ -279,3 +279,22 @@ def test_a_duel_lost_is_joined_into_the_losers_row_whichever_step_made_it_and_ta
     assert (lost.outcome, lost.reason, lost.fallback_calls) == (KernelOutcome.OUTPACED, why, 0)
     assert (won.outcome, won.fallback_calls, won.calls) == (KernelOutcome.ACCEPTED, 3, 40)
     assert incumbent.outcome is KernelOutcome.ACCEPTED  # the row as made stays: the duel is a record of its own
+
+
+def test_a_duel_benchmarks_the_challenger_against_the_incumbents_own_code_in_the_sandbox(tmp_path) -> None:
+    # the benchmark's runner may read its own module only: the incumbent, kept elsewhere in the run, travels inside it
+    from helpers import write_module
+
+    from kernelbot.agent.tasks.tasks import reference_source
+    from kernelbot.agent.verify.evaluate import duel
+
+    task = _task().model_copy(update={"init_args": [128, 1e-6]})
+    task_dir = tmp_path / "t1"
+    write_module(task_dir / "reference.py", reference_source(task))
+    library = "from kernelbot.kernel_library.rmsnorm.cpp import RMSNormCpp as ModelNew\n"
+    incumbent, challenger = (Accepted(task, _cand(cid), write_module(task_dir / "candidates" / cid / "candidate.py",
+                                                                     library), _verdict(cid, True), _bench(cid, 2.0))
+                             for cid in ("store-cpp", "llm-r0-s0"))
+    result = duel(task, task_dir, incumbent, challenger, seed=0, timeout=300, rounds=2)
+    assert result.candidate_id == "llm-r0-s0" and result.reference_us > 0 and result.candidate_us > 0
+    assert (task_dir / "duels" / "llm-r0-s0-vs-store-cpp" / "bench.json").exists()

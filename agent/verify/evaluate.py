@@ -140,13 +140,15 @@ def untimed_here(cand: Candidate, verdict: Verdict, device_kind: str) -> str | N
 
 DUEL = """
 
-# --- the incumbent kernel, standing in as this duel's reference (same inputs, same weights, same rounds) ---
+# --- the incumbent kernel, standing in as this duel's reference (same inputs, same weights, same rounds); its source
+# is carried here, since the benchmark's runner may read its own module only ---
 def _incumbent():
-    import importlib.util
+    import sys
+    import types
 
-    spec = importlib.util.spec_from_file_location("kb_incumbent", {path!r})
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = types.ModuleType("kb_incumbent")
+    sys.modules[module.__name__] = module
+    exec(compile({source!r}, {path!r}, "exec"), module.__dict__)
     return module.ModelNew
 
 
@@ -161,7 +163,8 @@ def duel(task: Task, task_dir: Path, incumbent: Accepted, challenger: Accepted, 
     where = task_dir / "duels" / f"{challenger.candidate.id}-vs-{incumbent.candidate.id}"
     where.mkdir(parents=True, exist_ok=True)
     reference = where / "reference.py"
-    reference.write_text((task_dir / "reference.py").read_text() + DUEL.format(path=str(incumbent.source.resolve())))
+    reference.write_text((task_dir / "reference.py").read_text() + DUEL.format(
+        source=incumbent.source.read_text(), path=str(incumbent.source.resolve())))
     result = bench(task, reference, challenger.source, where, rounds=rounds, seed=seed, timeout=timeout)
     write_record(where / "bench.json", result)
     return result
