@@ -100,5 +100,10 @@ def test_a_kernel_that_writes_every_element_only_while_memory_looks_poisoned_is_
 
 
 def test_an_honest_library_kernel_is_timed_with_its_thread_pool_between_calls(tmp_path):
-    result = _bench(tmp_path, HONEST)
+    # rows enough for the kernel's OpenMP pool to run (generated C++ whose pool spins longer after each call is
+    # benchmarked in tests/test_open_world.py and test_llm.py: a pool's spin between its own calls is no finding)
+    task = RMS_TASK.model_copy(update={"input_shapes": [[512, 1, 1024]], "init_args": [1024, 1e-6]})
+    ref = write_module(tmp_path / "reference.py", reference_source(task))
+    cand = write_module(tmp_path / "cand" / "candidate.py", HONEST)
+    result = bench(task, ref, cand, tmp_path / "bench", rounds=2)
     assert result.rounds == 2 and result.candidate_us > 0 and result.reference_us > 0

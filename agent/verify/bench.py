@@ -9,7 +9,7 @@ the reference here: a candidate that is right only while verified, or only for i
 What verification looks like is here too, at random and apart from the checked calls: some calls run with
 allocations poisoned or after a pause like verification's (those are not timed), and the checked calls' outputs are
 held to the end, where each must still hold its bytes and none may share memory with another. The candidate's own
-threads may not use the CPU between its calls (the reference's turn included) beyond an OpenMP pool's spin.
+threads may not use the CPU while the reference is timed.
 """
 
 from __future__ import annotations

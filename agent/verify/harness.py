@@ -59,6 +59,7 @@ from kernelbot.agent.verify.messages import (
     Facts,
     FetchRequest,
     FinalRequest,
+    IdleRequest,
     LoadRequest,
     Message,
     NoopJob,
@@ -520,7 +521,7 @@ def _serve(setup: RunnerSetup, rfd: int, wfd: int) -> None:
         facts["tamper"] += tampered(watch)
         request = tools.parse_request(data)
         op = request.op
-        windows += op not in ("tcall", "fetch")
+        windows += op not in ("tcall", "fetch", "idle")
         try:
             if op == "load":
                 reply, models = tools.op_load(setup, request, facts)
@@ -548,12 +549,13 @@ def _serve(setup: RunnerSetup, rfd: int, wfd: int) -> None:
                 facts["tamper"] += tampered(watch)
             elif op == "stage":
                 staged = tuple(tuple(tools.to(s, setup.device)) for s in request.sets)
-            elif op == "tcall":  # the gap before it may hold an OpenMP pool's spin, per thread, and no more
-                used, _ = tools.cpu_since(quiet[1], watch.known_threads)
-                outside = quiet[0] + max(0, used - SPIN_NS * setup.threads)
+            elif op == "tcall":  # between its own timed calls an OpenMP pool may spin: only its own times pay
                 reply["us"], last = tools.op_timed_call(watch, models[0], staged[request.set], request.perturb,
                                                         request.poison)
-                quiet = (outside, tools.cpu_since(None, watch.known_threads)[1])
+                quiet = (quiet[0], tools.cpu_since(None, watch.known_threads)[1])
+            elif op == "idle":  # the reference's turn, after a pause longer than a pool spins: no work may run
+                used, mark = tools.cpu_since(quiet[1], watch.known_threads)
+                quiet = (quiet[0] + (0 if request.start else max(0, used - SPIN_NS)), mark)
             elif op == "fetch":  # held to the end of the job, as a verified call's outputs are
                 reply["out"], held = _held_call(tools, last, [], held, facts)
             elif op == "final":
@@ -1091,6 +1093,8 @@ def _bench(job: BenchJob) -> BenchResult | JobFailure:
             picks = set(rng.sample(range(iters), min(CHECKS_PER_ROUND, iters)))
             for i in ((0, 1) if r % 2 == 0 else (1, 0)):  # alternate who goes first: drift hits both alike
                 time.sleep(SWITCH_GAP_S * rng.uniform(1.0, 2.0))
+                if i == 0:
+                    candidate.ask(IdleRequest(start=True))
                 counted = []
                 for k, (poisoned, gap) in enumerate(_disturbances(iters, rng)):
                     calls += 1
@@ -1105,6 +1109,9 @@ def _bench(job: BenchJob) -> BenchResult | JobFailure:
                         checked.append(CheckedCall(inputs=_clones(copies[1][calls % len(drawn)]),
                                                    out=_decoded(reply.out)))
                 times[i].append(statistics.fmean(counted))
+                if i == 0:
+                    _facts(candidate.ask(IdleRequest(start=False)), f"while the reference was timed (round {r + 1})",
+                           facts)
         final = runners[1].ask(FinalRequest())
         _facts(final, "end of benchmark", facts)
     except RunnerDied as exc:

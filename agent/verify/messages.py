@@ -250,16 +250,23 @@ class FetchRequest(Request):
     op: Literal["fetch"] = "fetch"
 
 
+class IdleRequest(Request):
+    """The other runner's turn starts (`start`) or ends: the candidate's threads must rest while it is timed."""
+    op: Literal["idle"] = "idle"
+    start: bool
+
+
 class FinalRequest(Request):
     """The end of the job: outputs still final, no thread left."""
     op: Literal["final"] = "final"
 
 
 AnyRequest = Annotated[LoadRequest | CaseRequest | RefillRequest | ReweightRequest | ProfileRequest | StageRequest |
-                       TimedCallRequest | FetchRequest | FinalRequest, Field(discriminator="op")]
+                       TimedCallRequest | FetchRequest | IdleRequest | FinalRequest, Field(discriminator="op")]
 REQUEST: TypeAdapter[AnyRequest] = TypeAdapter(AnyRequest)
 REQUEST_TYPES: tuple[type[Request], ...] = (LoadRequest, CaseRequest, RefillRequest, ReweightRequest, ProfileRequest,
-                                            StageRequest, TimedCallRequest, FetchRequest, FinalRequest)
+                                            StageRequest, TimedCallRequest, FetchRequest, IdleRequest,
+                                            FinalRequest)
 
 
 # ---------------------------------------------------------------- runner -> harness
