@@ -7,7 +7,7 @@ weights and the intermediates alive at once at their peak (measured on the meta 
 scores need gigabytes is judged at a size that fits); the original sizes are kept as well when they fit
 `ORIGINAL_BYTES`, else sizes scaled to `LARGE_BYTES`; fuzzed sizes — 1, primes, non-multiples of any block
 size, and one group past the scaled value — are set through the same constants, so shapes that must agree keep
-agreeing (a `Budget` holds those three byte counts; `SMALL`'s, which also halve an optimize task's free dims, are
+agreeing (a `SizeBudget` holds those three byte counts; `SMALL`'s, which also halve an optimize task's free dims, are
 for the interpreter's race check on a GPU node). Tasks made by `kernelbot optimize` carry `INPUT_SHAPES` with their
 observed shapes and free (batch/token) dims; those dims are fuzzed instead. Input values come from the reference's
 own `get_inputs()` under a seed the candidate never sees (so value ranges the op needs are kept), in the layout it
@@ -52,7 +52,7 @@ SMALL_BYTES = 1 << 20  # a small plan's main case: the Triton interpreter runs i
 
 
 @dataclass(frozen=True)
-class Budget:
+class SizeBudget:
     """Bytes a plan's sizes must fit (as `footprint` counts them): the main case's scaled sizes; the reference's own
     sizes, run too where they fit `original` (and the one group of constants past the scaled ones); else sizes scaled
     to `large`. `observed`: free dims of a task's observed shapes halved until they fit it (None: kept as observed)."""
@@ -62,9 +62,9 @@ class Budget:
     observed: int | None = None
 
 
-FULL = Budget()
+FULL = SizeBudget()
 # Small: for the race check of a GPU node's Triton candidates in the interpreter on its CPU (interpreter_race.py)
-SMALL = Budget(scaled=SMALL_BYTES, original=4 * SMALL_BYTES, large=SMALL_BYTES, observed=SMALL_BYTES)
+SMALL = SizeBudget(scaled=SMALL_BYTES, original=4 * SMALL_BYTES, large=SMALL_BYTES, observed=SMALL_BYTES)
 
 
 class WeakTask(KernelbotError):
@@ -308,7 +308,7 @@ def observed_within(module: ModuleType, task: Task, budget: int) -> Task:
     return task.model_copy(update={"input_shapes": shapes})
 
 
-def _size_variants(module: ModuleType, task: Task, plan: Plan, budget: Budget) -> list[tuple[str, dict[str, Any]]]:
+def _size_variants(module: ModuleType, task: Task, plan: Plan, budget: SizeBudget) -> list[tuple[str, dict[str, Any]]]:
     """(label, module constants) for each size the candidate is run at; the first is the main case."""
     if task.free_dims and any(task.free_dims) and hasattr(module, "INPUT_SHAPES"):
         if budget.observed is not None:
@@ -535,7 +535,7 @@ def inputs_at(module: ModuleType, task: Task, seed: int) -> list[Any]:
     return draw(module, {"INPUT_SHAPES": task.input_shapes} if hasattr(module, "INPUT_SHAPES") else {}, seed)[1]
 
 
-def plan(module: ModuleType, task: Task, seed: int, trials: int = 1, budget: Budget = FULL) -> Plan:
+def plan(module: ModuleType, task: Task, seed: int, trials: int = 1, budget: SizeBudget = FULL) -> Plan:
     """Models and input sets at sizes that fit `budget`; raises WeakTask for references a constant or an input could
     pass."""
     _complete(module, task)

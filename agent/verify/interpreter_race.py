@@ -40,7 +40,7 @@ class InterpreterRace(BaseModel):
     """The plan of the extra CPU job, or what it found."""
     coverage: Coverage
     why: str = ""  # what it covered, or why not
-    budget: casemod.Budget = casemod.SMALL  # the sizes it runs at
+    budget: casemod.SizeBudget = casemod.SMALL  # the sizes it runs at
     launches: int = 0  # the Triton launches it saw (the GPU verdict's triton_launches)
     findings: list[Check] = Field(default_factory=list)  # CHECKED: its race and out_of_bounds checks
 
@@ -59,7 +59,7 @@ def plan_for(device: str, report: Result | None, triton_installed: bool) -> Inte
     return InterpreterRace(coverage=Coverage.RUN)
 
 
-def run(planned: InterpreterRace, verify_on_cpu: Callable[[casemod.Budget], Verdict]) -> InterpreterRace:
+def run(planned: InterpreterRace, verify_on_cpu: Callable[[casemod.SizeBudget], Verdict]) -> InterpreterRace:
     """Run a planned job (`verify_on_cpu`: verify with device="cpu" at a budget's sizes) and read its verdict."""
     if planned.coverage is not Coverage.RUN:
         return planned

@@ -122,11 +122,11 @@ def interpreted_triton(device: str) -> bool:
 
 def verify(task: Task, reference_path: Path, candidate_path: Path, workdir: Path, *, seed: int | None = None,
            timeout: float = 300.0, env: dict[str, str] | None = None, device: str = "cpu", trials: int = 1,
-           require_deterministic: bool = False, budget: casemod.Budget = casemod.FULL) -> Verdict:
+           require_deterministic: bool = False, budget: casemod.SizeBudget = casemod.FULL) -> Verdict:
     """Verify `candidate_path` (ModelNew) against `reference_path` (Model). Raises KernelbotError for a
     reference that cannot be used (it does not run, or is a weak task); every candidate gets a Verdict.
     `require_deterministic`: results that depend on program order (float atomics) fail `nondeterminism`
-    instead of being reported as a property. `budget`: the sizes verified at (cases.Budget). On a GPU, a candidate
+    instead of being reported as a property. `budget`: the sizes verified at (cases.SizeBudget). On a GPU, a candidate
     is verified once more on the node's CPU, in Triton's interpreter at small sizes, for its races between programs
     (interpreter_race.py)."""
     t0 = time.perf_counter()
