@@ -377,8 +377,8 @@ class Judge:
             problems.append("not every one-element change was run")
         problems += self.later_calls_wrong()
         done = f"new values in the same tensors, and {len(self.plan.changed)} single-element changes, gave the " \
-               f"new results, as did the profiled call and {max(0, len(outputs.later_outs) - 1)} sampled call(s) " \
-               "checked at the end"
+               "new results" + (f", as did the profiled call and {len(outputs.later_outs) - 1} sampled call(s) "
+                                "checked at the end" if outputs.later_outs else "")
         if self.alt is not None:
             got = outputs.reweight_out
             if outputs.reweight_error is not None or got is None or got.error is not None:
