@@ -5,7 +5,8 @@ Jobs (job.json in the working directory, a messages.Job):
   verify:   run ModelNew on every input set the parent prepared, with the observations judge.py turns into checks
   bench:    time Model (reference) and ModelNew, each in a runner of its own, call by call in interleaved
             rounds, on inputs that change before every call; some calls' outputs, picked after they returned,
-            come back for the parent to check
+            come back for the parent to check and stay held to the end; a few untimed calls look like verified
+            ones (poisoned, or after a pause), and the candidate's threads are watched while the reference is timed
   sanitize: one call on the main input set, for a sanitizer to watch (a single process)
   noop:     nothing (measures the sandbox's own cost per job)
 
