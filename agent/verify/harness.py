@@ -224,7 +224,7 @@ class RunnerSetup:
     triton: bool = False
     poison: bool = False  # CPU allocations filled with a pattern from the start (verification; a benchmark poisons
     # single untimed calls)
-    settle_s: float = 0.02
+    settle_s: float = SETTLE_S
     threads: int = field(default_factory=lambda: HOST_THREADS)  # torch's intra-op threads, as a real process has
 
 
@@ -676,7 +676,6 @@ def _op_call(watch: Watch, model: torch.nn.Module, sent: list[Any], extras: tupl
         if "error" not in reply:
             encoded, items = tools.outputs_of(out, facts)
             reply["out"] = encoded
-            digests = tuple(tools.sha256(e[5]).digest() if e else None for e in encoded)
             facts["aliasing"] += tools.aliasing(items, sent, [r for h in held for r in h[2]],
                                                 [t for _, t, _ in weights])
             settle = setup.settle_s * (500 + tools.randbelow(1001)) / 1000  # no fixed gap a candidate could time
@@ -687,7 +686,7 @@ def _op_call(watch: Watch, model: torch.nn.Module, sent: list[Any], extras: tupl
             settled, _ = tools.outputs_of(out, {k: [] for k in FACT_KINDS})
             if any(a is not None and b is not None and a[5] != b[5] for a, b in zip(encoded, settled, strict=True)):
                 facts["late"].append("the output kept changing after the call returned")
-            held = (*held, (items, digests, tuple(tools.storages(items))))
+            held = (*held, _kept(tools, encoded, items))  # digests of the bytes as the call returned them
             facts["threads"] += tools.threads_after(working, "after the call returned", watch.known_threads)
             if again:
                 copies = tools.clones(sent)
@@ -725,8 +724,13 @@ def _held_call(tools: Tools, out: Any, inputs: list[Any], held: tuple, facts: di
     first."""
     encoded, items = tools.outputs_of(out, facts)
     facts["aliasing"] += tools.aliasing(items, inputs, [r for h in held for r in h[2]])
-    digests = tuple(tools.sha256(e[5]).digest() if e else None for e in encoded)
-    return encoded, (*held, (items, digests, tuple(tools.storages(items))))
+    return encoded, (*held, _kept(tools, encoded, items))
+
+
+def _kept(tools: Tools, encoded: list[Any], items: list[Any]) -> tuple:
+    """What the runner holds of a call's outputs to the end of the job: the objects, digests of their encoded bytes
+    (compared again when the job ends), their storage ranges."""
+    return items, tuple(tools.sha256(e[5]).digest() if e else None for e in encoded), tuple(tools.storages(items))
 
 
 def _op_timed_call(watch: Watch, model: torch.nn.Module, inputs: tuple, perturb: list[tuple[int, int, Any]],
@@ -775,20 +779,18 @@ def _op_profile(watch: Watch, model: torch.nn.Module, inputs: list[Any], held: t
         profile.update(sampled)
     profiled = [tools.leaves(out) for out in profile.pop("outputs")]
     earlier = [r for h in held for r in h[2]]
-    for items in kept:
+    for items in kept + profiled:
         found = tools.aliasing(items, inputs, earlier)
         if found:
-            facts["aliasing"].append(f"one of {len(kept)} repeated calls: {found[0]}")
+            facts["aliasing"].append(f"one of {len(kept) + len(profiled)} repeated calls: {found[0]}")
             break
         earlier += tools.storages(items)
     picked = {tools.randbelow(len(kept)) for _ in range(CHECKED_SAMPLED)} if kept else set()
-    checked = profiled + [kept[k] for k in sorted(picked)]
+    checked = [tools.outputs_of(items, facts) for items in profiled + [kept[k] for k in sorted(picked)]]
     unread = [items for k, items in enumerate(kept) if k not in picked]
-    encoded = []
-    for items in checked:
-        out, held = _held_call(tools, items, inputs, held, facts)
-        encoded.append(out)
-    return profile, encoded, (*held, *((items, (), tuple(tools.storages(items))) for items in unread))
+    return profile, [encoded for encoded, _ in checked], (
+        *held, *(_kept(tools, encoded, items) for encoded, items in checked),
+        *((items, (), tuple(tools.storages(items))) for items in unread))
 
 
 def _op_final(watch: Watch, held: tuple, quiet: tuple[int, tuple], facts: dict[str, list[str]], windows: int
