@@ -6,15 +6,10 @@
 # tests/sglang_child.py for the two operator schemas it then needs). Usage: .ci/sglang_env.sh [VENV]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. .ci/engine_venv.sh
 VENV="${1:-.venv-sglang}"
 SGLANG_VERSION=0.5.23
-STAMP="$VENV/.kernelbot-sglang-env"
-want="$(cat "$0" constraints/cpu.txt | sha256sum | cut -c1-16)"
-if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then
-  echo "sglang test environment $VENV is up to date"; exit 0
-fi
-rm -rf "$VENV"
-python3 -m venv "$VENV"
+fresh_venv sglang "$VENV" "$0"
 PIP="$VENV/bin/pip"
 constraints=constraints/cpu.txt  # the CPU set-up's torch and triton, as the README's commands install them
 "$PIP" install -q -c "$constraints" torch triton
@@ -24,5 +19,4 @@ constraints=constraints/cpu.txt  # the CPU set-up's torch and triton, as the REA
   "apache-tvm-ffi==0.1.11" compressed-tensors gguf ninja setproctitle
 "$PIP" install -q --no-deps -e .  # kernelbot itself, for its sglang.srt.plugins entry point
 "$VENV/bin/python" -c "import torch; assert torch.__version__.endswith('+cpu'), torch.__version__"
-echo "$want" > "$STAMP"
-echo "sglang test environment ready in $VENV"
+stamp_venv sglang "$VENV"

@@ -7,15 +7,10 @@
 # Usage: .ci/vllm_env.sh [VENV]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. .ci/engine_venv.sh
 VENV="${1:-.venv-vllm}"
 VLLM_VERSION=0.32.0
-STAMP="$VENV/.kernelbot-vllm-env"
-want="$(cat "$0" constraints/cpu.txt | sha256sum | cut -c1-16)"
-if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then
-  echo "vllm test environment $VENV is up to date"; exit 0
-fi
-rm -rf "$VENV"
-python3 -m venv "$VENV"
+fresh_venv vllm "$VENV" "$0"
 PY="$VENV/bin/python"
 constraints=constraints/cpu.txt
 "$PY" -m pip install -q -c "$constraints" torch packaging
@@ -34,5 +29,4 @@ EOF
 "$PY" -m pip install -q -c "$constraints" -r "$VENV/vllm-requirements.txt"
 "$PY" -m pip install -q --no-deps -e .  # kernelbot itself, for its vllm.general_plugins entry point
 "$PY" -c "import torch, vllm; assert torch.__version__.endswith('+cpu'), torch.__version__; print('vllm', vllm.__version__)"
-echo "$want" > "$STAMP"
-echo "vllm test environment ready in $VENV"
+stamp_venv vllm "$VENV"

@@ -43,14 +43,14 @@ def source_identity(*sources: Path | str, salt: str = "") -> str:
 def _closure(files: Iterable[Path], texts: Iterable[str]) -> list[Path]:
     """The files and everything they and the texts include, each once, in a fixed order."""
     seen: set[Path] = set()
-    todo = [p.resolve() for p in files] + [p for text in texts for p in _imported(text)]
+    todo = [p.resolve() for p in files] + [p for text in texts for p in imported_sources(text)]
     while todo:
         path = todo.pop()
         if path in seen or not path.is_file():
             continue
         seen.add(path)
         text = path.read_text(errors="replace")
-        todo += _imported(text) if path.suffix == ".py" else []
+        todo += imported_sources(text) if path.suffix == ".py" else []
         todo += _included(text, path.parent) if path.suffix in _C_SUFFIXES else []
     return sorted(seen, key=_label)
 
@@ -59,7 +59,7 @@ def _included(text: str, folder: Path) -> list[Path]:
     return [(folder / name).resolve() for name in _INCLUDE.findall(text)]
 
 
-def _imported(text: str) -> list[Path]:
+def imported_sources(text: str) -> list[Path]:
     """The library files the Python `text` imports: a family's whole folder, or a module of the library's own."""
     found: list[Path] = []
     for dotted in _IMPORT.findall(text):

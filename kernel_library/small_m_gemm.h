@@ -5,8 +5,7 @@
 // the act-and-mul epilogue of a gated MLP (SiLU, or GELU's tanh form) is applied in registers, never written out twice.
 // Included by the linear family's extension and by decode attention's (its q/k/v and o projections).
 #pragma once
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
+#include "extension.h"
 #include <immintrin.h>
 #include <cmath>
 #include <cstdint>

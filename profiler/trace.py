@@ -6,6 +6,7 @@ import gzip
 import json
 import zlib
 from dataclasses import dataclass
+from operator import itemgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -192,81 +193,60 @@ def _scan_python(data: simdjson.Object | simdjson.Array, path: Path) -> Scan:
     events = data.get("traceEvents") if isinstance(data, simdjson.Object) else data
     if not isinstance(events, simdjson.Array):
         raise KernelbotError(f"{path}: no traceEvents list; is this a Kineto/Chrome trace?")
-    ops: dict[str, list] = {c: [] for c in OP_COLUMNS}
-    kernels: dict[str, list] = {c: [] for c in KERNEL_COLUMNS}
-    launches: dict[str, list] = {c: [] for c in LAUNCH_COLUMNS}
-    modules: dict[str, list] = {c: [] for c in MODULE_COLUMNS}
+    # a tuple a row, made into columns at the end (the compiled scanner is the fast path; this one reads the traces
+    # it hands on, and every trace where no C compiler is found)
+    ops: list[tuple] = []
+    kernels: list[tuple] = []
+    launches: list[tuple] = []
+    modules: list[tuple] = []
     op_args: list = []
     pyfuncs: dict = {}
-    # bound appends: this loop runs once per event, and attribute lookups are a large part of its cost
-    o_name, o_ts, o_dur, o_pid, o_tid, o_ext = (ops[c].append for c in OP_COLUMNS)
-    k_cat, k_name, k_ts, k_dur, k_dev, k_stream, k_corr = (kernels[c].append for c in KERNEL_COLUMNS)
-    l_name, l_ts, l_dur, l_pid, l_tid, l_corr, l_ext = (launches[c].append for c in LAUNCH_COLUMNS)
-    o_args = op_args.append
     obj = simdjson.Object
     empty: dict = {}
     e = None
     try:
         for e in events:
-            if not isinstance(e, obj):
+            if not isinstance(e, obj) or e.get("ph") != "X":
                 continue
             cat = e.get("cat")
             if cat == "cpu_op":
-                if e.get("ph") != "X":
-                    continue
                 args = e.get("args") or empty
-                o_name(e["name"])
-                o_ts(float(e["ts"]))
-                o_dur(float(e.get("dur", 0)))
-                o_pid(e.get("pid"))
-                o_tid(e.get("tid"))
-                o_ext(args.get("External id"))
-                o_args(args or None)
+                ops.append((e["name"], float(e["ts"]), float(e.get("dur", 0)), e.get("pid"), e.get("tid"),
+                            args.get("External id")))
+                op_args.append(args or None)
             elif cat in GPU_CATS:
-                if e.get("ph") != "X":
-                    continue
                 args = e.get("args") or empty
-                k_cat(cat)
-                k_name(e["name"])
-                k_ts(float(e["ts"]))
-                k_dur(float(e.get("dur", 0)))
-                k_dev(args.get("device", e.get("pid")))
-                k_stream(args.get("stream", e.get("tid")))
-                k_corr(args.get("correlation"))
+                kernels.append((cat, e["name"], float(e["ts"]), float(e.get("dur", 0)),
+                                args.get("device", e.get("pid")), args.get("stream", e.get("tid")),
+                                args.get("correlation")))
             elif cat in LAUNCH_CATS:
-                if e.get("ph") != "X":
-                    continue
                 args = e.get("args") or empty
-                l_name(e["name"])
-                l_ts(float(e["ts"]))
-                l_dur(float(e.get("dur", 0)))
-                l_pid(e.get("pid"))
-                l_tid(e.get("tid"))
-                l_corr(args.get("correlation"))
-                l_ext(args.get("External id"))
-            elif cat == "user_annotation":
-                if e.get("ph") != "X" or not e["name"].startswith(KERNEL_LABEL):
-                    continue
+                launches.append((e["name"], float(e["ts"]), float(e.get("dur", 0)), e.get("pid"), e.get("tid"),
+                                 args.get("correlation"), args.get("External id")))
+            elif cat == "user_annotation" and e["name"].startswith(KERNEL_LABEL):
                 # a kernelbot pack kernel: "kernelbot::<id> <dtype> <dims json>" stands in for the op it replaced
                 name, dtype, dims = e["name"].split(" ", 2)
-                for column, value in zip(OP_COLUMNS, (name, float(e["ts"]), float(e.get("dur", 0)), e.get("pid"),
-                                                      e.get("tid"), None), strict=True):
-                    ops[column].append(value)
-                o_args((json.loads(dims), [dtype]))
-            elif cat == "python_function" and e.get("ph") == "X":
+                ops.append((name, float(e["ts"]), float(e.get("dur", 0)), e.get("pid"), e.get("tid"), None))
+                op_args.append((json.loads(dims), [dtype]))
+            elif cat == "python_function":
                 args = e.get("args") or empty
                 pid = args.get("Python id")
                 pyfuncs[pid] = (args.get("Python parent id"), e["name"])
                 if e["name"].startswith(MODULE_PREFIX):
-                    for column, value in zip(MODULE_COLUMNS, (pid, e["name"][len(MODULE_PREFIX):], float(e["ts"]),
-                                                              float(e.get("dur", 0)), e.get("tid")), strict=True):
-                        modules[column].append(value)
+                    modules.append((pid, e["name"][len(MODULE_PREFIX):], float(e["ts"]), float(e.get("dur", 0)),
+                                    e.get("tid")))
     except (KeyError, TypeError, ValueError) as exc:
         raise KernelbotError(f"{path}: malformed event ({type(exc).__name__}: {exc})") from None
     props = data.get("deviceProperties") if isinstance(data, simdjson.Object) else None
     props = [p.as_dict() if isinstance(p, simdjson.Object) else p for p in props] if props else []
     del e, events
-    return Scan(ops, kernels, launches, modules, pyfuncs, props, op_args, data, None)
+    return Scan(_columns(OP_COLUMNS, ops), _columns(KERNEL_COLUMNS, kernels), _columns(LAUNCH_COLUMNS, launches),
+                _columns(MODULE_COLUMNS, modules), pyfuncs, props, op_args, data, None)
+
+
+def _columns(names: tuple[str, ...], rows: list[tuple]) -> dict[str, list]:
+    """Rows of a table as its columns, by name."""
+    return {name: list(map(itemgetter(i), rows)) for i, name in enumerate(names)}
 
 
 def load_trace(path: Path) -> Trace:

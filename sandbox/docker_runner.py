@@ -27,22 +27,7 @@ from typing import Any
 
 from kernelbot import KernelbotError
 from kernelbot.packages import package_folders
-from kernelbot.sandbox.box import (
-    AUDIT_LIMIT,
-    HARNESS,
-    MAX_FILE_BYTES,
-    MAX_PROCESSES,
-    STDERR,
-    Ending,
-    SandboxResult,
-    box_env,
-    child_env,
-    close_box,
-    memory_limit,
-    open_box,
-    outcome,
-    random_name,
-)
+from kernelbot.sandbox import box
 
 RUNNERS = ("auto", "process", "docker")
 LABEL = "org.kernelbot.sandbox"  # value: host:pid of the kernelbot that started the container
@@ -128,7 +113,7 @@ def _sweep(client: Any) -> None:
             container.remove(force=True)
 
 
-def _mounts(job: dict[str, Any], env: dict[str, str], box: Path, audit: Path) -> list[Any]:
+def _mounts(job: dict[str, Any], env: dict[str, str], folder: Path, audit: Path) -> list[Any]:
     """Read-only: system directories, the Python installation, kernelbot's packages, and every absolute path the job
     or the caller's env names (files one by one, not their directories). Read-write: the box only."""
     from docker.types import Mount
@@ -145,12 +130,12 @@ def _mounts(job: dict[str, Any], env: dict[str, str], box: Path, audit: Path) ->
         elif isinstance(value, str) and value.startswith("/"):
             paths.add(Path(value))
     kept: list[Path] = []
-    for path in sorted(p for p in paths if p.is_absolute() and p.exists() and box not in (p.resolve(),
+    for path in sorted(p for p in paths if p.is_absolute() and p.exists() and folder not in (p.resolve(),
                                                                                        *p.resolve().parents)):
         if not any(parent in kept for parent in path.parents):
             kept.append(path)
     mounts = [Mount(str(p), str(p), type="bind", read_only=True) for p in kept]
-    mounts.append(Mount(str(box), str(box), type="bind", read_only=False))
+    mounts.append(Mount(str(folder), str(folder), type="bind", read_only=False))
     mounts.append(Mount(AUDIT_TARGET, str(audit), type="bind", read_only=True))  # a FIFO: writable even so
     return mounts
 
@@ -167,11 +152,11 @@ def _drain(fd: int, stop: threading.Event, sink: bytearray) -> None:
             chunk = os.read(fd, 1 << 16)
         except BlockingIOError:
             continue
-        sink += chunk[:max(0, AUDIT_LIMIT - len(sink))]
+        sink += chunk[:max(0, box.AUDIT_LIMIT - len(sink))]
 
 
 def run_job(job: dict[str, Any], workdir: Path, timeout: float, env: dict[str, str] | None = None,
-            wrapper: list[str] | None = None, gpu: int | None = None, address_limit: bool = True) -> SandboxResult:
+            wrapper: list[str] | None = None, gpu: int | None = None, address_limit: bool = True) -> box.SandboxResult:
     """runner.run_job, in a container: same box, same result files, same statuses, same GPU health check."""
     import docker
 
@@ -179,21 +164,21 @@ def run_job(job: dict[str, Any], workdir: Path, timeout: float, env: dict[str, s
     if client is None:
         raise KernelbotError(f"the docker sandbox runner is unavailable: {tag}")
     workdir = workdir.resolve()
-    box = open_box(job, workdir)
+    folder = box.open_box(job, workdir)
     (workdir / "audit.fifo").unlink(missing_ok=True)
     uid, gid = (NOBODY, NOBODY) if os.geteuid() == 0 else (os.getuid(), os.getgid())
-    for path in (box, box / "tmp", box / "job.json"):
+    for path in (folder, folder / "tmp", folder / "job.json"):
         os.chown(path, uid, gid)
     audit = workdir / "audit.fifo"
     os.mkfifo(audit)
     audit_fd = os.open(audit, os.O_RDWR | os.O_NONBLOCK)  # a writer of our own: the container's never sees EOF
     os.chmod(audit, 0o200 if uid == os.getuid() else 0o002)  # the container may write, never read
-    environment, device = _environment(job, box, env, gpu)
-    memory = memory_limit()
+    environment, device = _environment(job, folder, env, gpu)
+    memory = box.memory_limit()
     limited = address_limit and device is None
     protections = _protections(tag, timeout, memory, uid, device, limited)
     command = [sys.executable, "-c", LAUNCH, AUDIT_TARGET, *(wrapper or []), sys.executable, "-m",
-               HARNESS, "job.json"]
+               box.HARNESS, "job.json"]
     records, stop = bytearray(), threading.Event()
     reader = threading.Thread(target=_drain, args=(audit_fd, stop, records), daemon=True)
     reader.start()
@@ -201,7 +186,7 @@ def run_job(job: dict[str, Any], workdir: Path, timeout: float, env: dict[str, s
     # far beyond any memory limit (the cgroup's memory limit still holds)
     ulimits = [docker.types.Ulimit(name=n, soft=v, hard=v) for n, v in
                ((("as", memory),) if limited else ()) +
-               (("fsize", MAX_FILE_BYTES), ("core", 0), ("cpu", int(timeout) + 5))]
+               (("fsize", box.MAX_FILE_BYTES), ("core", 0), ("cpu", int(timeout) + 5))]
     ecc_before = None
     if gpu is not None:
         from kernelbot.sandbox.gpu import check_health, ecc_errors
@@ -213,10 +198,10 @@ def run_job(job: dict[str, Any], workdir: Path, timeout: float, env: dict[str, s
     try:
         try:
             container = client.containers.create(
-                tag, command, name=random_name(), environment=environment, working_dir=str(box),
-                user=f"{uid}:{gid}", mounts=_mounts(job, env or {}, box, audit), read_only=True, network_mode="none",
+                tag, command, name=box.random_name(), environment=environment, working_dir=str(folder),
+                user=f"{uid}:{gid}", mounts=_mounts(job, env or {}, folder, audit), read_only=True, network_mode="none",
                 cap_drop=["ALL"], security_opt=["no-new-privileges"], mem_limit=memory, memswap_limit=memory,
-                pids_limit=MAX_PROCESSES, ulimits=ulimits, labels={LABEL: f"{socket.gethostname()}:{os.getpid()}"},
+                pids_limit=box.MAX_PROCESSES, ulimits=ulimits, labels={LABEL: f"{socket.gethostname()}:{os.getpid()}"},
                 log_config=docker.types.LogConfig(type="json-file", config={"max-size": "1m", "max-file": "1"}),
                 device_requests=gpus)
             container.start()
@@ -227,7 +212,7 @@ def run_job(job: dict[str, Any], workdir: Path, timeout: float, env: dict[str, s
         seconds = time.perf_counter() - t0
         container.reload()
         oom = bool(container.attrs["State"].get("OOMKilled"))
-        (workdir / STDERR).write_bytes(container.logs(stdout=True, stderr=True))
+        (workdir / box.STDERR).write_bytes(container.logs(stdout=True, stderr=True))
     finally:
         if container is not None:
             try:
@@ -238,18 +223,19 @@ def run_job(job: dict[str, Any], workdir: Path, timeout: float, env: dict[str, s
         reader.join()
         os.close(audit_fd)
         audit.unlink(missing_ok=True)
-        close_box(box, workdir)
+        box.close_box(folder, workdir)
     if gpu is not None and (timed_out or code != 0):  # the container is gone, and every process of it
         protections.append(check_health(gpu, set(), ecc_before))
-    ending = Ending(timed_out, code, seconds, bytes(records), " (out of memory)" if oom else "")
-    return outcome(workdir, timeout, ending, protections)
+    ending = box.Ending(timed_out, code, seconds, bytes(records), " (out of memory)" if oom else "")
+    return box.outcome(workdir, timeout, ending, protections)
 
 
-def _environment(job: dict[str, Any], box: Path, env: dict[str, str] | None,
+def _environment(job: dict[str, Any], folder: Path, env: dict[str, str] | None,
                  gpu: int | None) -> tuple[dict[str, str], str | None]:
     """The container's environment (the box's, the caller's, no secrets, nothing of Docker's) and the GPU it
     gets, if any: `gpu`, else for a CUDA job the one the process runner's child would see."""
-    environment = {k: v for k, v in child_env({**box_env(box), **(env or {})}).items() if not k.startswith("DOCKER_")}
+    inherited = box.child_env({**box.box_env(folder), **(env or {})})
+    environment = {k: v for k, v in inherited.items() if not k.startswith("DOCKER_")}
     device = None if gpu is None else str(gpu)
     if device is None and job.get("device") == "cuda":
         device = (environment.get("CUDA_VISIBLE_DEVICES", "") or "0").split(",")[0]
@@ -263,8 +249,8 @@ def _protections(tag: str, timeout: float, memory: int, uid: int, device: str | 
                    "no network (--network none)", "read-only root filesystem; host runtime mounted read-only",
                    "writable: the job's box only", f"memory {memory >> 30} GiB, no swap (cgroup)",
                    f"address space {memory >> 30} GiB" if limited else "no address-space limit (CUDA or ASan)",
-                   f"≤ {MAX_PROCESSES} processes (--pids-limit)",
-                   f"files ≤ {MAX_FILE_BYTES >> 30} GiB", "no core dumps", "no capabilities (--cap-drop ALL)",
+                   f"≤ {box.MAX_PROCESSES} processes (--pids-limit)",
+                   f"files ≤ {box.MAX_FILE_BYTES >> 30} GiB", "no core dumps", "no capabilities (--cap-drop ALL)",
                    "no new privileges", f"user {uid}", "own pid namespace; container removed afterwards"]
     protections.append(f"GPU {device} only (--gpus device={device})" if device is not None else "no GPU")
     return protections

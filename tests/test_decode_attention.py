@@ -19,11 +19,12 @@ from transformers.models.qwen3.modeling_qwen3 import Qwen3Attention, Qwen3Config
 
 from kernelbot import KernelbotError
 from kernelbot.engine.kv_cache import cache_kwarg
+from kernelbot.kernel_library.attention_reference import rope_cos_sin
 from kernelbot.kernel_library.base import OpCall
 from kernelbot.kernel_library.decode_attention import FAMILY
 from kernelbot.kernel_library.decode_attention import reference as ref_module
 from kernelbot.kernel_library.decode_attention.cache import kv_with_room, step_dynamic_layer
-from kernelbot.kernel_library.decode_attention.reference import Model, rope_cos_sin
+from kernelbot.kernel_library.decode_attention.reference import Model
 
 HIDDEN = 64
 

@@ -17,9 +17,10 @@ from model_zoo import SMALL_WINDOW, ZOO
 from kernelbot.agent.optimize import OptimizeOptions, optimize
 from kernelbot.agent.tasks.tasks import make_tasks
 from kernelbot.kernel_library import FAMILIES
+from kernelbot.kernel_library.attention_reference import rope_cos_sin
 from kernelbot.kernel_library.decode_attention import plain_causal
 from kernelbot.kernel_library.decode_attention.cpp import DecodeAttentionCpp
-from kernelbot.kernel_library.decode_attention.reference import Model, rope_cos_sin
+from kernelbot.kernel_library.decode_attention.reference import Model
 from kernelbot.kernel_library.decode_attention.triton_kernel import DecodeAttentionTriton
 from kernelbot.records import Hotspot, KernelOutcome
 

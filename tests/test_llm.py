@@ -15,9 +15,9 @@ from kernelbot.agent.llm.client import EndpointDown, LLMClient
 from kernelbot.agent.llm.extract import extract_code
 from kernelbot.agent.llm.llm_options import LLMOptions
 from kernelbot.agent.llm.loop import LLMSession, run_task
-from kernelbot.agent.llm.prompt import PromptContext
+from kernelbot.agent.llm.prompt import PromptContext, build_messages
 from kernelbot.agent.llm.redact import MASK, redact
-from kernelbot.agent.tasks.tasks import write_task
+from kernelbot.agent.tasks.tasks import reference_source, write_task
 from kernelbot.agent.verify.evaluate import evaluate
 from kernelbot.records import Device, Task
 
@@ -56,6 +56,20 @@ def _no_secret_under(root: Path) -> None:
     for path in root.rglob("*"):
         if path.is_file():
             assert SECRET.encode() not in path.read_bytes(), path
+
+
+def test_the_prompt_shows_the_library_helpers_a_reference_imports_beside_it(tmp_path):
+    task = Task(id="h3-decode_attention-2x5x128", hotspot_id="h3", family="decode_attention",
+                module_class="LlamaAttention", dtype="float32",
+                input_shapes=[[2, 5, 128], [1, 5, 32], [1, 5, 32], [2, 2, 11, 32], [2, 2, 11, 32]],
+                free_dims=[[0, 1], [0, 1], [0, 1], [0, 2], [0, 2]], init_args=[128, 4, 2, 32, False, "float32"],
+                share=0.3, floor_us=1.0)
+    reference = reference_source(task)
+    assert "causal_mask(" in reference and "def causal_mask" not in reference
+    prompt = build_messages(task, reference, PromptContext(DEVICE, "cpp"), [])[1]["content"]
+    shown = prompt.split("## Hardware")[0]
+    assert "It imports `kernel_library/attention_reference.py`" in shown
+    assert all(f"def {name}(" in shown for name in ("causal_mask", "rotate_half", "step_inputs"))
 
 
 # --- extraction -------------------------------------------------------------------------------------------

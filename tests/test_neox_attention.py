@@ -18,10 +18,11 @@ from kernelbot.agent.optimize import OptimizeOptions, optimize
 from kernelbot.agent.tasks.tasks import reference_source
 from kernelbot.agent.verify.run import verify
 from kernelbot.kernel_library import FAMILIES, classes_covered
+from kernelbot.kernel_library.attention_reference import rope_cos_sin
 from kernelbot.kernel_library.base import OpCall
 from kernelbot.kernel_library.decode_attention.cache import step_dynamic_layer
 from kernelbot.kernel_library.neox_attention.cpp import NeoxAttentionCpp
-from kernelbot.kernel_library.neox_attention.reference import Model, rope_cos_sin
+from kernelbot.kernel_library.neox_attention.reference import Model
 from kernelbot.records import KernelOutcome, Task
 
 FAMILY = FAMILIES["neox_attention"]

@@ -12,6 +12,7 @@ import torch
 from kernelbot.agent.llm.hardware import hardware_lines
 from kernelbot.kernel_library import FAMILIES
 from kernelbot.kernel_library.base import ROOT
+from kernelbot.kernel_library.identity import imported_sources
 from kernelbot.records import Device, Hotspot, Task
 
 EXAMPLE_CHARS = 5000  # per library example
@@ -118,6 +119,13 @@ def library_examples(task: Task, backend: str, reference: str = "") -> list[tupl
     return [(f"kernel_library/{family.name}/{p.name}", p.read_text()[:EXAMPLE_CHARS]) for p in files if p.is_file()]
 
 
+def reference_helpers(reference: str) -> list[tuple[str, str]]:
+    """The library's own modules (not a family's folder) that the reference imports, with their text: the prompt
+    shows them beside the reference, so the model reads every function the reference calls."""
+    root = ROOT.resolve()
+    return [(f"kernel_library/{p.name}", p.read_text()) for p in imported_sources(reference) if p.parent == root]
+
+
 def _fence(path: str) -> str:
     return "cpp" if path.endswith(".cpp") else "python"
 
@@ -170,6 +178,10 @@ def build_messages(task: Task, reference: str, ctx: PromptContext, attempts: lis
         "```python",
         reference.rstrip(),
         "```",
+    ]
+    for path, text in reference_helpers(reference):
+        parts += ["", f"It imports `{path}`:", "```python", text.rstrip(), "```"]
+    parts += [
         "",
         "## Hardware",
         *hardware_lines(ctx.device),

@@ -1,8 +1,7 @@
 // Fused residual add + RMSNorm as serving engines compute it: the fp32 sum x + residual is written back rounded as
 // the new residual, and the fp32 sum itself is normalised and multiplied by the weight, either after a cast to the
 // input dtype (vLLM) or in fp32 with one cast at the end (weight_fp32: SGLang's default).
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
+#include "../extension.h"
 #include <cmath>
 
 #include "../lanes.h"

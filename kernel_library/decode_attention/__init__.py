@@ -10,10 +10,11 @@ import torch
 from torch import nn
 
 from kernelbot.dtypes import DTYPE_NAMES
+from kernelbot.kernel_library.attention_reference import rope_cos_sin
 from kernelbot.kernel_library.base import Family, OpCall, dtype_name, rows
 from kernelbot.kernel_library.decode_attention.cache import cached_positions, step_dynamic_layer, steppable_layer
 from kernelbot.kernel_library.decode_attention.family import Probe, attends_as_reference, kv_cache_inputs
-from kernelbot.kernel_library.decode_attention.reference import Model, rope_cos_sin
+from kernelbot.kernel_library.decode_attention.reference import Model
 
 
 def _head_dim(m: nn.Module) -> int:

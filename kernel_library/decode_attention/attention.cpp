@@ -8,8 +8,7 @@
 //   an online softmax over blocks of keys, rounded once to the output type;
 //   the o projection by the same GEMM.
 // fp32 and bf16 (bf16 through its raw bits, lanes.h); every loop over head_dim is a plain vectorisable loop.
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
+#include "../extension.h"
 #include <algorithm>
 #include <cmath>
 #include <cstdint>

@@ -5,16 +5,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-def causal_mask(new_tokens: int, past_len: int, device: torch.device) -> torch.Tensor:
-    """[T, P+T] bool: new token t sees keys 0..P+t (the causal mask aligned to the end of the keys)."""
-    keys = torch.arange(past_len + new_tokens, device=device)
-    return keys[None, :] <= past_len + torch.arange(new_tokens, device=device)[:, None]
+from kernelbot.kernel_library.attention_reference import causal_mask, rotate_half, step_inputs
 
 
 class Model(nn.Module):
@@ -85,23 +76,9 @@ DTYPE = torch.float32
 INIT_ARGS = [128, 4, 2, 32, False, "float32"]  # hidden, heads, kv heads, head_dim, bias, dtype
 
 
-def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """[..., head_dim] cos and sin in fp32, laid out as LlamaRotaryEmbedding does: cat(freqs, freqs)."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
-    freqs = positions[..., None].float() * inv_freq
-    angles = torch.cat((freqs, freqs), dim=-1)
-    return angles.cos(), angles.sin()
-
-
 def get_inputs():
     """Hidden states and past keys/values at INPUT_SHAPES; cos/sin of positions P..P+T-1 under a drawn theta."""
-    (batch, tokens, hidden), (cos_batch, _, head_dim), _, (_, kv_heads, past_len, _), _ = INPUT_SHAPES
-    theta = float(10.0 ** (4 + 2 * torch.rand((), device="cpu").item()))  # 1e4 .. 1e6, as real models use
-    positions = torch.arange(past_len, past_len + tokens).expand(cos_batch, tokens)
-    cos, sin = rope_cos_sin(positions, head_dim, theta)
-    past = (batch, kv_heads, past_len, head_dim)
-    return [torch.randn(batch, tokens, hidden, dtype=DTYPE), cos.to(DTYPE), sin.to(DTYPE),
-            torch.randn(past, dtype=DTYPE), torch.randn(past, dtype=DTYPE)]
+    return step_inputs(INPUT_SHAPES, DTYPE)
 
 
 def get_init_inputs():

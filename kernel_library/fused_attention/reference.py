@@ -6,6 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernelbot.kernel_library.attention_reference import causal_mask
+
 
 class Conv1D(nn.Module):
     """transformers' Conv1D: a linear layer whose weight is stored transposed, [in, out]."""
@@ -17,12 +19,6 @@ class Conv1D(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.addmm(self.bias, x.reshape(-1, x.shape[-1]), self.weight).view(*x.shape[:-1], -1)
-
-
-def causal_mask(new_tokens: int, past_len: int, device: torch.device) -> torch.Tensor:
-    """[T, P+T] bool: new token t sees keys 0..P+t (the causal mask aligned to the end of the keys)."""
-    keys = torch.arange(past_len + new_tokens, device=device)
-    return keys[None, :] <= past_len + torch.arange(new_tokens, device=device)[:, None]
 
 
 class Model(nn.Module):

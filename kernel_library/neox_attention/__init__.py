@@ -12,10 +12,11 @@ import torch
 from torch import nn
 
 from kernelbot.dtypes import DTYPE_NAMES
+from kernelbot.kernel_library.attention_reference import rope_cos_sin
 from kernelbot.kernel_library.base import OpCall, cpp_family, dtype_name, rows
 from kernelbot.kernel_library.decode_attention.cache import step_dynamic_layer, steppable_layer
 from kernelbot.kernel_library.decode_attention.family import Probe, attends_as_reference, kv_cache_inputs, mha_step_cost
-from kernelbot.kernel_library.neox_attention.reference import Model, rope_cos_sin
+from kernelbot.kernel_library.neox_attention.reference import Model
 
 
 def _is_neox_attention(m: nn.Module) -> bool:

@@ -3,8 +3,7 @@
 // ([block_size][head_size]). One task per (request, kv head): the query heads sharing that kv head go together, so
 // each block's keys and values are read once for all of them. Scores block by block (for each dim, a row of the
 // transposed keys times the query: contiguous over the block's tokens), softmax and the weighted sum in fp32.
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
+#include "../extension.h"
 #include <algorithm>
 #include <cmath>
 #include <limits>

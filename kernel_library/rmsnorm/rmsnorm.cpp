@@ -1,7 +1,6 @@
 // RMSNorm over the last dim, as LlamaRMSNorm computes it: accumulate in fp32, cast the normalised
 // row back to the input dtype, then multiply by the weight.
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
+#include "../extension.h"
 #include <cmath>
 
 #include "../lanes.h"

@@ -1,8 +1,7 @@
 // Rotary position embedding of query and key heads, rounded as SGLang's forward_native is up to the last step:
 // the cos/sin of each token's position are cast to the activation dtype, each rotated pair is computed in fp32
 // and rounded once (torch rounds the two products and their sum separately: within an ulp of this).
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
+#include "../extension.h"
 #include <cstdint>
 #include <tuple>
 

@@ -1,7 +1,6 @@
 // SiLU(gate) * up over the two halves of the last dim, rounded as torch rounds SGLang's forward_native:
 // silu in fp32 cast to the input dtype, then the product in fp32 cast again.
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
+#include "../extension.h"
 #include <cmath>
 #include <cstdint>
 #include <cstring>
