@@ -32,6 +32,8 @@ def check_generic_kernels_ran(report) -> None:
     assert report.fidelity.passed, report.fidelity.summary()
 
 
+@pytest.mark.slow  # 55 s on a warm build cache, 84 s on a fresh one: the fast set's generic kernels are
+# tests/test_aten_cpp.py's and the SGLang plugin's (tests/test_sglang_plugin.py)
 def test_a_gpt_neox_model_directory_gets_generic_kernels_for_ops_no_family_covers(tmp_path):
     # GPT-NeoX's attention has a family of its own (neox_attention), so the generic tasks are its other modules'
     report = run_generic(tmp_path, "gpt-neox", max_tasks=2)

@@ -308,3 +308,27 @@ def test_a_reference_in_a_runs_task_directory_is_verified_with_that_tasks_record
     (tmp_path / "t" / "task.json").write_text("{}")
     with pytest.raises(KernelbotError, match="not a task record"):
         task_from_reference(tmp_path / "t" / "reference.py")
+
+
+def test_a_reference_pass_with_no_sample_does_not_make_the_fallback_check_divide_by_zero(monkeypatch):
+    """On a host with two CPU-bound processes beside the verifier, a reference pass came back with no sample where the
+    reference's code runs; the library-time share then divided by zero. Such a pass measures nothing."""
+    from types import SimpleNamespace
+
+    from kernelbot.agent.verify import judge
+    from kernelbot.agent.verify.messages import Profile
+
+    passes = iter([{"places": {"own": 0, "torch": 0, "other": 0, "neutral": 40}, "calls": 200, "period_ns": 50_000},
+                   {"places": {"own": 0, "torch": 30, "other": 0, "neutral": 9}, "calls": 200, "period_ns": 50_000}]
+                  * judge.REFERENCE_PASSES)
+    monkeypatch.setattr(judge, "sampled_calls", lambda *a, **k: next(passes))
+    fake = SimpleNamespace(plan=SimpleNamespace(fresh=[torch.ones(2)]))
+    profile = Profile(places={"own": 10, "torch": 400, "other": 0, "neutral": 5}, calls=100, period_ns=50_000,
+                      intact=True)
+    share, detail = judge.Judge.library_time(fake, profile, torch.nn.Identity())
+    assert share is not None and share > 1 and "the reference 7.5 µs" in detail  # 30 samples × 50 µs / 200 calls
+
+    monkeypatch.setattr(judge, "sampled_calls", lambda *a, **k: {"places": {"own": 0, "torch": 0, "other": 0,
+                                                                          "neutral": 3}, "calls": 9, "period_ns": 1})
+    share, detail = judge.Judge.library_time(fake, profile, torch.nn.Identity())
+    assert share is None and "not sampled" in detail
