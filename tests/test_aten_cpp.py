@@ -170,6 +170,7 @@ def test_a_fused_loop_given_a_column_major_operand_falls_back_to_aten_exactly(tm
     assert_same(got, outputs(reference(x, residual)), Mode.OPS.value)
 
 
+@pytest.mark.slow
 def test_a_fused_loop_falls_back_when_an_output_would_broadcast_to_another_shape(tmp_path: Path) -> None:
     graph = ("\ndef graph(p0, x0, x1):\n    exp = torch.ops.aten.exp.default(x0)\n"
              "    mul = torch.ops.aten.mul.Tensor(exp, x1)\n    return (exp, mul)\n")

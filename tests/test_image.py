@@ -117,6 +117,7 @@ def test_promote_builds_pushes_and_the_pulled_image_holds_pack_and_labels(docker
     assert main(["image", "list", "--index", str(index)]) == 0
 
 
+@pytest.mark.slow  # the CLI over what test_promote_builds_pushes_and_the_pulled_image_holds_pack_and_labels runs
 def test_cli_image_build_and_push(docker_env, tmp_path, capsys, monkeypatch):
     client, registry, tmp = docker_env
     monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp}/docker.sock")
