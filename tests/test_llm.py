@@ -70,6 +70,9 @@ def test_the_prompt_shows_the_library_helpers_a_reference_imports_beside_it(tmp_
     shown = prompt.split("## Hardware")[0]
     assert "It imports `kernel_library/attention_reference.py`" in shown
     assert all(f"def {name}(" in shown for name in ("causal_mask", "rotate_half", "step_inputs"))
+    twice = reference + "\nfrom kernelbot.kernel_library.attention_reference import step_inputs\n"
+    prompt = build_messages(task, twice, PromptContext(DEVICE, "cpp"), [])[1]["content"]
+    assert prompt.count("It imports `kernel_library/attention_reference.py`") == 1
 
 
 # --- extraction -------------------------------------------------------------------------------------------

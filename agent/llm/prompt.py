@@ -123,7 +123,8 @@ def reference_helpers(reference: str) -> list[tuple[str, str]]:
     """The library's own modules (not a family's folder) that the reference imports, with their text: the prompt
     shows them beside the reference, so the model reads every function the reference calls."""
     root = ROOT.resolve()
-    return [(f"kernel_library/{p.name}", p.read_text()) for p in imported_sources(reference) if p.parent == root]
+    return [(f"kernel_library/{p.name}", p.read_text()) for p in dict.fromkeys(imported_sources(reference))
+            if p.parent == root]
 
 
 def _fence(path: str) -> str:
