@@ -169,7 +169,7 @@ def _scan_compiled(raw: bytes, lib: Any) -> Scan | None:
     l_rows = np.flatnonzero((kind == cscan.RUNTIME) | (kind == cscan.DRIVER))
     launches = table(l_rows, LAUNCH_COLUMNS, {"pid": cscan.PID, "tid": cscan.TID, "correlation": cscan.CORR,
                                               "external_id": cscan.EXT})
-    modules: dict[str, list] = {c: [] for c in MODULE_COLUMNS}
+    modules: list[tuple] = []
     pyfuncs: dict = {}
     p_rows = np.flatnonzero(kind == cscan.PYFUNC)
     funcs = table(p_rows, ("name", "ts", "dur", "tid", "python_id", "parent"),
@@ -177,16 +177,16 @@ def _scan_compiled(raw: bytes, lib: Any) -> Scan | None:
     for i, (pid, parent, name) in enumerate(zip(funcs["python_id"], funcs["parent"], funcs["name"], strict=True)):
         pyfuncs[pid] = (parent, name)
         if name.startswith(MODULE_PREFIX):
-            for column, value in zip(MODULE_COLUMNS, (pid, name[len(MODULE_PREFIX):], float(funcs["ts"][i]),
-                                                      float(funcs["dur"][i]), funcs["tid"][i]), strict=True):
-                modules[column].append(value)
+            modules.append((pid, name[len(MODULE_PREFIX):], float(funcs["ts"][i]), float(funcs["dur"][i]),
+                            funcs["tid"][i]))
     start, length = found.props_span
     try:
         props = json.loads(raw[start:start + length]) if start >= 0 else None
     except ValueError:
         return None
     props = list(props) if props else []
-    return Scan(ops, kernels, launches, modules, pyfuncs, props, op_args, raw, found.shape[op_rows])
+    return Scan(ops, kernels, launches, _columns(MODULE_COLUMNS, modules), pyfuncs, props, op_args, raw,
+                found.shape[op_rows])
 
 
 def _scan_python(data: simdjson.Object | simdjson.Array, path: Path) -> Scan:

@@ -27,7 +27,7 @@ from kernelbot.loading import load_module
 
 REFS = Path(__file__).parent / "generic_refs"
 # the fast set: a bf16 reduction and an fp32 zoo of elementwise, view and reduction ops (the GEMMs have tests of their
-# own below); every fixture runs under -m slow, each a compile of its own (10-20 s on a fresh cache)
+# own below); every fixture runs under -m slow, each a compile of its own (8-23 s on a fresh cache)
 FAST = ("residual_rmsnorm_bf16", "op_zoo_fp32")
 FIXTURES = [pytest.param(p.stem, marks=() if p.stem in FAST else pytest.mark.slow) for p in sorted(REFS.glob("*.py"))]
 # the fused loops round where the graph rounds, but their exp/sin/erf and summation order are not ATen's

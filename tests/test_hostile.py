@@ -16,7 +16,7 @@ from kernelbot.sandbox.runner import PIDS_CGROUP, namespaces_available
 
 # Each escape is tried with the full sandbox (namespaces, as root), as an unprivileged user would get it
 # (no namespaces: Landlock and the audit hook alone), and in the Docker runner (a dockerd of this session's own).
-# The Docker runner's run under -m slow (a container a test, 3-5 s each); the fast set runs its own hostile corpus
+# The Docker runner's run under -m slow (a container a test); the fast set runs its own hostile corpus
 # (tests/test_docker_sandbox.py).
 MODES = ["namespaces", "landlock", pytest.param("docker", marks=pytest.mark.slow)]
 # Escapes that Landlock stops as the namespaces do (the filesystem, the process group): its runs are slow ones too

@@ -58,7 +58,7 @@ def _no_secret_under(root: Path) -> None:
             assert SECRET.encode() not in path.read_bytes(), path
 
 
-def test_the_prompt_shows_the_library_helpers_a_reference_imports_beside_it(tmp_path):
+def test_the_prompt_shows_the_library_helpers_a_reference_imports_beside_it():
     task = Task(id="h3-decode_attention-2x5x128", hotspot_id="h3", family="decode_attention",
                 module_class="LlamaAttention", dtype="float32",
                 input_shapes=[[2, 5, 128], [1, 5, 32], [1, 5, 32], [2, 2, 11, 32], [2, 2, 11, 32]],
