@@ -35,8 +35,9 @@ from served import model_argument
 from kernelbot.engine import builtin_spec, host
 from kernelbot.engine.serving.apis import VLLMAPI, ServerSetup
 from kernelbot.engine.serving.load import Workload, random_prompts, run_load
-from kernelbot.engine.serving.served import served_model_dir
+from kernelbot.engine.serving.served import served_memory, served_model_dir
 from kernelbot.engine.serving.server import Launch, ServerProcess, free_port
+from kernelbot.engine.serving.sizing import ServerLimits
 from kernelbot.kernel_library.linear.cpp import LinearCpp
 
 
@@ -84,14 +85,14 @@ def gemm_step_seconds(shapes: list[tuple[int, int]], rows: int) -> dict[str, flo
     }
 
 
-def in_process_forward_ms(model_dir: Path, vocab: int, batch: int, tokens: int) -> float:
+def in_process_forward_ms(model_dir: Path, vocab: int, batch: int, tokens: int, limits: ServerLimits) -> float:
     """The median decode step of vLLM's model.forward, the engine in this process."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
     llm = LLM(model=str(model_dir), skip_tokenizer_init=True, dtype="bfloat16", enforce_eager=True,
-              gpu_memory_utilization=0.1, disable_log_stats=True)
+              max_model_len=limits.context_len, kv_cache_memory_bytes=limits.kv_cache_bytes, disable_log_stats=True)
     prompts = [TokensPrompt(prompt_token_ids=p) for p in random_prompts(batch, tokens, vocab, seed=0)]
     params = SamplingParams(max_tokens=tokens, ignore_eos=True, temperature=0)
     llm.generate(prompts, params, use_tqdm=False)
@@ -111,14 +112,13 @@ def in_process_forward_ms(model_dir: Path, vocab: int, batch: int, tokens: int) 
     return statistics.median(steps[1:]) * 1e3  # steps[0] is the prefill
 
 
-def served_step(model_dir: Path, vocab: int, args: argparse.Namespace, work: Path) -> dict[str, float | str]:
+def served_step(model_dir: Path, vocab: int, args: argparse.Namespace, work: Path, workload: Workload,
+                limits: ServerLimits) -> dict[str, float | str]:
     """Stock vLLM under served.py's load: ITL p50, tok/s (medians of the rounds), the worker's cores."""
     api = VLLMAPI()
-    setup = ServerSetup(model_dir=model_dir, dtype="bfloat16", memory_fraction=0.1)
+    setup = ServerSetup(model_dir=model_dir, dtype="bfloat16", limits=limits)
     program = [args.engine_python, "-m", api.module]
     launch = Launch(name="vllm", command=lambda port: api.command(program, setup, port), env=api.environment(setup))
-    workload = Workload(num_prompts=4 * args.batch, input_len=args.tokens, output_len=args.tokens,
-                        concurrency=args.batch)
     with ServerProcess(launch, work / "server.log", free_port(18300)) as server:
         server.wait_ready()
         run_load(api, server.url, workload, vocab)
@@ -154,10 +154,13 @@ def _descends(pid: int, root: int) -> bool:
 def measure(name: str, args: argparse.Namespace, work: Path) -> str:
     spec, _ = builtin_spec(model_argument(name, work), dtype="bfloat16", batch=args.batch, prompt_len=args.tokens,
                            decode_steps=args.tokens)
+    workload = Workload(num_prompts=4 * args.batch, input_len=args.tokens, output_len=args.tokens,
+                        concurrency=args.batch)
+    limits = served_memory(spec, workload).limits  # the servers kernelbot starts are sized so too
     model_dir = served_model_dir(spec, work / name)
     vocab = spec.vocab
-    served = served_step(model_dir, vocab, args, work / name)
-    forward_ms = in_process_forward_ms(model_dir, vocab, args.batch, args.tokens)
+    served = served_step(model_dir, vocab, args, work / name, workload, limits)
+    forward_ms = in_process_forward_ms(model_dir, vocab, args.batch, args.tokens, limits)
     timed = gemm_step_seconds(weight_shapes(model_dir), args.batch)
     gemm = {k: v * 1e3 if k != "bytes" else v for k, v in timed.items()}
     step = float(served["itl_ms"])

@@ -116,17 +116,47 @@ def build_model(spec: ModelSpec) -> torch.nn.Module:
 
 def build_llama(spec: ModelSpec) -> torch.nn.Module:
     """A Llama-architecture decoder from a transformers LlamaConfig with seeded random weights."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
-    config = LlamaConfig(
-        hidden_size=spec.hidden, intermediate_size=spec.intermediate, num_hidden_layers=spec.layers,
-        num_attention_heads=spec.heads, num_key_value_heads=spec.heads, vocab_size=spec.vocab,
-        max_position_embeddings=max(256, spec.prompt_len + spec.decode_steps),
-    )
+    config = llama_config(spec)
     config._attn_implementation = "sdpa"
     torch.manual_seed(spec.seed)
     model = LlamaForCausalLM(config)
     return model.to(getattr(torch, spec.dtype)).eval()
+
+
+def llama_config(spec: ModelSpec) -> Any:
+    """The transformers LlamaConfig of a built-in's numbers."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        hidden_size=spec.hidden, intermediate_size=spec.intermediate, num_hidden_layers=spec.layers,
+        num_attention_heads=spec.heads, num_key_value_heads=spec.heads, vocab_size=spec.vocab,
+        # the fidelity probe of a served run asks for one token after a whole prompt and its decode steps
+        max_position_embeddings=max(256, spec.prompt_len + spec.decode_steps + 1),
+    )
+
+
+def spec_config(spec: ModelSpec) -> Any:
+    """The transformers config a spec's model is built from: a built-in's numbers, or the directory's config.json."""
+    return llama_config(spec) if spec.path is None else load_config(Path(spec.path))
+
+
+def text_config(config: Any) -> Any:
+    """The decoder's own config (multimodal configs nest it); the config itself where it has none or several."""
+    try:
+        return config.gettext_config(decoder=True)
+    except Exception:  # ambiguous or absent sub-configs: the top level is the best there is
+        return config
+
+
+def int_attribute(config: Any, name: str) -> int | None:
+    """An integer attribute of a config, None where it is absent, not an integer, or raises when read."""
+    try:
+        value = getattr(config, name)
+    except Exception:  # some configs raise for per-layer values read as one
+        return None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def load_config(directory: Path) -> Any:
@@ -217,35 +247,19 @@ def _run_dtype(dtype: str) -> tuple[str, list[str]]:
     return dtype, notes
 
 
-def _text_config(config: Any) -> Any:
-    """The decoder's own config (multimodal configs nest it); the config itself where it has none or several."""
-    try:
-        return config.get_text_config(decoder=True)
-    except Exception:  # ambiguous or absent sub-configs: the top level is the best there is
-        return config
-
-
-def _int_attribute(config: Any, name: str) -> int | None:
-    try:
-        value = getattr(config, name)
-    except Exception:  # some configs raise for per-layer values read as one
-        return None
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
 def _sizes(config: Any) -> dict[str, int | None]:
-    text = _text_config(config)
-    vocab = _int_attribute(text, "vocab_size")
+    text = text_config(config)
+    vocab = int_attribute(text, "vocab_size")
     if vocab is None:
         raise KernelbotError(f"the {config.model_type} config has no integer vocab_size, so kernelbot cannot draw "
                              "prompt token ids; add vocab_size to config.json")
-    return dict(layers=_int_attribute(text, "num_hidden_layers"), hidden=_int_attribute(text, "hidden_size"),
-                heads=_int_attribute(text, "num_attention_heads"),
-                intermediate=_int_attribute(text, "intermediate_size"), vocab=vocab)
+    return dict(layers=int_attribute(text, "num_hidden_layers"), hidden=int_attribute(text, "hidden_size"),
+                heads=int_attribute(text, "num_attention_heads"),
+                intermediate=int_attribute(text, "intermediate_size"), vocab=vocab)
 
 
 def _check_positions(config: Any, tokens: int) -> None:
-    limit = _int_attribute(_text_config(config), "max_position_embeddings")
+    limit = int_attribute(text_config(config), "max_position_embeddings")
     if limit is not None and tokens > limit:
         raise KernelbotError(f"the workload needs {tokens} positions (prompt + decode steps) but the model's "
                              f"max_position_embeddings is {limit}; lower --prompt-len or --decode-steps")

@@ -30,19 +30,31 @@ SMALL = ["--engine", "vllm", "--engine-python", str(VLLM_PY), "--model", "llama-
          "--prompt-len", "16", "--decode-steps", "8", "--requests-per-round", "4", "--rounds", "5", "--iterations", "1",
          "--no-compile", "--no-store", "--min-share", "0"]
 
+# llama-micro's numbers as a model directory whose config declares a long window, as real models do (Qwen2.5: 32768
+# positions): the servers must come up sized for the workload's 16 + 8 tokens, not for one request of 32768
+LONG_WINDOW = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128,
+               "intermediate_size": 344, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4,
+               "vocab_size": 512, "max_position_embeddings": 32768, "rms_norm_eps": 1e-6}
+
 pytestmark = pytest.mark.skipif(not VLLM_PY.exists(), reason=f"no vLLM engine environment at "
                                 f"{VLLM_PY.parent.parent} (create it with .ci/vllm_env.sh)")
 
 
 def test_the_served_loop_runs_its_kernels_inside_vllms_worker_and_measures_both_servers(tmp_path, one_cpp_candidate):
     run_dir, port = tmp_path / "run", free_port()
+    model = tmp_path / "long_window"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(LONG_WINDOW))
+    args = [*SMALL]
+    args[args.index("llama-micro")] = str(model)
     # one kernel, attention: a single-kernel pack is measured once (the gate has no subset to try), so the test stays
     # within the fast suite; the capture still sees every layer vLLM hooks
-    code = main(["optimize", *SMALL, "--port", str(port), "--run-dir", str(run_dir), "--max-tasks", "1",
+    code = main(["optimize", *args, "--port", str(port), "--run-dir", str(run_dir), "--max-tasks", "1",
                  "--families", "paged_attention"])
     assert code == 0
     report = Report.model_validate_json((run_dir / "report.json").read_text())
     assert report.engine == "vllm" and report.serving is not None and report.serving.version == "0.32.0"
+    assert f"--max-model-len {16 + 8 + 1} --kv-cache-memory-bytes" in report.serving.command  # the load's length
     # vLLM's own layers, as its plugin captured them in the worker: its RMSNorm, its attention backend and the LM
     # head (a GEMM inside LogitsProcessor's forward, found by the trace under that module)
     families = {(h.module_class, h.family) for h in report.hotspots_before}

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 from kernelbot import KernelbotError
 from kernelbot.engine.served_layers import CAPTURE_ENV, COUNTS_ENV, PACK_ENV
 from kernelbot.engine.serving.serve_options import EngineKind
+from kernelbot.engine.serving.sizing import ServerLimits
 
 PLUGIN_NAME = "kernelbot_pack"  # the entry point's name in both engines' plugin groups (pyproject.toml)
 
@@ -47,7 +48,8 @@ class ServerSetup:
     capture: bool = False
     profile_dir: Path | None = None
     tp: int = 1
-    memory_fraction: float = 0.4  # of the device's memory (of the host's, on a CPU); two servers share it in the A/B
+    # context length and KV space from the model and workload; None: the engine's defaults, or the user's flags
+    limits: ServerLimits | None = None
 
 
 class EngineAPI(Protocol):
@@ -85,6 +87,11 @@ def _plugin_env(setup: ServerSetup) -> dict[str, str]:
     return env
 
 
+def _flags(flags: dict[str, float | int | None]) -> list[str]:
+    """`--flag value` for each flag with a value."""
+    return [part for flag, value in flags.items() if value is not None for part in (flag, str(value))]
+
+
 def _top(entries: list[dict[str, Any]] | None) -> dict[int, float]:
     return {int(e["token_id"]): float(e["logprob"]) for e in entries or []}
 
@@ -98,8 +105,10 @@ class VLLMAPI:
         cmd = [*program, "--model", str(setup.model_dir), "--host", "127.0.0.1", "--port",
                str(port), "--dtype", setup.dtype, "--skip-tokenizer-init", "--enable-scale-out",
                "--tensor-parallel-size", str(setup.tp), "--max-logprobs", "20", "--enforce-eager"]
-        if not any(a.startswith("--gpu-memory-utilization") for a in setup.extra_args):
-            cmd += ["--gpu-memory-utilization", str(setup.memory_fraction)]
+        if setup.limits is not None:
+            cmd += _flags({
+                "--max-model-len": setup.limits.context_len, "--kv-cache-memory-bytes": setup.limits.kv_cache_bytes,
+                "--gpu-memory-utilization": setup.limits.memory_fraction})
         if setup.profile_dir is not None:
             config = {"profiler": "torch", "torch_profiler_dir": str(setup.profile_dir.resolve()),
                       "torch_profiler_record_shapes": True, "torch_profiler_with_stack": True}
@@ -143,9 +152,13 @@ class SGLangAPI:
     health_path = "/health_generate"
 
     def command(self, program: list[str], setup: ServerSetup, port: int) -> list[str]:
-        return [*program, "--model-path", str(setup.model_dir), "--host", "127.0.0.1", "--port",
-                str(port), "--tp", str(setup.tp), "--dtype", setup.dtype, "--skip-tokenizer-init",
-                *setup.extra_args]
+        cmd = [*program, "--model-path", str(setup.model_dir), "--host", "127.0.0.1", "--port",
+               str(port), "--tp", str(setup.tp), "--dtype", setup.dtype, "--skip-tokenizer-init"]
+        if setup.limits is not None:
+            cmd += _flags({
+                "--context-length": setup.limits.context_len, "--max-total-tokens": setup.limits.kv_tokens,
+                "--mem-fraction-static": setup.limits.memory_fraction})
+        return cmd + list(setup.extra_args)
 
     def environment(self, setup: ServerSetup) -> dict[str, str]:
         env = _plugin_env(setup)

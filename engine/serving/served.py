@@ -25,12 +25,14 @@ from pydantic import BaseModel
 
 from kernelbot import KernelbotError
 from kernelbot.engine import host
+from kernelbot.engine.memory import gpu_free_bytes, host_available_bytes, model_footprint
 from kernelbot.engine.served_layers import FLUSH_S, fixed_dims, read_reports, widest
 from kernelbot.engine.serving import fidelity as fid
 from kernelbot.engine.serving.apis import APIS, ServerSetup, engine_version
 from kernelbot.engine.serving.load import Workload, generate, post, random_prompts, run_load
 from kernelbot.engine.serving.serve_options import ServeOptions
 from kernelbot.engine.serving.server import Launch, ServerProcess, last_error
+from kernelbot.engine.serving.sizing import MemoryPlan, check_fits, plan_memory, user_sized
 from kernelbot.kernel_library import FAMILIES
 from kernelbot.records import (
     Device,
@@ -203,6 +205,19 @@ def _variant_cost(c: LayerCapture) -> tuple[float, float, Callable[[Device], flo
     return flops, nbytes, floor
 
 
+def served_memory(spec: ModelSpec, workload: Workload, tp: int = 1) -> MemoryPlan:
+    """The servers' limits for this model and load, and the A/B's peak memory against what is free (the GPU's
+    where the engine will use one, else the host's)."""
+    footprint = model_footprint(spec)
+    shape = dict(longest_prompt=workload.input_len, longest_output=workload.output_len,
+                 in_flight=workload.concurrency)
+    if torch.cuda.is_available():
+        free, total = gpu_free_bytes(0)
+        return plan_memory(footprint, **shape, device_kind="cuda", available_bytes=free, device_total_bytes=total,
+                           tp=tp)
+    return plan_memory(footprint, **shape, device_kind="cpu", available_bytes=host_available_bytes())
+
+
 class ServedEngine:
     """The optimisation loop's engine for a served model (see the module's docstring)."""
 
@@ -211,6 +226,13 @@ class ServedEngine:
         self.api = APIS[opts.engine]
         self.version = engine_version(opts.engine, opts.python)
         self.dir = run_dir / "serve"
+        memory = served_memory(spec, workload, opts.tp)  # before the model is written or any server starts
+        self.limits = None if user_sized(opts.server_args) else memory.limits  # the user's own flags win
+        if self.limits is None:
+            say(f"      the servers' memory limits are the ones given with --server-arg ({memory.summary()})")
+        else:
+            check_fits(memory, opts.engine.value)
+            say(f"      {memory.summary()}")
         self.model_dir = served_model_dir(spec, run_dir)
         self.vocab = spec.vocab
         self.program = opts.launch or [*opts.python, "-m", self.api.module]
@@ -229,7 +251,7 @@ class ServedEngine:
                            pack_dir=pack_dir if pack is not None and pack.entries else None,
                            counts_dir=work / "counts", capture=capture,
                            profile_dir=work / "traces" if profile else None, tp=self.opts.tp,
-                           memory_fraction=0.4 if torch.cuda.is_available() else 0.1)
+                           limits=self.limits)
 
     def _server(self, name: str, setup: ServerSetup) -> ServerProcess:
         return ServerProcess(self._launch(setup), self.dir / name / "server.log", self.opts.port)
