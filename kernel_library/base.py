@@ -1,5 +1,6 @@
-"""What every op family in kernel_library provides (Liger-Kernel's discipline: one op = reference +
-kernels per backend + wrapper + test + benchmark)."""
+"""What every op family in kernel_library provides (after Liger-Kernel's discipline): a reference, kernels per backend
+each behind a wrapper, and the Family record below. A family's folder holds no tests: they are under tests/, and its
+benchmark is in benchmarks/family_kernels.py (kernel_library/README.md says how to add a family)."""
 
 from __future__ import annotations
 
