@@ -1,4 +1,4 @@
-"""The run directory: where every stage writes its records (see README, 'Run directory')."""
+"""The run directory: where every stage writes its records (docs/records.md walks through it)."""
 
 from __future__ import annotations
 
