@@ -144,7 +144,7 @@ class ServedRunEngine:
         op_breakdown(loaded).to_csv(trace.with_name(trace.name.replace(".json.gz", "_ops.csv")), index=False)
         covered = {c.module_class or c.engine_class: c.family for c in captures}
         hotspots = split_hotspots(rank_hotspots(loaded, self.device, covered, by_name=False), captures,
-                                  self.device)
+                                  self.device, self.served.decode_scale)
         return Profiled(hotspots=hotspots, captures=captures, generic=merge_generic(reports))
 
     def tasks(self, profiled: Profiled, generic_refused: str | None) -> TaskSource:

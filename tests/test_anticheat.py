@@ -494,7 +494,7 @@ FINDING = {"works_between_calls_on_a_thread_started_at_import": "(alive: ",
            "mutes_the_recorder_class_for_one_call": "gc.get_objects"}
 TRITON_ONLY = {"forces_natural_program_order"}  # program orders exist for Triton launches only
 # Caught through the hundreds of sampled calls a fast kernel gets; one in Triton's slow interpreter gets a handful, too
-# few to time its libraries or to wrap a ring of 64 buffers (docs/verification.md says so under what the checks cannot see)
+# few to time its libraries or to wrap a ring of 64 buffers (docs/verification.md says so under "cannot see")
 MANY_CALLS_ONLY = {"falls_back_to_numpy_beside_its_kernel", "cycles_through_sixty_four_output_buffers",
                    "runs_its_kernel_only_under_a_profiler_hook", "wrong_while_a_perf_event_is_open"}
 

@@ -72,6 +72,11 @@ def test_the_same_measurement_runs_on_the_cpu_with_its_own_clock() -> None:
     assert record.kind == "cpu" and record.peak_gflops > 0 and "measured on this machine" in record.peaks_source
 
 
+def test_a_cpus_peaks_are_measured_at_the_runs_dtype() -> None:
+    assert "bfloat16 GEMM" in device_record(cpu_device(), "bfloat16").peaks_source
+    assert "float32 GEMM" in device_record(cpu_device(), "float32").peaks_source
+
+
 CUDA_SOURCE = "__global__ void add(const float* x, float* y, int n) { int i = threadIdx.x; if (i < n) y[i] += x[i]; }"
 
 

@@ -140,8 +140,17 @@ def test_captured_variants_split_a_traced_class_into_decode_and_prefill_hotspots
     assert sum(h.total_us for h in norms.values()) == pytest.approx(1000.0, abs=0.5)  # the class's time, shared
     assert sum(h.share for h in norms.values()) == pytest.approx(0.5)
     assert any(h.module_class == "Sampler" for h in hotspots)
-    decode, prefill = row_buckets(captures[0])
+    (decode, is_decode), (prefill, is_prefill_decode) = row_buckets(captures[0])
     assert decode.rows == {"8": 90, "7": 6} and prefill.rows == {"225": 4}
+    assert is_decode and not is_prefill_decode
+    # a trace of one decode step in 8 of the load's: decode buckets count 8 times, at the class's time per byte
+    scaled = {(h.family, tuple(h.input_dims[0])): h for h in split_hotspots(traced, captures, CPU, decode_scale=8.0)
+              if h.module_class == "RMSNorm"}
+    for key, h in norms.items():
+        times = 1.0 if key == ("add_rmsnorm", (225, 512)) else 8.0
+        assert scaled[key].total_us == pytest.approx(h.total_us * times, abs=0.5)
+        assert scaled[key].calls == h.calls * times and scaled[key].floor_us == pytest.approx(h.floor_us * times,
+                                                                                               abs=0.5)
 
 
 def test_the_workers_traces_are_told_from_the_api_servers_whatever_the_engine_prefixes():

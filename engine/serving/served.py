@@ -48,6 +48,7 @@ from kernelbot.records import (
 )
 
 Say = Callable[[str], None]
+PROFILED_DECODE_STEPS = 16
 
 
 class Profiled(BaseModel):
@@ -122,33 +123,35 @@ def profiled_dims(capture: LayerCapture, shapes: list[list[int]] | None = None) 
     return [*shapes, *weights(capture.init_args)] if weights is not None else shapes
 
 
-def row_buckets(capture: LayerCapture) -> list[LayerCapture]:
-    """A variant's calls in two buckets, decode-sized and larger: calls with at most the most frequent row count (a
-    decode step's rows: the sequences running), and the rest (prefill chunks). Each becomes its own task, verified and
-    timed at its bucket's most rows: a kernel fast at prefill sizes may not be at decode's, and the router sends each
-    call to the smallest verified kernel that takes its rows."""
+def row_buckets(capture: LayerCapture) -> list[tuple[LayerCapture, bool]]:
+    """A variant's calls in two buckets, decode-sized and larger, each with whether it is the decode one: calls with
+    at most the most frequent row count (a decode step's rows: the sequences running), and the rest (prefill chunks).
+    Each becomes its own task, verified and timed at its bucket's most rows: a kernel fast at prefill sizes may not be
+    at decode's, and the router sends each call to the smallest verified kernel that takes its rows."""
     counts = {int(r): n for r, n in capture.rows.items()}
     if not counts:
-        return [capture]
+        return [(capture, True)]
     mode = max(counts, key=lambda r: (counts[r], -r))
     buckets = [{r: n for r, n in counts.items() if r <= mode}, {r: n for r, n in counts.items() if r > mode}]
     out = []
-    for bucket in buckets:
+    for decode, bucket in zip((True, False), buckets, strict=True):
         if bucket:
             keys = {str(r) for r in bucket}
-            out.append(capture.model_copy(update={
+            out.append((capture.model_copy(update={
                 "rows": {str(r): n for r, n in bucket.items()}, "calls": sum(bucket.values()),
                 "input_shapes": capture.shapes[str(max(bucket))],
-                "shapes": {r: s for r, s in capture.shapes.items() if r in keys}}))
+                "shapes": {r: s for r, s in capture.shapes.items() if r in keys}}), decode))
     return out
 
 
-def split_hotspots(hotspots: list[Hotspot], captures: list[LayerCapture], device: Device) -> list[Hotspot]:
+def split_hotspots(hotspots: list[Hotspot], captures: list[LayerCapture], device: Device,
+                   decode_scale: float = 1.0) -> list[Hotspot]:
     """Each traced layer class the plugin captured becomes one hotspot per variant (family, arguments, dtype) and
     row bucket (row_buckets): its calls and their share of the class's time (by bytes moved, the variants being
     memory-bound at serving sizes), its roofline floor summed over the row counts the engine ran; its dims are the
-    bucket's at its most rows."""
-    by_class: dict[str, list[LayerCapture]] = {}
+    bucket's at its most rows. `decode_scale`: the load's decode steps per profiled one (the trace covers fewer):
+    decode buckets' calls, time and floor count that many times, at the class's traced time per byte."""
+    by_class: dict[str, list[tuple[LayerCapture, bool]]] = {}
     for c in captures:
         by_class.setdefault(c.module_class or c.engine_class, []).extend(row_buckets(c))
     out: list[Hotspot] = []
@@ -157,16 +160,17 @@ def split_hotspots(hotspots: list[Hotspot], captures: list[LayerCapture], device
         if not variants or h.kernel:
             out.append(h)
             continue
-        costs = [_variant_cost(c) for c in variants]
+        costs = [_variant_cost(c) for c, _ in variants]
         weight = sum(b for _, b, _ in costs) or 1.0
-        for c, (flops, nbytes, floor) in zip(variants, costs, strict=True):
+        for (c, decode), (flops, nbytes, floor) in zip(variants, costs, strict=True):
+            times = decode_scale if decode else 1.0
             share = nbytes / weight
-            us = h.total_us * share
+            us, floor_us = h.total_us * share * times, floor(device) * times
             out.append(Hotspot(
                 id="", module_class=h.module_class, module_paths=h.module_paths, family=c.family,
-                input_dims=profiled_dims(c), dtype=c.dtype, calls=c.calls, total_us=round(us, 1),
-                share=h.share * share, flops=flops / max(c.calls, 1), bytes=nbytes / max(c.calls, 1),
-                floor_us=round(floor(device), 1), score_us=round(max(us - floor(device), 0.0), 1)))
+                input_dims=profiled_dims(c), dtype=c.dtype, calls=round(c.calls * times), total_us=round(us, 1),
+                share=h.share * share * times, flops=flops / max(c.calls, 1), bytes=nbytes / max(c.calls, 1),
+                floor_us=round(floor_us, 1), score_us=round(max(us - floor_us, 0.0), 1)))
     out.sort(key=lambda x: x.score_us, reverse=True)
     for i, h in enumerate(out):
         h.id = f"h{i:02d}"
@@ -260,6 +264,18 @@ class ServedEngine:
         """The load, one request per slot: every request's prefill and decode at the run's batch."""
         return self.workload.model_copy(update={"num_prompts": self.workload.concurrency})
 
+    def profiled_wave(self) -> Workload:
+        """The profiled load: one wave with at most PROFILED_DECODE_STEPS decode steps (a trace with Python stacks
+        grows by tens of MB an engine step: a Qwen2.5-0.5B shape's 128 steps at batch 8 took vLLM's worker past 20 GB
+        and the OOM killer); `decode_scale` counts the steps left out."""
+        return self._one_wave().model_copy(update={"output_len": min(self.workload.output_len,
+                                                                     PROFILED_DECODE_STEPS)})
+
+    @property
+    def decode_scale(self) -> float:
+        """The load's decode steps per profiled decode step."""
+        return max(self.workload.output_len - 1, 1) / max(self.profiled_wave().output_len - 1, 1)
+
     def _warm(self, server: ServerProcess) -> None:
         self._load(server, self._one_wave())
 
@@ -286,7 +302,7 @@ class ServedEngine:
             self._warm(server)
             path, body = self.api.start_profile(setup.profile_dir)
             post(server.url + path, body)
-            self._load(server, self._one_wave())  # a trace with stacks grows fast
+            self._load(server, self.profiled_wave())
             post(server.url + "/stop_profile", {})
             traces = _collected(setup.profile_dir, self.opts.tp)
             time.sleep(2 * FLUSH_S)  # the plugin's counters reach their files
