@@ -68,6 +68,10 @@ CASES = {
     "GQA 4:1, cos per batch row": Case(batch=3, tokens=2, past=3, kv_heads=1, cos_batch=3),
     "decode with biases, head_dim 32": Case(batch=2, tokens=1, past=6, heads=2, kv_heads=2, head_dim=32, bias=True),
     "a long prefill (80 rows), with biases": Case(batch=4, tokens=20, past=2, bias=True),
+    # bf16 prefill in tiles (prefill_tiles.h, head_dim a multiple of 32): a group of 7 query heads per KV head, a
+    # past, and token chunks of 64 with a partial last tile of rows and a partial last block of keys
+    "prefill in tiles, GQA 7:1 after a past": Case(batch=2, tokens=40, past=19, heads=7, kv_heads=1, head_dim=64),
+    "prefill in tiles over two chunks of tokens": Case(batch=1, tokens=70, past=0, heads=4, kv_heads=2, head_dim=32),
 }
 
 

@@ -18,6 +18,7 @@
 
 #include "../lanes.h"
 #include "../small_m_gemm.h"
+#include "prefill_tiles.h"
 
 template <typename T>
 using Raw = typename Lanes<T>::raw;
@@ -256,11 +257,15 @@ static void rope_attend_items(const Raw<T>* qkv, int64_t row, const Raw<T>* cos,
   using L = Lanes<T>;
   const int64_t G = H / KVH;
   const bool fast = std::is_same_v<T, c10::BFloat16> && has_avx512_bf16();
+  // prefill (several new tokens) with plain scores in tiles: chunks of TQ tokens' queries at a time
+  const bool tiled = fast && T_ > 1 && cap <= 0.f && slopes == nullptr && window <= 0 && PrefillTilesBf16::takes(D);
+  constexpr int64_t TQ = 64;
   at::parallel_for(0, B * KVH, 1, [&](int64_t i0, int64_t i1) {
     GroupAttention<T> group(G, D);
     GroupAttentionBf16 group_bf16;
+    PrefillTilesBf16 tiles;
     std::vector<float> cf(R), sf(R);
-    std::vector<Raw<T>> q_rot(G * D);
+    std::vector<Raw<T>> q_rot(tiled ? (TQ * G + PrefillTilesBf16::MB) * D : G * D);
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t b = i / KVH, h = i % KVH;
       for (int64_t t = 0; t < T_; ++t) {  // the new keys first: token t attends to every new key up to itself
@@ -274,15 +279,30 @@ static void rope_attend_items(const Raw<T>* qkv, int64_t row, const Raw<T>* cos,
         const Raw<T>* v = r + (H + KVH + h) * D;
         std::copy(v, v + D, vc + vcs.at(b, h, past_len + t));
       }
-      for (int64_t t = 0; t < T_; ++t) {
+      auto rotate_queries = [&](int64_t t, Raw<T>* dst) {  // token t's G query heads, rotated, into dst [G, D]
         const Raw<T>* r = qkv + (b * T_ + t) * row;
         const int64_t c = cs.at(cos_per_batch ? b : 0, t);
         for (int64_t d = 0; d < R; ++d) {
           cf[d] = L::in(cos[c + d]);
           sf[d] = L::in(sin[c + d]);
         }
-        for (int64_t g = 0; g < G; ++g)
-          rotate_head<T>(r + (h * G + g) * D, cf.data(), sf.data(), q_rot.data() + g * D, D, R);
+        for (int64_t g = 0; g < G; ++g) rotate_head<T>(r + (h * G + g) * D, cf.data(), sf.data(), dst + g * D, D, R);
+      };
+      if constexpr (std::is_same_v<T, c10::BFloat16>) {
+        if (tiled) {
+          tiles.pack(kc + kcs.at(b, h, 0), vc + vcs.at(b, h, 0), kcs.pos, vcs.pos, past_len + T_, D);
+          for (int64_t t0 = 0; t0 < T_; t0 += TQ) {
+            const int64_t tq = std::min(TQ, T_ - t0);
+            std::fill(q_rot.begin(), q_rot.end(), Raw<T>{0});
+            for (int64_t t = 0; t < tq; ++t) rotate_queries(t0 + t, q_rot.data() + t * G * D);
+            tiles.run(q_rot.data(), tq * G, G, D, scale, past_len + t0, past_len + T_,
+                      out + ((b * T_ + t0) * H + h * G) * D, H * D);
+          }
+          continue;
+        }
+      }
+      for (int64_t t = 0; t < T_; ++t) {
+        rotate_queries(t, q_rot.data());
         const int64_t end = past_len + t + 1, first = window > 0 ? std::max<int64_t>(0, end - window) : 0;
         const Raw<T>* k = kc + kcs.at(b, h, first);  // a sliding window sees only the last `window` keys
         const Raw<T>* v = vc + vcs.at(b, h, first);
