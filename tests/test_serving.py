@@ -151,6 +151,9 @@ def test_captured_variants_split_a_traced_class_into_decode_and_prefill_hotspots
         assert scaled[key].total_us == pytest.approx(h.total_us * times, abs=0.5)
         assert scaled[key].calls == h.calls * times and scaled[key].floor_us == pytest.approx(h.floor_us * times,
                                                                                                abs=0.5)
+    every = split_hotspots(traced, captures, CPU, decode_scale=8.0)  # shares of the scaled whole, by time
+    assert sum(h.share for h in every) == pytest.approx(0.55)
+    assert all(h.share == pytest.approx(0.55 * h.total_us / sum(x.total_us for x in every)) for h in every)
 
 
 def test_the_workers_traces_are_told_from_the_api_servers_whatever_the_engine_prefixes():

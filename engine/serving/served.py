@@ -169,8 +169,11 @@ def split_hotspots(hotspots: list[Hotspot], captures: list[LayerCapture], device
             out.append(Hotspot(
                 id="", module_class=h.module_class, module_paths=h.module_paths, family=c.family,
                 input_dims=profiled_dims(c), dtype=c.dtype, calls=round(c.calls * times), total_us=round(us, 1),
-                share=h.share * share * times, flops=flops / max(c.calls, 1), bytes=nbytes / max(c.calls, 1),
+                share=h.share * share, flops=flops / max(c.calls, 1), bytes=nbytes / max(c.calls, 1),
                 floor_us=round(floor_us, 1), score_us=round(max(us - floor_us, 0.0), 1)))
+    if decode_scale != 1.0:  # shares of the load's time, now that decode buckets count their left-out steps
+        traced, total = sum(h.share for h in hotspots), sum(h.total_us for h in out) or 1.0
+        out = [h.model_copy(update={"share": traced * h.total_us / total}) for h in out]
     out.sort(key=lambda x: x.score_us, reverse=True)
     for i, h in enumerate(out):
         h.id = f"h{i:02d}"
