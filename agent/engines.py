@@ -18,6 +18,7 @@ from kernelbot.agent.measure.measure import Measured, count_calls, fidelity, lay
 from kernelbot.agent.stages import Stages
 from kernelbot.agent.tasks.plan import ModelTasks, ServedTasks, TaskSource
 from kernelbot.engine.device import DeviceChoice
+from kernelbot.engine.memory import check_in_process_fits, gpu_free_bytes, host_available_bytes, model_footprint
 from kernelbot.engine.serving.load import Workload
 from kernelbot.engine.serving.serve_options import ServeOptions
 from kernelbot.engine.serving.served import (
@@ -210,5 +211,7 @@ def engine_for(serve: ServeOptions | None, spec: ModelSpec, device: Device, choi
                workload: Workload, say: Callable[[str], None]) -> RunEngine:
     """The run's engine: in this process when `serve` is None, else the served engine."""
     if serve is None:
+        free = gpu_free_bytes(choice.index)[0] if choice.is_gpu else host_available_bytes()
+        check_in_process_fits(spec, model_footprint(spec), free, choice.is_gpu)
         return InProcessEngine(TorchEngine(spec, device=choice), device)
     return ServedRunEngine(ServedEngine(serve, spec, workload, run_dir, say), device, spec, say)

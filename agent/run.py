@@ -403,7 +403,7 @@ class OptimizeRun:
             notes=self.notes, seconds=round(self.state.clock.elapsed(), 1), llm=self.usage,
             iterations=max(self.iterations_done, 1), stop_reason=stop_reason, budget=self._budget(),
             reused=self.reused, sessions=self.sessions, host=times.host, engine=self.engine.kind,
-            serving=measured.serving, floor=measured.floor)
+            serving=measured.serving, floor=measured.floor, peak_rss_mib=peak_rss_mib())
         write_report(report, self.run_dir, self.console)
         if fid.passed:
             self._store_accepted()
@@ -441,6 +441,13 @@ class OptimizeRun:
                 "verdict": a.verdict.verdict, "checks": [c.id for c in a.verdict.checks if c.status == "pass"]})
         if self.accepted:
             self.stages.say(f"      {len(self.accepted)} kernels stored in {store.root} for later runs")
+
+
+def peak_rss_mib() -> float:
+    """This process's largest resident set so far, in MiB (Linux reports KiB)."""
+    import resource
+
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
 
 def _region_compile(task: Task, reference: Path, choice: DeviceChoice) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from pydantic import BaseModel, ConfigDict
 
+from kernelbot import KernelbotError
 from kernelbot.engine.models import int_attribute, spec_config, text_config
 from kernelbot.records import ModelSpec
 
@@ -110,3 +111,24 @@ def _meminfo_kib(field: str) -> int:
         if line.startswith(f"{field}:"):
             return int(line.split()[1])
     raise OSError(f"/proc/meminfo has no {field}")
+
+
+def check_in_process_fits(spec: ModelSpec, footprint: ModelFootprint, available_bytes: int, gpu: bool) -> None:
+    """One line before an in-process run builds its model, when its peak cannot fit in the free memory of the host
+    (or the GPU): the model at its dtype, the pack's kernels' own copies of weights (at most one more copy), the
+    float64 twin fidelity compares against (on the host: a GPU run moves it there when the GPU cannot hold it), the
+    KV cache of the workload and one prefill's activations."""
+    where = "GPU memory" if gpu else "host memory"
+    weights = footprint.weight_bytes
+    twin = 0 if gpu else footprint.parameters * DTYPE_BYTES["float64"]
+    tokens = spec.batch * (spec.prompt_len + spec.decode_steps)
+    kv = tokens * footprint.kv_bytes_per_token
+    activations = spec.batch * spec.prompt_len * footprint.activation_bytes_per_token
+    needed = 2 * weights + twin + kv + activations
+    if needed <= available_bytes:
+        return
+    fix = ("lower --batch, --prompt-len or --decode-steps" if kv + activations > needed / 2 else
+           "run a smaller model, or free memory")
+    raise KernelbotError(f"{spec.name} in this process needs {gib(needed)} of {where} (weights {gib(weights)}, the "
+                         f"pack's copies up to {gib(weights)}, the float64 twin {gib(twin)}, KV cache {gib(kv)}, "
+                         f"activations {gib(activations)}) but {gib(available_bytes)} is available; {fix}")

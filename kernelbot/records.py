@@ -500,6 +500,7 @@ class Report(BaseModel):
     engine: str = "in-process"  # or the served engine: "vllm", "sglang"
     serving: ServedComparison | None = None  # served runs: the A/B on the server (its rounds are baseline/optimized)
     floor: WorkloadFloor | None = None
+    peak_rss_mib: float | None = None  # kernelbot's own process at its largest (the sandbox's and servers' apart)
 
 
 class KernelStat(BaseModel):

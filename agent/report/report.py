@@ -69,7 +69,8 @@ def _spend_section(r: Report) -> list[str]:
     budgets = ", ".join(f"{k} {v}" for k, v in r.budget.items() if v is not None) or "none"
     spend = llm_line(r.llm) if r.llm else "no LLM (built-in proposer): $0, 0 tokens"
     return ["", "## Spend and budgets", "",
-            f"- wall time {r.seconds:.0f} s over {r.sessions} session(s), {r.iterations} iteration(s)",
+            f"- wall time {r.seconds:.0f} s over {r.sessions} session(s), {r.iterations} iteration(s)"
+            + (f"; kernelbot's peak resident memory {r.peak_rss_mib:.0f} MiB" if r.peak_rss_mib else ""),
             f"- budgets: {budgets}",
             f"- {('stopped early by the ' + r.stop_reason) if r.stop_reason else 'no budget ran out'}",
             f"- {spend}"] + ([f"- reused from the kernel store: {', '.join(r.reused)}"] if r.reused else [])

@@ -1,7 +1,8 @@
-"""A served engine's limits come from the model and the workload: the context length the load needs (not the model's
-window), KV space for the sequences in flight, a GPU's share for the larger of the A/B's servers; an A/B that cannot
-fit is refused in one line before anything starts; the user's own memory flags win. The real vLLM server started so
-is tests/test_vllm_served.py's served loop (its model declares 32768 positions)."""
+"""What a run needs in memory, from the model's config and the workload, before anything large is allocated. Served: the
+engine's limits (the context length the load needs, not the model's window; KV space for the sequences in flight; a
+GPU's share for the larger of the A/B's servers), an A/B that cannot fit refused in one line before anything starts,
+the user's own memory flags winning (the real vLLM server started so is tests/test_vllm_served.py's served loop: its
+model declares 32768 positions). In-process: a model too large for the host refused before it is built."""
 
 from __future__ import annotations
 
@@ -156,3 +157,17 @@ def test_the_sglang_command_carries_the_same_limits_in_its_own_flags(tmp_path, m
     assert command[command.index("--context-length") + 1] == "25"
     assert int(command[command.index("--max-total-tokens") + 1]) == setup.limits.kv_tokens
     assert "--mem-fraction-static" not in command
+
+
+def test_an_in_process_run_too_large_for_the_host_is_refused_before_the_model_is_built(tmp_path, monkeypatch, capsys):
+    from kernelbot.agent import engines
+
+    monkeypatch.setattr(engines, "host_available_bytes", lambda: 2 * GIB)
+    built = []
+    monkeypatch.setattr(engines, "TorchEngine", lambda *a, **k: built.append(a))
+    code = main(["optimize", "--model", _model_dir(tmp_path, QWEN), "--dtype", "bfloat16", "--prompt-len", "512",
+                 "--decode-steps", "128", "--run-dir", str(tmp_path / "run"), "--no-compile"])
+    err = capsys.readouterr().err
+    assert code == 2 and not built, err
+    assert "in this process needs 5.78 GiB of host memory" in err and "the float64 twin 3.68 GiB" in err
+    assert "2.00 GiB is available" in err and "\n" not in err.strip()
