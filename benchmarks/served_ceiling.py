@@ -12,7 +12,10 @@
   and with the whole forward taking no time at all (no kernel can beat that).
 
     .venv-vllm/bin/python benchmarks/served_ceiling.py [--models llama-tiny,smollm2-135m] [--batch 8] [--rounds 3]
-                                                       [--smallest]
+                                                       [--prompt-len 32] [--output-len 32] [--smallest]
+
+--models takes built-in names, served.py's config names and model directories (benchmarks/models/qwen2.5-0.5b at
+real scale: --prompt-len 512 --output-len 128).
 
 Runs under the vLLM environment's Python (.ci/vllm_env.sh): it imports vLLM. --smallest: llama-micro, one round (a
 smoke run of this script, not a measurement). Nothing else should run meanwhile: the figures are timings.
@@ -85,7 +88,7 @@ def gemm_step_seconds(shapes: list[tuple[int, int]], rows: int) -> dict[str, flo
     }
 
 
-def in_process_forward_ms(model_dir: Path, vocab: int, batch: int, tokens: int, limits: ServerLimits) -> float:
+def in_process_forward_ms(model_dir: Path, vocab: int, workload: Workload, limits: ServerLimits) -> float:
     """The median decode step of vLLM's model.forward, the engine in this process."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from vllm import LLM, SamplingParams
@@ -93,8 +96,9 @@ def in_process_forward_ms(model_dir: Path, vocab: int, batch: int, tokens: int, 
 
     llm = LLM(model=str(model_dir), skip_tokenizer_init=True, dtype="bfloat16", enforce_eager=True,
               max_model_len=limits.context_len, kv_cache_memory_bytes=limits.kv_cache_bytes, disable_log_stats=True)
-    prompts = [TokensPrompt(prompt_token_ids=p) for p in random_prompts(batch, tokens, vocab, seed=0)]
-    params = SamplingParams(max_tokens=tokens, ignore_eos=True, temperature=0)
+    prompts = [TokensPrompt(prompt_token_ids=p)
+               for p in random_prompts(workload.concurrency, workload.input_len, vocab, seed=0)]
+    params = SamplingParams(max_tokens=workload.output_len, ignore_eos=True, temperature=0)
     llm.generate(prompts, params, use_tqdm=False)
     model = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner.model
     steps: list[float] = []
@@ -152,15 +156,15 @@ def _descends(pid: int, root: int) -> bool:
 
 
 def measure(name: str, args: argparse.Namespace, work: Path) -> str:
-    spec, _ = builtin_spec(model_argument(name, work), dtype="bfloat16", batch=args.batch, prompt_len=args.tokens,
-                           decode_steps=args.tokens)
-    workload = Workload(num_prompts=4 * args.batch, input_len=args.tokens, output_len=args.tokens,
+    spec, _ = builtin_spec(model_argument(name, work), dtype="bfloat16", batch=args.batch,
+                           prompt_len=args.prompt_len, decode_steps=args.output_len)
+    workload = Workload(num_prompts=4 * args.batch, input_len=args.prompt_len, output_len=args.output_len,
                         concurrency=args.batch)
     limits = served_memory(spec, workload).limits  # the servers kernelbot starts are sized so too
     model_dir = served_model_dir(spec, work / name)
     vocab = spec.vocab
     served = served_step(model_dir, vocab, args, work / name, workload, limits)
-    forward_ms = in_process_forward_ms(model_dir, vocab, args.batch, args.tokens, limits)
+    forward_ms = in_process_forward_ms(model_dir, vocab, workload, limits)
     timed = gemm_step_seconds(weight_shapes(model_dir), args.batch)
     gemm = {k: v * 1e3 if k != "bytes" else v for k, v in timed.items()}
     step = float(served["itl_ms"])
@@ -180,16 +184,17 @@ def main() -> None:
     parser.add_argument("--models", default="llama-tiny,smollm2-135m")
     parser.add_argument("--engine-python", default=os.environ.get("VLLM_PYTHON", ".venv-vllm/bin/python"))
     parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--tokens", type=int, default=32, help="prompt and output tokens per request")
+    parser.add_argument("--prompt-len", type=int, default=32, help="prompt tokens per request")
+    parser.add_argument("--output-len", type=int, default=32, help="generated tokens per request")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--smallest", action="store_true")
     args = parser.parse_args()
     models = ["llama-micro"] if args.smallest else args.models.split(",")
     if args.smallest:
-        args.rounds, args.batch, args.tokens = 1, 4, 8
+        args.rounds, args.batch, args.prompt_len, args.output_len = 1, 4, 8, 8
     args.engine_python = str(Path(args.engine_python).absolute())
     start = host.sample()
-    print(f"bf16, batch {args.batch}, {args.tokens} + {args.tokens} tokens")
+    print(f"bf16, batch {args.batch}, {args.prompt_len} + {args.output_len} tokens")
     print("| model | served step (ITL p50, ms) | served tok/s | worker cores | forward in the step, ms (share) | "
           "GEMMs: vLLM oneDNN, ms | kernelbot, ms | stream ceiling, ms | gain at kernelbot's GEMMs | "
           "at the stream ceiling | forward free |")

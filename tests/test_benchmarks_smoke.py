@@ -158,3 +158,12 @@ def test_architectures_runs_the_smallest_gpt2(tmp_path):
     rows = [line for line in out.splitlines() if line.startswith("| gpt2 |")]
     assert len(rows) == 1 and rows[0].count("|") == 9 and "x |" in rows[0]
     assert (tmp_path / "runs" / "run-gpt2" / "report.json").exists()
+
+
+@pytest.mark.slow
+def test_real_scale_runs_its_smallest_in_process_row(tmp_path):
+    out = _run("real_scale.py", "--smallest", "--engines", "in-process", "--out", str(tmp_path / "runs"),
+               cwd=tmp_path, timeout=1800)
+    rows = [line for line in out.splitlines() if line.startswith("| in-process |")]
+    assert len(rows) == 1 and rows[0].count("|") == 13, rows
+    assert (tmp_path / "runs" / "in-process" / "report.json").exists()
