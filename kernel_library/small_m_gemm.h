@@ -1,4 +1,5 @@
-// Small-M GEMM for decode: y[M,N] = x[M,K] @ W[N,K]^T (+ bias); fp32 with AVX2/FMA, bf16 with AVX512-BF16.
+// Small-M GEMM for decode: y[M,N] = x[M,K] @ W[N,K]^T (+ bias); fp32 with AVX2/FMA, bf16 with AVX512-BF16 (and
+// with AMX tiles at prefill rows on CPUs that have them: amx_gemm.h).
 // At decode M is the batch (a handful of rows), so the work is streaming W once: W is pre-packed
 // into panels of output columns laid out K-major (per precision, below); each panel is read once per
 // block of rows while the rows of x stay in L1. G = 2 interleaves a gate and an up projection so
@@ -9,6 +10,7 @@
 #include <immintrin.h>
 #include <cmath>
 #include <cstdint>
+#include <string>
 
 #include "lanes.h"
 
@@ -222,10 +224,25 @@ inline at::Tensor gate_up_act(const at::Tensor& x, const at::Tensor& panels, int
   return out;
 }
 
+#include "amx_gemm.h"  // after BF16: its epilogues are BF16's
+
+// Which engine a bf16 GEMM of M rows and K columns runs on: AMX tiles for prefill-sized M where the CPU has them
+// (and K fills whole tiles), else AVX-512-BF16.
+inline bool amx_takes(int64_t M, int64_t K) { return M >= amx::MB && K % amx::KSTEP == 0 && has_amx_bf16(); }
+
+inline std::string gemm_engine(int64_t M, int64_t K) {
+  return amx_takes(M, K) ? "amx_bf16" : has_avx512_bf16() ? "avx512_bf16" : "fp32";
+}
+
 template <int G, int MBMAX>
 static void run_bf16(const at::Tensor& x, const at::Tensor& panels, const uint16_t* bias, at::Tensor& out, int64_t N,
                      int64_t grain, bool gelu = false) {
   using R = uint16_t;
+  if (amx_takes(x.size(0), x.size(1))) {
+    return amx::gemm<G>(reinterpret_cast<const R*>(x.data_ptr<at::BFloat16>()), x.size(0), x.size(1),
+                        reinterpret_cast<const R*>(panels.data_ptr<at::BFloat16>()), panels.size(0), bias,
+                        reinterpret_cast<R*>(out.data_ptr<at::BFloat16>()), N, gelu);
+  }
   run<BF16, G, MBMAX>(reinterpret_cast<const uint32_t*>(x.data_ptr<at::BFloat16>()), x.size(0), panels.size(2),
                       reinterpret_cast<const R*>(panels.data_ptr<at::BFloat16>()), panels.size(0), bias,
                       reinterpret_cast<R*>(out.data_ptr<at::BFloat16>()), N, grain, gelu);

@@ -7,4 +7,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gate_up_act", &gate_up_act);
   m.def("gate_up_act_bf16", &gate_up_act_bf16);
   m.def("has_avx512_bf16", &has_avx512_bf16);
+  m.def("has_amx_bf16", &has_amx_bf16);
+  m.def("gemm_engine", &gemm_engine);
 }
