@@ -79,6 +79,14 @@ class Tried:
     notes: list[str] = dataclasses.field(default_factory=list)
 
 
+def lost(bench: Bench) -> bool:
+    """Slower than the op beyond the benchmark's own noise, on a host nobody else was loading: a loss worth
+    remembering (a contended benchmark proves nothing either way)."""
+    noise = max(bench.reference_spread, bench.candidate_spread)
+    quiet = bench.host is None or not bench.host.contended
+    return quiet and bench.speedup * (1.0 + noise) < 1.0
+
+
 def _never_out_of_time(cand: Candidate) -> BudgetSpent | None:
     return None
 
@@ -174,7 +182,45 @@ class Generation:
             evaluate = self.executor.evaluator(task, self.task_dir(task))
         elif evaluate is None:
             evaluate = local_evaluator(task, self.task_dir(task), self.device.kind, self.opts)
-        return self.state.journaled(evaluate, task, hotspot_fields(task, hotspot, self.state.iteration))
+        return self._remembering_losses(task, self.state.journaled(evaluate, task, hotspot_fields(
+            task, hotspot, self.state.iteration)))
+
+    def _remembering_losses(self, task: Task, evaluate: Evaluator) -> Evaluator:
+        """`evaluate`, with each candidate that lost to the op (store.lost) remembered in the kernel store."""
+        store = self.state.store
+        if store is None:
+            return evaluate
+
+        def run(cand: Candidate, path: Path) -> Outcome:
+            out = evaluate(cand, path)
+            if out.bench is not None and lost(out.bench) and out.row.outcome is KernelOutcome.NOT_FASTER:
+                store.record_loss(task, out.row.backend, self.state.device_name, cand.source_hash,
+                                  out.bench.speedup, self.run_dir.name)
+            return out
+
+        return run
+
+    def _not_lost_before(self, task: Task, proposals: list[Proposal]) -> list[Proposal]:
+        """The built-in proposals, those that lost to this op on this device before (the store remembers) as rows
+        that say so instead of candidates to run again."""
+        store = self.state.store
+        if store is None:
+            return proposals
+        out: list[Proposal] = []
+        for item in proposals:
+            past = None if isinstance(item, KernelResult) else store.losses(
+                task, item[0].backend, self.state.device_name).get(item[0].source_hash)
+            if past is None:
+                out.append(item)
+                continue
+            cand = item[0]
+            why = (f"not proposed again: it lost to the op on this device in run {past['run_id']} "
+                   f"({past['speedup']:.2f}x; the kernel store remembers)")
+            out.append(KernelResult(
+                op=task.family, module=task.module_class, backend=cand.backend, shapes=task.input_shapes,
+                outcome=KernelOutcome.NOT_FASTER, speedup=past["speedup"], candidate_id=f"{task.id}/{cand.id}",
+                proposer=cand.proposer, reason=why))
+        return out
 
     def generate(self, tasks: list[Task], hotspots: list[Hotspot], incumbents: dict[str, Accepted]) -> Generated:
         """Candidates for every task, most headroom first, every candidate verified and benchmarked."""
@@ -221,7 +267,8 @@ class Generation:
                 notes.append(f"{why}: built-in proposer from {task.id} on")
         if best is None and (session is None or not session.active):
             builtin = try_candidates(
-                task, self.task_dir(task), builtin_proposals(task, self.task_dir(task), self.backends, self.stages),
+                task, self.task_dir(task), self._not_lost_before(task, builtin_proposals(
+                    task, self.task_dir(task), self.backends, self.stages)),
                 self.journaled(task, hotspot), self.stages, self.opts.max_task_minutes,
                 functools.partial(self.state.out_of_time, task.id))
             return Tried([*rows, *builtin.rows], builtin.best, builtin.stopped, stored.reused, outpaced, notes)
@@ -326,7 +373,8 @@ class Generation:
         reused = {t.id: [f"{t.id}/{a.candidate.id}" for a in winners[t.id]] for t in tasks}
         proposed: list[tuple[Task, Candidate, str]] = []
         for task in (t for t in tasks if not winners[t.id]):  # no stored kernel won its benchmark
-            for item in builtin_proposals(task, self.task_dir(task), self.backends, self.stages):
+            for item in self._not_lost_before(task, builtin_proposals(task, self.task_dir(task), self.backends,
+                                                                      self.stages)):
                 if isinstance(item, KernelResult):
                     rows[task.id].append(item)
                 else:

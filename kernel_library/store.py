@@ -5,6 +5,10 @@ Data lives under $KERNELBOT_STORE, else ~/.cache/kernelbot/store (store/ under $
 kernelbot.paths): one folder per (signature, backend, device) holding `candidate.py` and `entry.json` (the candidate,
 its verdict and benchmark, the run it came from). A reused kernel is verified and benchmarked again in the run that
 reuses it, like any candidate.
+
+The same folder remembers losses (`losses.json`): candidates, by source identity, that verified but were slower than
+the op beyond their benchmark's noise on a quiet host, so a later run does not propose them again for that op on that
+device (a change to the candidate or to the library files it uses makes another identity, which is tried afresh).
 """
 
 from __future__ import annotations
@@ -65,3 +69,22 @@ class KernelStore:
             tmp.write_text(text)
             tmp.replace(folder / name)
         return folder
+
+    def record_loss(self, task: Task, backend: str, device: str, source_hash: str, speedup: float,
+                    run_id: str) -> None:
+        """Remember that this candidate lost to the op here."""
+        folder = self.root / _key(op_signature(task), backend, device)
+        folder.mkdir(parents=True, exist_ok=True)
+        losses = self.losses(task, backend, device)
+        losses[source_hash] = {"speedup": speedup, "run_id": run_id, "at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        tmp = folder / ".losses.json.tmp"
+        tmp.write_text(json.dumps(losses, indent=2))
+        tmp.replace(folder / "losses.json")
+
+    def losses(self, task: Task, backend: str, device: str) -> dict[str, dict[str, Any]]:
+        """Candidates (source identity → speedup, run) that lost to this op on this device."""
+        try:
+            found = json.loads((self.root / _key(op_signature(task), backend, device) / "losses.json").read_text())
+        except (OSError, ValueError):
+            return {}
+        return found if isinstance(found, dict) else {}

@@ -38,3 +38,73 @@ def test_a_kernel_stored_before_the_cpp_wrappers_moved_still_imports_and_builds(
     assert "rmsnorm.cpp import RMSNormCpp" in source and ".cpu import" not in source
     (tmp_path / "candidate.py").write_text(source)
     assert load_module(tmp_path / "candidate.py", "kb_old_stored").ModelNew.CONFIG == {"grain": 8}
+
+
+def test_the_store_remembers_losses_by_source_identity_beside_an_accepted_kernel(tmp_path):
+    store = KernelStore(tmp_path / "s")
+    task = _task([8, 512, 128])
+    assert store.losses(task, "cpp", "cpu:A") == {}
+    store.record_loss(task, "cpp", "cpu:A", "hash-slow", 0.21, "r1")
+    assert store.losses(task, "cpp", "cpu:A")["hash-slow"]["speedup"] == 0.21
+    assert store.losses(task, "cpp", "cpu:B") == {} and store.losses(_task([8, 1, 128]), "cpp", "cpu:A") == {}
+    assert store.lookup(task, "cpp", "cpu:A") is None  # a remembered loss is no kernel to reuse
+
+
+def _bench(speedup: float, spread: float = 0.02, contended: bool = False):
+    from kernelbot.records import Bench, HostLoad
+
+    host = HostLoad(load_1m=0.1, cpu_count=2, contended=contended)
+    return Bench(candidate_id="c", rounds=9, reference_us=100.0, candidate_us=100.0 / speedup,
+                 reference_spread=spread, candidate_spread=spread, speedup=speedup, significant=speedup > 1.05,
+                 host=host)
+
+
+def test_a_loss_is_slower_beyond_the_benchmarks_noise_on_a_quiet_host():
+    from kernelbot.agent.generate import lost
+
+    assert lost(_bench(0.5)) and lost(_bench(0.9, spread=0.05))
+    assert not lost(_bench(0.97, spread=0.05))  # within its noise
+    assert not lost(_bench(0.5, contended=True))  # a loaded host proves nothing
+    assert not lost(_bench(1.3))
+
+
+def test_a_builtin_candidate_that_lost_to_the_op_here_is_not_proposed_again(tmp_path):
+    from rich.console import Console
+
+    from kernelbot.agent.generate import Generation
+    from kernelbot.agent.journal.journal import Journal
+    from kernelbot.agent.journal.run_state import Clock, RunState
+    from kernelbot.agent.run_options import OptimizeOptions
+    from kernelbot.agent.stages import Stages
+    from kernelbot.agent.verify.evaluate import Outcome, new_row
+    from kernelbot.records import Candidate, Device, KernelOutcome, Origin
+
+    task = _task([8, 512, 128])
+    slow = Candidate(id="cpp-0", task_id=task.id, backend="cpp", proposer="builtin", origin=Origin.BUILTIN,
+                     config={}, source_hash="hash-slow")
+    other = slow.model_copy(update={"id": "cpp-1", "source_hash": "hash-other"})
+    device = Device(kind="cpu", name="A", threads=2, peak_gflops=1.0, peak_gbps=1.0, peaks_source="test")
+    store = KernelStore(tmp_path / "store")
+
+    def generation(run: str) -> tuple[Generation, Journal]:
+        (tmp_path / run).mkdir()
+        journal = Journal(tmp_path / run)
+        state = RunState(journal, Clock(journal, None), store, "cpu:A")
+        return Generation(OptimizeOptions(run_dir=tmp_path / run), tmp_path / run, state,
+                          Stages(Console(quiet=True), tmp_path / run), device), journal
+
+    first, journal = generation("r1")
+    with journal:
+        for cand, speedup in ((slow, 0.4), (other, 0.99)):
+            bench = _bench(speedup)
+            row = new_row(task, cand, KernelOutcome.NOT_FASTER, "verified but not faster", timed=bench)
+            evaluate = first.journaled(task, None, lambda c, p, row=row, bench=bench: Outcome(row=row, bench=bench))
+            evaluate(cand, tmp_path / "r1" / f"{cand.id}.py")
+    assert set(store.losses(task, "cpp", "cpu:A")) == {"hash-slow"}  # 0.99x is within noise: tried again
+    second, journal = generation("r2")
+    with journal:
+        proposals = second._not_lost_before(task, [(slow, "src"), (other, "src")])
+    assert proposals[1] == (other, "src")
+    row = proposals[0]
+    assert row.outcome is KernelOutcome.NOT_FASTER and row.speedup == 0.4
+    assert "not proposed again" in row.reason and "run r1" in row.reason
