@@ -31,6 +31,7 @@ from kernelbot.agent.verify.evaluate import Accepted
 from kernelbot.engine.device import DeviceChoice, pick_device
 from kernelbot.engine.models import resolve_spec
 from kernelbot.engine.serving.load import Workload
+from kernelbot.engine.serving.serve_options import Lengths
 from kernelbot.engine.serving.served import Profiled
 from kernelbot.kernel_library.store import KernelStore
 from kernelbot.profiler.device import PeakOverride, device_record
@@ -88,6 +89,9 @@ class OptimizeRun:
         dtype = "bfloat16" if self.choice.is_gpu and opts.dtype == "auto" else opts.dtype
         self.spec, spec_notes = resolve_spec(opts.model, dtype, opts.batch, opts.prompt_len, opts.decode_steps,
                                              opts.seed)
+        if opts.lengths is not Lengths.FIXED:
+            spec_notes.append(f"request lengths drawn {opts.lengths.value} (seed {opts.seed}): prompts of up to "
+                              f"{opts.prompt_len} tokens, outputs of up to {opts.decode_steps}")
         self.stages = Stages(console, self.run_dir, clock.before)
         self._say_start(spec_notes)
         self.state = RunState(journal, clock, KernelStore(opts.store) if opts.store else None, "")
@@ -127,7 +131,8 @@ class OptimizeRun:
         requests enough for several batches per round."""
         o = self.opts
         return Workload(concurrency=o.batch, input_len=o.prompt_len, output_len=max(o.decode_steps, 1),
-                        num_prompts=max(o.batch, o.serve.requests_per_round if o.serve else o.batch), seed=o.seed)
+                        num_prompts=max(o.batch, o.serve.requests_per_round if o.serve else o.batch), seed=o.seed,
+                        lengths=o.lengths)
 
     def _say_start(self, spec_notes: list[str]) -> None:
         spec = self.spec

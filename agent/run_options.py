@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from kernelbot.agent.llm.llm_options import LLMOptions
-from kernelbot.engine.serving.serve_options import ServeOptions
+from kernelbot.engine.serving.serve_options import Lengths, ServeOptions
 
 
 class OptimizeOptions(BaseModel):
@@ -20,6 +20,7 @@ class OptimizeOptions(BaseModel):
     batch: int = Field(8, ge=1)
     prompt_len: int = Field(32, ge=1)
     decode_steps: int = Field(32, ge=1)
+    lengths: Lengths = Lengths.FIXED  # how each request's prompt and output lengths are drawn (served runs)
     seed: int = 0
     run_dir: Path | None = None
     min_share: float = Field(0.005, ge=0, lt=1)  # hotspots under this share of the profiled time get no task
@@ -40,3 +41,10 @@ class OptimizeOptions(BaseModel):
     # the device's peaks as given, instead of measured
     peak_tflops: float | None = Field(None, gt=0)
     peak_gbps: float | None = Field(None, gt=0)
+
+    @model_validator(mode="after")
+    def _lengths_need_a_server(self) -> OptimizeOptions:
+        if self.lengths is not Lengths.FIXED and self.serve is None:
+            raise ValueError(f"--lengths {self.lengths.value} needs a served engine (--engine vllm or sglang): in this "
+                             "process the batch runs as one block of equal lengths; use --lengths fixed here")
+        return self

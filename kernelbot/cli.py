@@ -22,7 +22,8 @@ def _optimize(args: argparse.Namespace) -> int:
     if args.resume is not None and args.run_dir is not None:
         raise KernelbotError("--resume RUN_DIR names the run already; drop --run-dir")
     opts = options(OptimizeOptions, model=args.model, dtype=args.dtype, batch=args.batch, prompt_len=args.prompt_len,
-                   decode_steps=args.decode_steps, seed=args.seed, run_dir=args.run_dir, min_share=args.min_share,
+                   decode_steps=args.decode_steps, lengths=args.lengths, seed=args.seed, run_dir=args.run_dir,
+                   min_share=args.min_share,
                    max_tasks=args.max_tasks, timeout=args.timeout, e2e_rounds=args.rounds, compile=not args.no_compile,
                    families=args.families.split(",") if args.families else None, llm=llm_options(args),
                    budget_hours=args.budget_hours, iterations=args.iterations, max_task_minutes=args.max_task_minutes,
@@ -178,6 +179,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=int, default=default(OptimizeOptions, "batch"))
     p.add_argument("--prompt-len", type=int, default=default(OptimizeOptions, "prompt_len"))
     p.add_argument("--decode-steps", type=int, default=default(OptimizeOptions, "decode_steps"))
+    p.add_argument("--lengths", choices=["fixed", "uniform", "chat"], default=default(OptimizeOptions, "lengths").value,
+                   help="each request's prompt and output lengths, up to --prompt-len and --decode-steps: fixed (all "
+                        "of them), uniform (from a quarter up), chat (long-tailed, seeded); served engines only")
     p.add_argument("--seed", type=int, default=default(OptimizeOptions, "seed"))
     p.add_argument("--run-dir", type=Path, default=None, help="where the run is written (default: runs/<id>)")
     p.add_argument("--max-tasks", type=int, default=default(OptimizeOptions, "max_tasks"))

@@ -53,6 +53,41 @@ def test_a_server_serves_the_seeded_load_and_stops_with_its_process_group(tmp_pa
     assert not _alive(pid)
 
 
+def test_a_chat_like_load_sends_each_request_its_own_seeded_lengths_and_checks_each_answer_whole(tmp_path):
+    from kernelbot.engine.serving.load import request_lengths
+    from kernelbot.engine.serving.serve_options import Lengths
+
+    chat = Workload(num_prompts=12, input_len=64, output_len=20, concurrency=3, lengths=Lengths.CHAT, seed=3)
+    shape = request_lengths(Lengths.CHAT, 12, 64, 20, seed=3)
+    assert shape == request_lengths(Lengths.CHAT, 12, 64, 20, seed=3)  # seeded
+    assert len({p for p, _ in shape}) > 3 and all(1 <= p <= 64 and 1 <= o <= 20 for p, o in shape)
+    assert [len(p) for p, _ in chat.requests(1000)] == [p for p, _ in shape]
+    with ServerProcess(_launch(), tmp_path / "server.log", 8100) as server:
+        server.wait_ready()
+        metrics = run_load(SGLANG, server.url, chat, vocab=1000)
+    assert metrics.requests == 12 and metrics.output_tokens == sum(o for _, o in shape)
+    fixed = Workload(num_prompts=12, input_len=64, output_len=20, seed=3).requests(1000)
+    assert {(len(p), o) for p, o in fixed} == {(64, 20)}
+
+
+def test_request_lengths_fit_their_maxima_and_chat_is_long_tailed():
+    from kernelbot.engine.serving.load import request_lengths
+    from kernelbot.engine.serving.serve_options import Lengths
+
+    uniform = sorted(p for p, _ in request_lengths(Lengths.UNIFORM, 2000, 2048, 256, seed=0))
+    chat = sorted(p for p, _ in request_lengths(Lengths.CHAT, 2000, 2048, 256, seed=0))
+    assert 512 <= uniform[0] and uniform[-1] <= 2048
+    median, p90 = chat[1000], chat[1800]
+    assert median < 1024 and p90 > 2 * median and chat[-1] <= 2048  # most short, a long tail up to the maximum
+
+
+def test_in_process_runs_refuse_drawn_lengths_in_one_line(capsys):
+    from kernelbot.cli import main
+
+    assert main(["optimize", "--lengths", "uniform", "--model", "llama-micro"]) == 2
+    assert "--lengths uniform needs a served engine" in capsys.readouterr().err
+
+
 def test_a_port_in_use_is_skipped(tmp_path):
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))

@@ -5,6 +5,7 @@ standard library, and light beside the server on a small host)."""
 from __future__ import annotations
 
 import json
+import math
 import random
 import statistics
 import threading
@@ -16,14 +17,15 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kernelbot import KernelbotError
 from kernelbot.engine.serving.apis import EngineAPI, Generated
+from kernelbot.engine.serving.serve_options import Lengths
 from kernelbot.records import ServingMetrics
 
 FIRST_ID = 10  # ids below this are left out of prompts: special tokens in most vocabularies
 
 
 class Workload(BaseModel):
-    """A serving workload: `num_prompts` requests of `input_len` prompt tokens and `output_len` greedy tokens,
-    `concurrency` in flight."""
+    """A serving workload: `num_prompts` requests of up to `input_len` prompt tokens and `output_len` greedy tokens
+    (`lengths` says how each request's are drawn), `concurrency` in flight."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -32,6 +34,28 @@ class Workload(BaseModel):
     output_len: int = Field(32, ge=1)
     concurrency: int = Field(8, ge=1)
     seed: int = 0
+    lengths: Lengths = Lengths.FIXED
+
+    def requests(self, vocab: int) -> list[tuple[list[int], int]]:
+        """Each request's prompt (seeded token ids) and output tokens."""
+        shape = request_lengths(self.lengths, self.num_prompts, self.input_len, self.output_len, self.seed)
+        rng = random.Random(self.seed)
+        return [([rng.randrange(FIRST_ID, vocab) for _ in range(p)], o) for p, o in shape]
+
+
+def request_lengths(kind: Lengths, n: int, max_prompt: int, max_output: int, seed: int) -> list[tuple[int, int]]:
+    """n (prompt, output) lengths drawn from `kind`, each within [1, max_prompt] and [1, max_output]."""
+    rng = random.Random(seed * 7919 + 17)
+
+    def draw(top: int) -> int:
+        if kind is Lengths.FIXED:
+            return top
+        low = max(1, top // 4)
+        if kind is Lengths.UNIFORM:
+            return rng.randint(low, top)
+        return max(1, min(top, round(rng.lognormvariate(math.log(low), 0.8))))
+
+    return [(draw(max_prompt), draw(max_output)) for _ in range(n)]
 
 
 def random_prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
@@ -88,25 +112,28 @@ def percentile(xs: list[float], q: float) -> float:
 
 def run_load(api: EngineAPI, url: str, workload: Workload, vocab: int) -> ServingMetrics:
     """The workload against a running server; every request must come back whole."""
-    prompts = random_prompts(workload.num_prompts, workload.input_len, vocab, workload.seed)
+    requests = workload.requests(vocab)
     results: list[tuple[float, list[float], int]] = []
+    short: list[int] = []
     errors: list[str] = []
     lock = threading.Lock()
 
     def worker() -> None:
         while True:
             with lock:
-                if not prompts:
+                if not requests:
                     return
-                prompt = prompts.pop()
+                prompt, output_len = requests.pop()
             try:
-                res = _streamed(api, url, prompt, workload.output_len)
+                res = _streamed(api, url, prompt, output_len)
             except (OSError, ValueError) as exc:
                 with lock:
                     errors.append(repr(exc))
                 continue
             with lock:
                 results.append(res)
+                if res[2] != output_len:
+                    short.append(res[2])
 
     from kernelbot.engine.telemetry import snapshot
 
@@ -118,7 +145,6 @@ def run_load(api: EngineAPI, url: str, workload: Workload, vocab: int) -> Servin
     for t in threads:
         t.join()
     duration = time.perf_counter() - start
-    short = [r for r in results if r[2] != workload.output_len]
     if errors or short or not results:
         why = errors[0] if errors else f"{len(short)} answers were cut short"
         raise KernelbotError(f"{len(errors) + len(short)} of {workload.num_prompts} requests failed: {why}")

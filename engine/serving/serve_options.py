@@ -9,6 +9,14 @@ from enum import Enum
 from pydantic import BaseModel, ConfigDict, Field
 
 
+class Lengths(str, Enum):
+    """How a load's request lengths are drawn (seeded), up to its prompt length and decode steps."""
+
+    FIXED = "fixed"  # every request the whole prompt length and output
+    UNIFORM = "uniform"  # each uniform between a quarter of the maximum and the maximum
+    CHAT = "chat"  # long-tailed, as chat traffic is: log-normal around a quarter of the maximum, many short, few long
+
+
 class EngineKind(str, Enum):
     VLLM = "vllm"
     SGLANG = "sglang"
