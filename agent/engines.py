@@ -193,15 +193,19 @@ def _twin_model(spec: ModelSpec, model_dir: Path, dtype: torch.dtype) -> torch.n
     return _TWINS[key]
 
 
-def _twin_logprobs(spec: ModelSpec, model_dir: Path, contexts: list[list[int]]) -> list[torch.Tensor]:
-    """Per context, the float64 twin's log-probabilities of the next token at every position but the last."""
+def _twin_logprobs(spec: ModelSpec, model_dir: Path, contexts: list[list[int]],
+                   wanted: list[dict[int, set[int]]]) -> list[dict[int, dict[int, float]]]:
+    """Per context, the float64 twin's log-probabilities of the next token at the positions and for the token ids
+    asked for (one context's logits at a time: a real vocabulary's whole log-softmax for every context would be GBs)."""
     out = []
     try:
         model = _twin_model(spec, model_dir, torch.float64)
         with torch.inference_mode():
-            for ctx in contexts:
-                logits = model(input_ids=torch.tensor([ctx])).logits[0, :-1]
-                out.append(torch.log_softmax(logits.double(), -1))
+            for ctx, asked in zip(contexts, wanted, strict=True):
+                logits = model(input_ids=torch.tensor([ctx])).logits[0, :-1].double()
+                norm = torch.logsumexp(logits, -1)
+                out.append({pos: {i: float(logits[pos, i] - norm[pos]) for i in ids} for pos, ids in asked.items()})
+                del logits
     except Exception as exc:  # an architecture this transformers cannot build or run in float64
         raise KernelbotError(f"{type(exc).__name__}: {exc}") from None
     return out

@@ -19,6 +19,7 @@ from kernelbot.agent.engines import engine_for
 from kernelbot.agent.generate import Generation
 from kernelbot.agent.journal.journal import Journal
 from kernelbot.agent.journal.run_state import BudgetSpent, Clock, RunState
+from kernelbot.agent.measure.alone_vs_model import alone_vs_model
 from kernelbot.agent.measure.compile_baseline import RegionCompile, time_region_compile
 from kernelbot.agent.measure.gate import faster, never_slower, ratio
 from kernelbot.agent.measure.measure import Measured, final_rows, median
@@ -37,6 +38,7 @@ from kernelbot.kernel_library.store import KernelStore
 from kernelbot.profiler.device import PeakOverride, device_record
 from kernelbot.records import (
     Device,
+    EndToEndTimes,
     Fidelity,
     Hotspot,
     KernelResult,
@@ -120,6 +122,7 @@ class OptimizeRun:
         self.pack_dir = self.run_dir / "pack"
         self.hotspots_before: list[Hotspot] = []
         self.hotspots_now: list[Hotspot] = []
+        self.trials: dict[str, tuple[EndToEndTimes, EndToEndTimes]] = {}  # the gate's leave-one-out, by candidate
         self.profiled = Profiled(hotspots=[], captures=[])
         self.profiled_pack = ""  # the pack version the last profile ran with
         self.profile_s = 0.0
@@ -360,6 +363,7 @@ class OptimizeRun:
                         style="" if won else "yellow")
         result = never_slower(self.accepted, measured, lambda subset, again: self._trial(subset, finish, again),
                               take_apart_faster=in_process)
+        self.trials = {f"{a.task.id}/{a.candidate.id}": (whole, without) for a, whole, without in result.trials}
         for a, why in result.dropped:
             self._drop(a, why)
         self.pack = build_pack(self.accepted, self.run_dir.name, self.device.name, self.pack_dir)
@@ -398,17 +402,22 @@ class OptimizeRun:
         if stop_reason:
             self.stages.say(f"stopped early by the {stop_reason}", style="yellow")
             self.notes.append(f"stopped early by the {stop_reason}")
+        rows = final_rows(self.kernels, self.counted, self.region_speedups, self.dropped, self.outpaced)
+        compared = alone_vs_model(rows, self.trials, hotspots_after)
+        for c in compared:
+            if c.disagrees:
+                self.notes.append(f"{c.candidate_id}: {c.speedup_alone:.2f}x alone, but {c.cause}")
         report = Report(
             run_id=self.run_dir.name, model=self.spec, device=self.device, baseline_ms=baseline,
             optimized_ms=optimized, compiled_ms=comp, speedup=round(baseline / optimized, 3),
             speedup_vs_compiled=round(comp / optimized, 3) if comp else None, graph_decode_ms=graphed,
             timing_rounds=finish.rounds, fidelity=fid,
-            kernels=final_rows(self.kernels, self.counted, self.region_speedups, self.dropped, self.outpaced),
+            kernels=rows,
             hotspots_before=self.hotspots_before, hotspots_after=hotspots_after,
             notes=self.notes, seconds=round(self.state.clock.elapsed(), 1), llm=self.usage,
             iterations=max(self.iterations_done, 1), stop_reason=stop_reason, budget=self._budget(),
             reused=self.reused, sessions=self.sessions, host=times.host, engine=self.engine.kind,
-            serving=measured.serving, floor=measured.floor, peak_rss_mib=peak_rss_mib())
+            serving=measured.serving, floor=measured.floor, peak_rss_mib=peak_rss_mib(), alone_vs_model=compared)
         write_report(report, self.run_dir, self.console)
         if fid.passed:
             self._store_accepted()

@@ -473,6 +473,24 @@ class EndToEndTimes(BaseModel):
     pack_rounds_differ: list[int] = Field(default_factory=list)
 
 
+class AloneVsModel(BaseModel):
+    """One pack kernel's gain alone (its benchmark) beside its gain in the model (the gate's leave-one-out trial), per
+    workload run; where they disagree by more than 2x, what was measured of why."""
+
+    model_config = ConfigDict(frozen=True)
+
+    candidate_id: str
+    speedup_alone: float
+    calls: int  # into the kernel, per workload run
+    predicted_ms: float  # from its benchmark: calls x (the op's time - the kernel's), per call as benchmarked
+    measured_ms: float  # the pack's median round without it minus with it
+    bench_call_us: float | None  # the kernel's time a call in its benchmark
+    model_call_us: float | None  # its module's time a call in the packed model's profile (the router's included)
+    judged: bool  # either saving is beyond the rounds' noise (2% of the pack's round): else no verdict
+    disagrees: bool  # judged, and the two savings differ by more than 2x (or have opposite signs)
+    cause: str  # for people: what the measurements say of the difference ("" where they agree)
+
+
 class Report(BaseModel):
     run_id: str
     model: ModelSpec
@@ -501,6 +519,7 @@ class Report(BaseModel):
     serving: ServedComparison | None = None  # served runs: the A/B on the server (its rounds are baseline/optimized)
     floor: WorkloadFloor | None = None
     peak_rss_mib: float | None = None  # kernelbot's own process at its largest (the sandbox's and servers' apart)
+    alone_vs_model: list[AloneVsModel] = Field(default_factory=list)  # in-process packs of 2+ kernels (gate trials)
 
 
 class KernelStat(BaseModel):

@@ -42,6 +42,8 @@ class Gated:
     kept: list[Accepted]
     measured: Measured  # the kept pack's measurement (the baseline's own rounds when nothing is kept)
     dropped: list[tuple[Accepted, str]] = field(default_factory=list)  # each with why, for the report
+    # each kernel's leave-one-out trial: (the kernel, the whole pack's rounds, the rounds without it)
+    trials: list[tuple[Accepted, EndToEndTimes, EndToEndTimes]] = field(default_factory=list)
 
 
 HELPS = 1.03  # a faster pack loses a kernel only where its absence gains 3% more, in its trial and timed again
@@ -53,8 +55,10 @@ def never_slower(accepted: list[Accepted], measured: Measured,
     (`again`: in fresh rounds, not the ones a leave-one-out trial of the same subset recorded);
     `take_apart_faster`: look for kernels that hurt a pack faster than the baseline too."""
     kept, current, dropped = list(accepted), measured, []
+    trials = []
     if len(kept) > 1 and (take_apart_faster or not faster(current.times)):  # (one kernel's subset: the baseline)
-        without = {id(a): ratio(trial([x for x in kept if x is not a], False).times) for a in kept}
+        trials = [(a, current.times, trial([x for x in kept if x is not a], False).times) for a in kept]
+        without = {id(a): ratio(times) for a, _, times in trials}
         for worst in sorted(kept, key=lambda a: -without[id(a)]):
             won = faster(current.times)
             bar = ratio(current.times) * (HELPS if won else 1.0)
@@ -75,4 +79,4 @@ def never_slower(accepted: list[Accepted], measured: Measured,
     if not kept:  # nothing ships: the model runs as the baseline did
         current = current.model_copy(update={"times": current.times.model_copy(
             update={"kernelbot": list(current.times.eager)})})
-    return Gated(kept, current, dropped)
+    return Gated(kept, current, dropped, trials)

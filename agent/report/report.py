@@ -76,6 +76,28 @@ def _spend_section(r: Report) -> list[str]:
             f"- {spend}"] + ([f"- reused from the kernel store: {', '.join(r.reused)}"] if r.reused else [])
 
 
+def _alone_vs_model_section(r: Report) -> list[str]:
+    """Each kernel's saving as its benchmark predicts it beside the gate's measurement of it in the model."""
+    if not r.alone_vs_model:
+        return []
+    lines = ["", "## Alone vs in the model", "",
+             "Per workload run: the saving its benchmark predicts (calls x the op's time less the kernel's) and the "
+             "saving measured in the model (the pack's median round without it, less with it: the gate's "
+             "leave-one-out). A call's time in the model is its module's in the packed model's profile (the "
+             "router's work included).", "",
+             "| candidate | alone | calls | predicted ms | measured ms | µs a call: benchmark | in the model "
+             "| verdict |",
+             "|---|---:|---:|---:|---:|---:|---:|---|"]
+    for c in r.alone_vs_model:
+        verdict = ("**disagree**: " + c.cause if c.disagrees else "agree" if c.judged
+                   else "within the rounds' noise")
+        model_us = f"{c.model_call_us:.1f}" if c.model_call_us is not None else "—"
+        bench_us = f"{c.bench_call_us:.1f}" if c.bench_call_us is not None else "—"
+        lines.append(f"| {c.candidate_id} | {c.speedup_alone:.2f}x | {c.calls} | {c.predicted_ms:.1f} | "
+                     f"{c.measured_ms:.1f} | {bench_us} | {model_us} | {verdict} |")
+    return lines
+
+
 def _contended_banner(r: Report) -> list[str]:
     """At the top of a report timed on a busy host: its ratios are doubtful (on 2 cores one other CPU-bound process
     made eager rounds 5-10x slower)."""
@@ -127,6 +149,7 @@ def render_markdown(r: Report, figures: Iterable[str] = ()) -> str:
             versus = f"{k.speedup / region:.2f}x" if region and k.speedup else "—"
             lines.append(f"| {k.candidate_id} | {k.reference_us:.1f} | {k.time_us:.1f} | {k.floor_us:.1f} | "
                          f"{k.floor_us / k.time_us:.0%} | {f'{region:.2f}x' if region else '—'} | {versus} |")
+    lines += _alone_vs_model_section(r)
     lines += ["", "## Hotspots before (profiled, roofline floor from the device's peaks)", "",
               *_hotspot_rows(r.hotspots_before), "", "## Hotspots after", "", *_hotspot_rows(r.hotspots_after)]
     lines += _spend_section(r)

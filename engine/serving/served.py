@@ -48,6 +48,8 @@ from kernelbot.records import (
 )
 
 Say = Callable[[str], None]
+# the float64 twin: per context and position asked for, the log-probabilities of the token ids asked for there
+TwinLogprobs = Callable[[list[list[int]], list[dict[int, set[int]]]], list[dict[int, dict[int, float]]]]
 PROFILED_DECODE_STEPS = 16
 
 
@@ -314,8 +316,7 @@ class ServedEngine:
         return traces, read_reports(setup.counts_dir)
 
     # -- measure ----------------------------------------------------------------------------------------------
-    def measure(self, pack: Pack, pack_dir: Path, rounds: int, twin: Callable[[list[list[int]]], list[torch.Tensor]]
-                ) -> tuple[ServedComparison, Fidelity]:
+    def measure(self, pack: Pack, pack_dir: Path, rounds: int, twin: TwinLogprobs) -> tuple[ServedComparison, Fidelity]:
         """Stock and packed servers side by side: interleaved rounds of the same load, the fidelity probe, the
         pack server's counters."""
         where = f"measure_{pack.version.rsplit('+', 1)[-1]}"  # each pack measured has its own servers' records
@@ -349,7 +350,7 @@ class ServedEngine:
         return _comparison(self.opts.engine.value, self.version, command, results, reports, load), fidelity
 
     def _fidelity(self, stock: ServerProcess, packed: ServerProcess,
-                  twin: Callable[[list[list[int]]], list[torch.Tensor]]) -> Fidelity:
+                  twin: TwinLogprobs) -> Fidelity:
         # at least as many prompts as the load has in flight, all at once: the probe's decode steps run at the rows
         # the load's do, which the pack's kernels were made for (a generic kernel takes only its captured shapes)
         prompts = random_prompts(max(self.opts.probe_prompts, self.workload.concurrency), self.workload.input_len,
@@ -377,16 +378,20 @@ class ServedEngine:
         else:
             stock_top += [t for g, n in zip(stock_out, steps, strict=True) for t in g.top[:n]]
             pack_top += [t for g, n in zip(pack_out, steps, strict=True) for t in g.top[:n]]
+            # each row's (context, position): every prompt position, then each compared decode step (row j of a
+            # context predicts its token j + 1); the twin is asked for the tokens either server ranked there only
+            where = [(ci, pos) for ci, c in enumerate(contexts) for pos in range(len(c) - 1)]
+            where += [(ci, len(p) - 1 + k) for ci, (p, n) in enumerate(zip(prompts, steps, strict=True))
+                      for k in range(n)]
+            wanted: list[dict[int, set[int]]] = [{} for _ in contexts]
+            for (ci, pos), s, q in zip(where, stock_top, pack_top, strict=True):
+                wanted[ci].setdefault(pos, set()).update(s, q)
             try:
-                logps = twin(contexts)
+                values = twin(contexts, wanted)
             except KernelbotError as exc:
                 self.say(f"      no float64 twin ({exc}): fidelity judges greedy parity and repetition only")
             else:
-                rows = [r for logp in logps for r in logp]
-                rows += [logp[len(p) - 1 + k] for logp, p, n in zip(logps, prompts, steps, strict=True)
-                         for k in range(n)]  # row j of a context predicts its token j + 1
-                exact = [{i: float(r[i]) for i in set(s) | set(p)} for r, s, p in zip(rows, stock_top, pack_top,
-                                                                                      strict=True)]
+                exact = [values[ci][pos] for ci, pos in where]
         return fid.served_fidelity([g.tokens for g in stock_out], [g.tokens for g in pack_out], stock_top, pack_top,
                                    exact)
 
