@@ -37,7 +37,8 @@ from served import model_argument
 
 from kernelbot.engine import builtin_spec, host
 from kernelbot.engine.serving.apis import VLLMAPI, ServerSetup
-from kernelbot.engine.serving.load import Workload, random_prompts, run_load
+from kernelbot.engine.serving.ceiling import forward_ms
+from kernelbot.engine.serving.load import Workload, run_load
 from kernelbot.engine.serving.served import served_memory, served_model_dir
 from kernelbot.engine.serving.server import Launch, ServerProcess, free_port
 from kernelbot.engine.serving.sizing import ServerLimits
@@ -88,34 +89,6 @@ def gemm_step_seconds(shapes: list[tuple[int, int]], rows: int) -> dict[str, flo
     }
 
 
-def in_process_forward_ms(model_dir: Path, vocab: int, workload: Workload, limits: ServerLimits) -> float:
-    """The median decode step of vLLM's model.forward, the engine in this process."""
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
-
-    llm = LLM(model=str(model_dir), skip_tokenizer_init=True, dtype="bfloat16", enforce_eager=True,
-              max_model_len=limits.context_len, kv_cache_memory_bytes=limits.kv_cache_bytes, disable_log_stats=True)
-    prompts = [TokensPrompt(prompt_token_ids=p)
-               for p in random_prompts(workload.concurrency, workload.input_len, vocab, seed=0)]
-    params = SamplingParams(max_tokens=workload.output_len, ignore_eos=True, temperature=0)
-    llm.generate(prompts, params, use_tqdm=False)
-    model = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner.model
-    steps: list[float] = []
-    forward = model.forward
-
-    def timed(*args: object, **kwargs: object) -> object:
-        start = time.perf_counter()
-        out = forward(*args, **kwargs)
-        steps.append(time.perf_counter() - start)
-        return out
-
-    model.forward = timed
-    llm.generate(prompts, params, use_tqdm=False)
-    del llm
-    return statistics.median(steps[1:]) * 1e3  # steps[0] is the prefill
-
-
 def served_step(model_dir: Path, vocab: int, args: argparse.Namespace, work: Path, workload: Workload,
                 limits: ServerLimits) -> dict[str, float | str]:
     """Stock vLLM under served.py's load: ITL p50, tok/s (medians of the rounds), the worker's cores."""
@@ -164,7 +137,8 @@ def measure(name: str, args: argparse.Namespace, work: Path) -> str:
     model_dir = served_model_dir(spec, work / name)
     vocab = spec.vocab
     served = served_step(model_dir, vocab, args, work / name, workload, limits)
-    forward_ms = in_process_forward_ms(model_dir, vocab, workload, limits)
+    forward = forward_ms(model_dir, "bfloat16", workload.concurrency, workload.input_len, workload.output_len,
+                         limits, vocab)
     timed = gemm_step_seconds(weight_shapes(model_dir), args.batch)
     gemm = {k: v * 1e3 if k != "bytes" else v for k, v in timed.items()}
     step = float(served["itl_ms"])
@@ -173,10 +147,10 @@ def measure(name: str, args: argparse.Namespace, work: Path) -> str:
         return f"{step / max(step - saved_ms, 1e-9):.2f}x"
 
     stream_gbps = gemm["bytes"] / gemm["stream"] / 1e6
-    return (f"| {name} | {step:.1f} | {served['tok_s']:.0f} | {served['worker_cores']} | {forward_ms:.1f} "
-            f"({forward_ms / step:.0%}) | {gemm['onednn']:.1f} | {gemm['kernelbot']:.1f} | {gemm['stream']:.1f} "
+    return (f"| {name} | {step:.1f} | {served['tok_s']:.0f} | {served['worker_cores']} | {forward:.1f} "
+            f"({forward / step:.0%}) | {gemm['onednn']:.1f} | {gemm['kernelbot']:.1f} | {gemm['stream']:.1f} "
             f"({stream_gbps:.1f} GB/s) | {gain(gemm['onednn'] - gemm['kernelbot'])} | "
-            f"{gain(gemm['onednn'] - gemm['stream'])} | {gain(forward_ms)} |")
+            f"{gain(gemm['onednn'] - gemm['stream'])} | {gain(forward)} |")
 
 
 def main() -> None:

@@ -651,6 +651,21 @@ class ServingMetrics(BaseModel):
     round_throughputs: list[float] = Field(default_factory=list)  # every round's tok/s, when this is the median one
 
 
+class ServedCeiling(BaseModel):
+    """What kernels can gain at most on this server: the model's forward in a decode step (the engine in one process,
+    the same model and load) against the served step (the stock server's ITL p50)."""
+
+    step_ms: float
+    forward_ms: float
+    share: float  # of the step
+    max_gain: float | None  # the step over the step without the forward (None: the forward took all of it)
+
+    def summary(self) -> str:
+        free = f"{self.max_gain:.2f}x" if self.max_gain is not None else "unbounded"
+        return (f"the model's forward takes {self.forward_ms:.1f} ms of the {self.step_ms:.1f} ms served decode step "
+                f"({self.share:.0%}); with the whole forward free the step would be {free} faster")
+
+
 class ServedComparison(BaseModel):
     """The served A/B: the stock engine and the engine with the pack, the same model and load, both servers started
     the same way and up together, interleaved rounds (the order alternating)."""
@@ -668,6 +683,7 @@ class ServedComparison(BaseModel):
     processes: list[PluginReport]  # each engine process's plugin counters
     notes: list[str] = Field(default_factory=list)
     host: HostLoad | None = None  # over the rounds
+    ceiling: ServedCeiling | None = None  # measured after the rounds (vLLM)
 
 
 class WorkloadFloor(BaseModel):

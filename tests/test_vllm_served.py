@@ -56,6 +56,9 @@ def test_the_served_loop_runs_its_kernels_inside_vllms_worker_and_measures_both_
     assert report.engine == "vllm" and report.serving is not None and report.serving.version == "0.32.0"
     assert f"--max-model-len {16 + 8 + 1} --kv-cache-memory-bytes" in report.serving.command  # the load's length
     assert report.peak_rss_mib is not None and report.peak_rss_mib > 100  # kernelbot's own process, in MiB
+    ceiling = report.serving.ceiling  # the forward timed in one vLLM process, against the stock server's step
+    assert ceiling is not None and ceiling.forward_ms > 0 and ceiling.step_ms > 0, report.serving.notes
+    assert "Ceiling: the model's forward takes" in (run_dir / "report.md").read_text()
     # vLLM's own layers, as its plugin captured them in the worker: its RMSNorm, its attention backend and the LM
     # head (a GEMM inside LogitsProcessor's forward, found by the trace under that module)
     families = {(h.module_class, h.family) for h in report.hotspots_before}

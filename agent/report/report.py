@@ -220,6 +220,7 @@ def _served_section(s: ServedComparison) -> list[str]:
              _serving_row("stock", s.stock), _serving_row("with the pack", s.with_pack), "",
              f"Throughput gain: **{gain}**; the pack ran in every engine process that ran layers: **{s.engaged}**. "
              f"The packed server: `{s.command}`.", "",
+             *([f"Ceiling: {s.ceiling.summary()}.", ""] if s.ceiling is not None else []),
              "| process | rank | pack kernel calls | fallbacks | why |", "|---|---|---:|---:|---|"]
     for p in s.processes:
         if not (p.custom or p.fallback):

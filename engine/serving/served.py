@@ -29,8 +29,9 @@ from kernelbot.engine.memory import gpu_free_bytes, host_available_bytes, model_
 from kernelbot.engine.served_layers import FLUSH_S, fixed_dims, read_reports, widest
 from kernelbot.engine.serving import fidelity as fid
 from kernelbot.engine.serving.apis import APIS, ServerSetup, engine_version
+from kernelbot.engine.serving.ceiling import measure_ceiling
 from kernelbot.engine.serving.load import Workload, generate, post, random_prompts, run_load
-from kernelbot.engine.serving.serve_options import ServeOptions
+from kernelbot.engine.serving.serve_options import EngineKind, ServeOptions
 from kernelbot.engine.serving.server import Launch, ServerProcess, last_error
 from kernelbot.engine.serving.sizing import MemoryPlan, check_fits, plan_memory, user_sized
 from kernelbot.kernel_library import FAMILIES
@@ -347,7 +348,23 @@ class ServedEngine:
             time.sleep(2 * FLUSH_S)  # the plugin's counters reach their files
         assert pack_setup.counts_dir is not None
         reports = read_reports(pack_setup.counts_dir)
-        return _comparison(self.opts.engine.value, self.version, command, results, reports, load), fidelity
+        comparison = _comparison(self.opts.engine.value, self.version, command, results, reports, load)
+        return comparison.model_copy(update=self._ceiling(comparison)), fidelity
+
+    def _ceiling(self, comparison: ServedComparison) -> dict[str, object]:
+        """The ceiling measured now, the servers stopped (vLLM: its in-process executor); else a note why not."""
+        if self.opts.engine is not EngineKind.VLLM:
+            return {"notes": [*comparison.notes, "the served ceiling is measured on vLLM only"]}
+        self.say("      the ceiling: the model's forward timed in one vLLM process under the same load")
+        try:
+            ceiling = measure_ceiling(self.opts.python, self.model_dir, self.spec.dtype, self.workload.concurrency,
+                                      self.workload.input_len, self.workload.output_len,
+                                      self.limits or served_memory(self.spec, self.workload, self.opts.tp).limits,
+                                      self.vocab, comparison.stock.median_itl_ms)
+        except KernelbotError as exc:
+            return {"notes": [*comparison.notes, f"no served ceiling: {exc}"]}
+        self.say(f"      {ceiling.summary()}")
+        return {"ceiling": ceiling}
 
     def _fidelity(self, stock: ServerProcess, packed: ServerProcess,
                   twin: TwinLogprobs) -> Fidelity:
