@@ -18,7 +18,13 @@ from kernelbot.agent.measure.measure import Measured, count_calls, fidelity, lay
 from kernelbot.agent.stages import Stages
 from kernelbot.agent.tasks.plan import ModelTasks, ServedTasks, TaskSource
 from kernelbot.engine.device import DeviceChoice
-from kernelbot.engine.memory import check_in_process_fits, gpu_free_bytes, host_available_bytes, model_footprint
+from kernelbot.engine.memory import (
+    check_in_process_fits,
+    gpu_free_bytes,
+    host_available_bytes,
+    meta_model,
+    model_footprint,
+)
 from kernelbot.engine.serving.load import Workload
 from kernelbot.engine.serving.serve_options import ServeOptions
 from kernelbot.engine.serving.served import (
@@ -165,8 +171,7 @@ class ServedRunEngine:
         times = EndToEndTimes(eager=round_ms(serving.stock_rounds), kernelbot=round_ms(serving.pack_rounds),
                               host=serving.host)
         w = self.served.workload
-        model = _twin_model(self.spec, self.served.model_dir, torch.float32)
-        floor = with_shares(workload_floor(model, self.device, w.concurrency, w.input_len, w.output_len,
+        floor = with_shares(workload_floor(meta_model(self.spec), self.device, w.concurrency, w.input_len, w.output_len,
                                            waves=-(-w.num_prompts // w.concurrency)),
                             {"stock": _median(times.eager), "kernelbot": _median(times.kernelbot)})
         return Measured(calls=calls, fallbacks=fallbacks, fidelity=fid, times=times, floor=floor, serving=serving,

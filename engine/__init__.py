@@ -4,16 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["EngineAdapter", "TorchEngine", "builtin_spec"]
+__all__ = ["TorchEngine", "builtin_spec"]
 
 
 def __getattr__(name: str) -> Any:
     # Lazy, so that the SGLang plugin (kernelbot.engine.sglang_plugin), imported inside SGLang's processes,
     # pulls in neither transformers nor the profiler's dependencies.
-    if name == "EngineAdapter":
-        from kernelbot.engine.base import EngineAdapter
-
-        return EngineAdapter
     if name in ("TorchEngine", "builtin_spec"):
         from kernelbot.engine import torch_engine
 

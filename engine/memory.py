@@ -13,11 +13,11 @@ import torch
 from pydantic import BaseModel, ConfigDict
 
 from kernelbot import KernelbotError
+from kernelbot.dtypes import DTYPE_BYTES
 from kernelbot.engine.models import int_attribute, spec_config, text_config
 from kernelbot.records import ModelSpec
 
 GIB = 1 << 30
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
 
 
 class ModelFootprint(BaseModel):
@@ -41,19 +41,20 @@ def model_footprint(spec: ModelSpec) -> ModelFootprint:
     config = spec_config(spec)
     dtype_bytes = DTYPE_BYTES[spec.dtype]
     text = text_config(config)
-    return ModelFootprint(parameters=parameter_count(config), dtype_bytes=dtype_bytes,
+    return ModelFootprint(parameters=sum(p.numel() for p in meta_model(spec).parameters()), dtype_bytes=dtype_bytes,
                           kv_bytes_per_token=kv_values_per_token(text) * dtype_bytes,
                           activation_bytes_per_token=activation_values_per_token(text) * 4,
                           max_positions=int_attribute(text, "max_position_embeddings"))
 
 
-def parameter_count(config: Any) -> int:
-    """The distinct parameters of the causal LM a config builds, counted on the meta device (no memory taken)."""
+def meta_model(spec: ModelSpec) -> torch.nn.Module:
+    """The spec's causal LM at its dtype on the meta device: its shapes, sizes and config, no memory taken
+    (parameters() yields a tied tensor once)."""
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, trust_remote_code=False)
-    return sum(p.numel() for p in model.parameters())  # parameters() yields a tied tensor once
+        model = AutoModelForCausalLM.from_config(spec_config(spec), trust_remote_code=False)
+    return model.to(getattr(torch, spec.dtype))
 
 
 def kv_values_per_token(text: Any) -> int:

@@ -47,6 +47,11 @@ class Device(BaseModel):
     peaks_source: str  # "measured on this machine" or the table row used
     notes: list[str] = Field(default_factory=list)
 
+    def floor_us(self, flops: float, nbytes: float) -> float:
+        """The roofline floor of some work on this device, in µs: its FLOPs at the peak FLOP/s or its bytes at the
+        peak bandwidth, whichever takes longer."""
+        return max(flops / (self.peak_gflops * 1e3), nbytes / (self.peak_gbps * 1e3))
+
 
 class ModelSpec(BaseModel):
     """The model and the workload run on it. A built-in (path None) is a Llama decoder made from these numbers; a

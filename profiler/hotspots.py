@@ -9,13 +9,11 @@ from collections.abc import Callable, Mapping
 import numpy as np
 import pandas as pd
 
-from kernelbot.dtypes import DTYPE_NAMES
+from kernelbot.dtypes import DTYPE_BYTES, DTYPE_NAMES
 from kernelbot.kernel_library import family_for
 from kernelbot.kernel_library.base import Family, OpCall
 from kernelbot.profiler.trace import Trace
 from kernelbot.records import KERNEL_LABEL, Device, Hotspot
-
-ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
 
 
 def _class_of(label: str) -> str:
@@ -106,8 +104,8 @@ def rank_hotspots(trace: Trace, device: Device, covered: Mapping[str, str] | Non
         family = family_of(cls)
         flops = nbytes = floor = 0.0
         if family and _fits(family, dims):
-            flops, nbytes = family.cost(dims, ITEMSIZE.get(dtype, 4))
-            floor = g["calls"] * max(flops / (device.peak_gflops * 1e3), nbytes / (device.peak_gbps * 1e3))
+            flops, nbytes = family.cost(dims, DTYPE_BYTES.get(dtype, 4))
+            floor = g["calls"] * device.floor_us(flops, nbytes)
         hotspots.append(Hotspot(
             id="", module_class=cls, module_paths=g["paths"], family=family.name if family else None,
             input_dims=dims, dtype=dtype, calls=g["calls"], total_us=round(g["us"], 1),

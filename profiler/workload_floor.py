@@ -39,17 +39,16 @@ def workload_floor(model: torch.nn.Module, device: Device, batch: int, prompt_le
     weight_bytes, kv_per_token, layers, hidden = _sizes(model)
     itemsize = next(model.parameters()).element_size()
     weights = weight_bytes / itemsize
-    flop_s, byte_s = device.peak_gflops * 1e9, device.peak_gbps * 1e9
     prefill_flops = 2 * weights * batch * prompt_len + 2 * layers * hidden * prompt_len ** 2 * batch
-    floor_s = max(prefill_flops / flop_s, weight_bytes / byte_s)
+    floor_us = device.floor_us(prefill_flops, weight_bytes)
     decode_bytes = 0.0
     for step in range(decode_steps):
         step_bytes = weight_bytes + batch * (prompt_len + step) * kv_per_token
         decode_bytes += step_bytes
-        floor_s += max(2 * weights * batch / flop_s, step_bytes / byte_s)
+        floor_us += device.floor_us(2 * weights * batch, step_bytes)
     return WorkloadFloor(weight_bytes=weight_bytes, kv_bytes_per_token=kv_per_token,
                          prefill_gflop=waves * prefill_flops / 1e9, decode_gb=waves * decode_bytes / 1e9,
-                         floor_ms=round(waves * floor_s * 1e3, 3))
+                         floor_ms=round(waves * floor_us / 1e3, 3))
 
 
 def with_shares(floor: WorkloadFloor, times_ms: dict[str, float | None]) -> WorkloadFloor:

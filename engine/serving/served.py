@@ -24,6 +24,7 @@ import torch
 from pydantic import BaseModel
 
 from kernelbot import KernelbotError
+from kernelbot.dtypes import DTYPE_BYTES
 from kernelbot.engine import host
 from kernelbot.engine.memory import gpu_free_bytes, host_available_bytes, model_footprint
 from kernelbot.engine.served_layers import FLUSH_S, fixed_dims, read_reports, widest
@@ -204,13 +205,13 @@ def _per_class(hotspots: list[Hotspot], classes: set[str]) -> list[Hotspot]:
 def _variant_cost(c: LayerCapture) -> tuple[float, float, Callable[[Device], float]]:
     """(flops, bytes) over all the variant's calls, and its roofline floor on a device, from its rows histogram."""
     family = FAMILIES[c.family]
-    itemsize = {"float32": 4, "bfloat16": 2, "float16": 2}.get(c.dtype, 4)
+    itemsize = DTYPE_BYTES.get(c.dtype, 4)
     per_rows = [(int(r), n, family.cost(profiled_dims(c, c.shapes[r]), itemsize)) for r, n in c.rows.items()]
     flops = sum(n * f for _, n, (f, _) in per_rows)
     nbytes = sum(n * b for _, n, (_, b) in per_rows)
 
     def floor(device: Device) -> float:
-        return sum(n * max(f / (device.peak_gflops * 1e3), b / (device.peak_gbps * 1e3)) for _, n, (f, b) in per_rows)
+        return sum(n * device.floor_us(f, b) for _, n, (f, b) in per_rows)
 
     return flops, nbytes, floor
 

@@ -19,7 +19,8 @@ import math
 from pydantic import BaseModel, ConfigDict
 
 from kernelbot import KernelbotError
-from kernelbot.engine.memory import DTYPE_BYTES, GIB, ModelFootprint, gib, round_up
+from kernelbot.dtypes import DTYPE_BYTES
+from kernelbot.engine.memory import GIB, ModelFootprint, gib, round_up
 
 BLOCK_TOKENS = 256  # a sequence's KV is allocated in whole blocks: vLLM's CPU backend 128 tokens, its GPU one 16
 KV_HEADROOM = 1.25
