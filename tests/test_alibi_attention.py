@@ -70,9 +70,10 @@ def test_the_reference_in_every_attention_gives_the_models_own_logits():
 
 
 @pytest.mark.parametrize(("heads", "batch", "tokens", "past"), [(4, 2, 1, 11), (4, 3, 12, 0), (6, 1, 5, 6),
-                                                                (4, 2, 1, 70)])
+                                                                (4, 2, 1, 70), (1, 1, 1, 600)])
 def test_the_kernel_matches_the_reference(heads, batch, tokens, past):
-    """6 heads: slopes past the largest power of two; a past of 70: positions over more than a block of keys."""
+    """6 heads: slopes past the largest power of two; a past of 70: positions over more than a block of keys; one
+    head of one sequence over 600: a decode step split into chunks, each biased from its own first position."""
     torch.manual_seed(1)
     hidden = heads * D
     reference, kernel = Model(hidden, heads).eval(), AlibiAttentionCpp(hidden, heads).eval()

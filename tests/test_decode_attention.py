@@ -72,6 +72,10 @@ CASES = {
     # past, and token chunks of 64 with a partial last tile of rows and a partial last block of keys
     "prefill in tiles, GQA 7:1 after a past": Case(batch=2, tokens=40, past=19, heads=7, kv_heads=1, head_dim=64),
     "prefill in tiles over two chunks of tokens": Case(batch=1, tokens=70, past=0, heads=4, kv_heads=2, head_dim=32),
+    # one sequence, two kv heads, a long context: fewer items than twice the threads, so a decode step splits each
+    # head's keys into chunks side by side and combines them (flash-decoding)
+    "decode over a long context, split into chunks": Case(batch=1, tokens=1, past=700, heads=4, kv_heads=2,
+                                                          head_dim=64),
 }
 
 

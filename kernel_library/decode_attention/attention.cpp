@@ -96,6 +96,13 @@ struct GroupAttention {
 
   void run(const Raw<T>* q /*[G, D]*/, const ScoreRule& rule, const Raw<T>* k, const Raw<T>* v, int64_t k_pos,
            int64_t v_pos, int64_t n_keys, Raw<T>* out /*[G, D]*/) {
+    accumulate(q, rule, k, v, k_pos, v_pos, n_keys);
+    store(out);
+  }
+
+  // acc, m, l: each query head's unnormalised output, running max and sum over the keys given.
+  void accumulate(const Raw<T>* q /*[G, D]*/, const ScoreRule& rule, const Raw<T>* k, const Raw<T>* v, int64_t k_pos,
+                  int64_t v_pos, int64_t n_keys) {
     using L = Lanes<T>;
     for (int64_t i = 0; i < G * D; ++i) qf[i] = L::in(q[i]) * rule.scale;
     std::fill(acc.begin(), acc.end(), 0.f);
@@ -118,6 +125,10 @@ struct GroupAttention {
         }
       }
     }
+  }
+
+  void store(Raw<T>* out /*[G, D]*/) const {
+    using L = Lanes<T>;
     for (int64_t g = 0; g < G; ++g) {
       const float inv = 1.f / l[g];
       const float* a = acc.data() + g * D;
@@ -174,10 +185,17 @@ struct GroupAttentionBf16 {
   static constexpr int64_t AHEAD = 16;  // cache rows prefetched ahead of the one being read
   std::vector<float> s;
 
+  // Where a run's results go: each head's output rounded to bf16 (out), or, for one chunk of a split context, its
+  // unnormalised fp32 output, max score and sum of exponentials (acc [G, D], m [G], l [G]).
+  struct Sink {
+    uint16_t* out = nullptr;
+    float *acc = nullptr, *m = nullptr, *l = nullptr;
+  };
+
   template <int DV>
   __attribute__((target("avx512f,avx512bf16"))) void run(const uint16_t* q, int64_t G, const ScoreRule& rule,
                                                          const uint16_t* k, const uint16_t* v, int64_t k_pos,
-                                                         int64_t v_pos, int64_t n_keys, uint16_t* out) {
+                                                         int64_t v_pos, int64_t n_keys, Sink sink) {
     constexpr int64_t D = 16 * DV;
     if (static_cast<int64_t>(s.size()) < n_keys) s.resize(n_keys);
     for (int64_t g = 0; g < G; ++g) {
@@ -211,11 +229,17 @@ struct GroupAttentionBf16 {
         const __m512 pj = _mm512_set1_ps(s[j]);
         for (int c = 0; c < DV; ++c) acc[c] = _mm512_fmadd_ps(pj, widen(vr + 16 * c), acc[c]);
       }
+      if (sink.acc != nullptr) {
+        for (int c = 0; c < DV; ++c) _mm512_storeu_ps(sink.acc + g * D + 16 * c, acc[c]);
+        sink.m[g] = best;
+        sink.l[g] = sum;
+        continue;
+      }
       const __m512 inv = _mm512_set1_ps(1.f / sum);
       for (int c = 0; c < DV; ++c) {
         alignas(64) float o[16];
         _mm512_store_ps(o, _mm512_mul_ps(acc[c], inv));
-        for (int i = 0; i < 16; ++i) out[g * D + 16 * c + i] = Lanes<c10::BFloat16>::out(o[i]);
+        for (int i = 0; i < 16; ++i) sink.out[g * D + 16 * c + i] = Lanes<c10::BFloat16>::out(o[i]);
       }
     }
   }
@@ -235,16 +259,103 @@ struct GroupAttentionBf16 {
   // Runs run<D / 16> where head_dim is one this path covers; false where it is not (the generic path takes it).
   template <int DV = 16>
   bool dispatch(int64_t D, const uint16_t* q, int64_t G, const ScoreRule& rule, const uint16_t* k, const uint16_t* v,
-                int64_t k_pos, int64_t v_pos, int64_t n_keys, uint16_t* out) {
+                int64_t k_pos, int64_t v_pos, int64_t n_keys, Sink sink) {
     if constexpr (DV == 0) {
       return false;
     } else {
-      if (D != 16 * DV) return dispatch<DV - 1>(D, q, G, rule, k, v, k_pos, v_pos, n_keys, out);
-      run<DV>(q, G, rule, k, v, k_pos, v_pos, n_keys, out);
+      if (D != 16 * DV) return dispatch<DV - 1>(D, q, G, rule, k, v, k_pos, v_pos, n_keys, sink);
+      run<DV>(q, G, rule, k, v, k_pos, v_pos, n_keys, sink);
       return true;
     }
   }
 };
+
+// How many chunks each (batch, kv head)'s keys are split into for one decode step: enough items for every thread
+// twice over, none shorter than MIN_CHUNK keys (flash-decoding: with few sequences and kv heads, a long context is
+// what there is to share out).
+static int64_t decode_chunks(int64_t items, int64_t n_keys) {
+  constexpr int64_t MIN_CHUNK = 256;
+  const int64_t threads = at::get_num_threads();
+  if (items >= 2 * threads) return 1;
+  return std::max<int64_t>(1, std::min((2 * threads + items - 1) / items, n_keys / MIN_CHUNK));
+}
+
+// One decode step (one new token per sequence) with each item's context split into `chunks` (decode_chunks): first
+// per item, rotate and append the new key and value and rotate the group's queries; then per (item, chunk), the
+// group's unnormalised output, max score and sum over its keys; then per item, the chunks combined (each rescaled to
+// the largest max) and rounded once.
+template <typename T>
+static void split_decode(const Raw<T>* qkv, int64_t row, const Raw<T>* cos, const Raw<T>* sin, RowStrides cs,
+                         bool cos_per_batch, Raw<T>* kc, CacheStrides kcs, Raw<T>* vc, CacheStrides vcs, Raw<T>* out,
+                         int64_t B, int64_t H, int64_t KVH, int64_t D, int64_t R, int64_t past_len, float scale,
+                         float cap, int64_t window, const float* slopes, int64_t chunks) {
+  using L = Lanes<T>;
+  const int64_t G = H / KVH, items = B * KVH;
+  const bool fast = std::is_same_v<T, c10::BFloat16> && has_avx512_bf16();
+  std::vector<Raw<T>> q_all(items * G * D);
+  at::parallel_for(0, items, 1, [&](int64_t i0, int64_t i1) {
+    std::vector<float> cf(R), sf(R);
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t b = i / KVH, h = i % KVH;
+      const Raw<T>* r = qkv + b * row;
+      const int64_t c = cs.at(cos_per_batch ? b : 0, 0);
+      for (int64_t d = 0; d < R; ++d) {
+        cf[d] = L::in(cos[c + d]);
+        sf[d] = L::in(sin[c + d]);
+      }
+      rotate_head<T>(r + (H + h) * D, cf.data(), sf.data(), kc + kcs.at(b, h, past_len), D, R);
+      const Raw<T>* v = r + (H + KVH + h) * D;
+      std::copy(v, v + D, vc + vcs.at(b, h, past_len));
+      for (int64_t g = 0; g < G; ++g)
+        rotate_head<T>(r + (h * G + g) * D, cf.data(), sf.data(), q_all.data() + (i * G + g) * D, D, R);
+    }
+  });
+  const int64_t end = past_len + 1, first = window > 0 ? std::max<int64_t>(0, end - window) : 0, n = end - first;
+  std::vector<float> acc(items * chunks * G * D, 0.f), mx(items * chunks * G, -std::numeric_limits<float>::infinity()),
+      sm(items * chunks * G, 0.f);
+  at::parallel_for(0, items * chunks, 1, [&](int64_t w0, int64_t w1) {
+    GroupAttention<T> group(G, D);
+    GroupAttentionBf16 group_bf16;
+    for (int64_t w = w0; w < w1; ++w) {
+      const int64_t i = w / chunks, part = w % chunks, b = i / KVH, h = i % KVH;
+      const int64_t j0 = first + n * part / chunks, j1 = first + n * (part + 1) / chunks;
+      if (j1 <= j0) continue;
+      const ScoreRule rule{scale, cap, slopes ? slopes + h * G : nullptr, j0};
+      float *a = acc.data() + w * G * D, *m = mx.data() + w * G, *l = sm.data() + w * G;
+      const Raw<T>* q = q_all.data() + i * G * D;
+      const Raw<T>* k = kc + kcs.at(b, h, j0);
+      const Raw<T>* v = vc + vcs.at(b, h, j0);
+      if constexpr (std::is_same_v<T, c10::BFloat16>) {
+        if (fast && group_bf16.dispatch(D, q, G, rule, k, v, kcs.pos, vcs.pos, j1 - j0, {nullptr, a, m, l})) continue;
+      }
+      group.accumulate(q, rule, k, v, kcs.pos, vcs.pos, j1 - j0);
+      std::copy(group.acc.begin(), group.acc.end(), a);
+      std::copy(group.m.begin(), group.m.end(), m);
+      std::copy(group.l.begin(), group.l.end(), l);
+    }
+  });
+  at::parallel_for(0, items, 1, [&](int64_t i0, int64_t i1) {
+    std::vector<float> o(D);
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t b = i / KVH, h = i % KVH;
+      for (int64_t g = 0; g < G; ++g) {
+        float top = -std::numeric_limits<float>::infinity(), total = 0.f;
+        for (int64_t part = 0; part < chunks; ++part) top = std::max(top, mx[(i * chunks + part) * G + g]);
+        std::fill(o.begin(), o.end(), 0.f);
+        for (int64_t part = 0; part < chunks; ++part) {
+          const int64_t w = i * chunks + part;
+          if (sm[w * G + g] == 0.f) continue;  // an empty chunk
+          const float weight = std::exp(mx[w * G + g] - top);
+          total += sm[w * G + g] * weight;
+          const float* a = acc.data() + (w * G + g) * D;
+          for (int64_t d = 0; d < D; ++d) o[d] += a[d] * weight;
+        }
+        Raw<T>* dst = out + (b * H + h * G + g) * D;
+        for (int64_t d = 0; d < D; ++d) dst[d] = L::out(o[d] / total);
+      }
+    }
+  });
+}
 
 // Per (batch, kv head), in one parallel region: rotate and append its T new keys (and values), rotate its group's
 // queries, then attend each new token over the cache. Items touch only their own kv head's cache rows and their own
@@ -256,6 +367,12 @@ static void rope_attend_items(const Raw<T>* qkv, int64_t row, const Raw<T>* cos,
                               int64_t past_len, float scale, float cap, int64_t window, const float* slopes) {
   using L = Lanes<T>;
   const int64_t G = H / KVH;
+  if (T_ == 1) {
+    const int64_t chunks = decode_chunks(B * KVH, window > 0 ? std::min(window, past_len + 1) : past_len + 1);
+    if (chunks > 1)
+      return split_decode<T>(qkv, row, cos, sin, cs, cos_per_batch, kc, kcs, vc, vcs, out, B, H, KVH, D, R, past_len,
+                             scale, cap, window, slopes, chunks);
+  }
   const bool fast = std::is_same_v<T, c10::BFloat16> && has_avx512_bf16();
   // prefill (several new tokens) with plain scores in tiles: chunks of TQ tokens' queries at a time
   const bool tiled = fast && T_ > 1 && cap <= 0.f && slopes == nullptr && window <= 0 && PrefillTilesBf16::takes(D);
@@ -307,9 +424,9 @@ static void rope_attend_items(const Raw<T>* qkv, int64_t row, const Raw<T>* cos,
         const Raw<T>* k = kc + kcs.at(b, h, first);  // a sliding window sees only the last `window` keys
         const Raw<T>* v = vc + vcs.at(b, h, first);
         Raw<T>* o = out + ((b * T_ + t) * H + h * G) * D;
-        const ScoreRule rule{scale, cap, slopes ? slopes + h * G : nullptr, first};
+        const ScoreRule rule{scale, cap, slopes ? slopes + h * G : nullptr, j0};
         if constexpr (std::is_same_v<T, c10::BFloat16>) {
-          if (fast && group_bf16.dispatch(D, q_rot.data(), G, rule, k, v, kcs.pos, vcs.pos, end - first, o))
+          if (fast && group_bf16.dispatch(D, q_rot.data(), G, rule, k, v, kcs.pos, vcs.pos, end - first, {o}))
             continue;
         }
         group.run(q_rot.data(), rule, k, v, kcs.pos, vcs.pos, end - first, o);
