@@ -424,7 +424,7 @@ static void rope_attend_items(const Raw<T>* qkv, int64_t row, const Raw<T>* cos,
         const Raw<T>* k = kc + kcs.at(b, h, first);  // a sliding window sees only the last `window` keys
         const Raw<T>* v = vc + vcs.at(b, h, first);
         Raw<T>* o = out + ((b * T_ + t) * H + h * G) * D;
-        const ScoreRule rule{scale, cap, slopes ? slopes + h * G : nullptr, j0};
+        const ScoreRule rule{scale, cap, slopes ? slopes + h * G : nullptr, first};
         if constexpr (std::is_same_v<T, c10::BFloat16>) {
           if (fast && group_bf16.dispatch(D, q_rot.data(), G, rule, k, v, kcs.pos, vcs.pos, end - first, {o}))
             continue;
