@@ -167,3 +167,12 @@ def test_real_scale_runs_its_smallest_in_process_row(tmp_path):
     rows = [line for line in out.splitlines() if line.startswith("| in-process |")]
     assert len(rows) == 1 and rows[0].count("|") == 13, rows
     assert (tmp_path / "runs" / "in-process" / "report.json").exists()
+
+
+def test_real_scale_kernels_times_each_kernel_against_its_floor_at_the_smallest_sizes(tmp_path):
+    out = _run("real_scale_kernels.py", "--smallest", cwd=tmp_path)
+    rows = [line for line in out.splitlines() if line.startswith("| ") and "µs" not in line and "---" not in line]
+    labels = {row.split(" | ")[0].removeprefix("| ") for row in rows}
+    assert {"o_proj, decode", "gated MLP, prefill", "LM head, decode", "attention, prefill of 16"} <= labels, labels
+    assert all(row.count("|") == 10 and row.rstrip().endswith("% |") for row in rows), rows
+    assert "peaks" in out and "bfloat16 GEMM" in out and "host over the run" in out
