@@ -37,6 +37,7 @@ from kernelbot.engine.serving.served import (
 )
 from kernelbot.engine.torch_engine import TorchEngine, without_grouped_experts
 from kernelbot.kernel_library import classes_covered
+from kernelbot.profiler.device import with_attained
 from kernelbot.profiler.hotspots import op_breakdown, rank_hotspots
 from kernelbot.profiler.trace import load_trace
 from kernelbot.profiler.workload_floor import with_shares, workload_floor
@@ -83,8 +84,9 @@ class InProcessEngine:
             self.engine.profile(trace)
             loaded = load_trace(trace)
             op_breakdown(loaded).to_csv(trace.with_name(trace.name.replace(".json.gz", "_ops.csv")), index=False)
-            return Profiled(hotspots=rank_hotspots(loaded, self.device, classes_covered(self.engine.model)),
-                            captures=[])
+            covered = classes_covered(self.engine.model)
+            return ranked(lambda device: Profiled(hotspots=rank_hotspots(loaded, device, covered), captures=[]),
+                          self)
         finally:
             self.engine.remove_pack()
 
@@ -150,9 +152,10 @@ class ServedRunEngine:
         loaded = load_trace(traces[0])  # TP ranks run the same layers at the same shapes
         op_breakdown(loaded).to_csv(trace.with_name(trace.name.replace(".json.gz", "_ops.csv")), index=False)
         covered = {c.module_class or c.engine_class: c.family for c in captures}
-        hotspots = split_hotspots(rank_hotspots(loaded, self.device, covered, by_name=False), captures,
-                                  self.device, self.served.decode_scale)
-        return Profiled(hotspots=hotspots, captures=captures, generic=merge_generic(reports))
+        generic = merge_generic(reports)
+        return ranked(lambda device: Profiled(hotspots=split_hotspots(
+            rank_hotspots(loaded, device, covered, by_name=False), captures, device, self.served.decode_scale),
+            captures=captures, generic=generic), self)
 
     def tasks(self, profiled: Profiled, generic_refused: str | None) -> TaskSource:
         return ServedTasks(self.kind, profiled.captures, profiled.generic, generic_refused)
@@ -176,6 +179,17 @@ class ServedRunEngine:
                             {"stock": _median(times.eager), "kernelbot": _median(times.kernelbot)})
         return Measured(calls=calls, fallbacks=fallbacks, fidelity=fid, times=times, floor=floor, serving=serving,
                         notes=list(serving.notes))
+
+
+def ranked(rank: Callable[[Device], Profiled], engine: InProcessEngine | ServedRunEngine) -> Profiled:
+    """The profile ranked against the engine's device; again, with the device's peaks raised, where the profiled work
+    attained more than the measured peaks (then the engine keeps the raised device, and the profile carries it)."""
+    profiled = rank(engine.device)
+    raised = with_attained(engine.device, profiled.hotspots)
+    if raised is engine.device:
+        return profiled
+    engine.device = raised
+    return rank(raised).model_copy(update={"device": raised})
 
 
 def _median(xs: list[float]) -> float | None:

@@ -295,6 +295,12 @@ class OptimizeRun:
             self.profiled = Profiled.model_validate(self.state.memo(key, "stage", lambda: self.engine.profile(
                 trace, self.pack, self.pack_dir).model_dump()))
         self.profiled_pack = self.pack.version
+        if self.profiled.device is not None and self.profiled.device != self.device:
+            self.device = self.profiled.device  # peaks raised to what the profile attained
+            self.engine.device = self.device
+            self.generation.device = self.device
+            write_record(self.run_dir / "device.json", self.device)
+            self.stages.say(f"      {self.device.notes[-1]}", style="yellow")
         return self.profiled.hotspots
 
     def finish_plan(self) -> Finish:

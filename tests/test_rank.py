@@ -325,3 +325,19 @@ def test_rank_imports_neither_pandas_nor_torch():
     code = "import sys; from kernelbot.profiler.rank import rank; print(sorted({'pandas', 'torch'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_peaks_measured_low_on_a_busy_host_are_raised_to_what_the_profiled_work_attained():
+    from kernelbot.profiler.device import with_attained
+    from kernelbot.records import Device, Hotspot
+
+    busy = Device(kind="cpu", name="x", threads=2, peak_gflops=400.0, peak_gbps=12.2, peaks_source="measured")
+    mlp = Hotspot(id="h0", module_class="Qwen2MLP", module_paths=["m"], family="gated_mlp", input_dims=[[8, 1, 896]],
+                  dtype="bfloat16", calls=3072, total_us=5.28e6, share=0.2, flops=2.1e8, bytes=2.6e7)
+    glue = mlp.model_copy(update={"family": None, "bytes": 1e12})  # no family: its bytes are not understood
+    raised = with_attained(busy, [mlp, glue])
+    assert raised.peak_gbps == 15.2 > 2.6e7 * 3072 / 5.28e9 > busy.peak_gbps  # 15.13 GB/s attained, rounded up
+    assert raised.peak_gflops == busy.peak_gflops and "peaks raised" in raised.notes[-1]
+    assert busy.floor_us(mlp.flops, mlp.bytes) * mlp.calls > mlp.total_us  # the busy floor hid the headroom
+    assert raised.floor_us(mlp.flops, mlp.bytes) * mlp.calls <= mlp.total_us
+    assert with_attained(raised, [mlp]) is raised  # nothing attained more: the record as it is

@@ -59,6 +59,7 @@ class Profiled(BaseModel):
     hotspots: list[Hotspot]
     captures: list[LayerCapture]
     generic: list[GenericCapture] = []  # calls of served layers no family covers (engine/served_generic.py)
+    device: Device | None = None  # the device with peaks raised to what the profile attained (profiler.device)
 
 
 def served_model_dir(spec: ModelSpec, run_dir: Path) -> Path:
