@@ -53,24 +53,40 @@ class Extracted:
     samples: list[list[torch.Tensor]] = field(default_factory=list)  # every observed call with this signature
 
 
-def capture(module: torch.nn.Module, run: Callable[[], Any], limit: int = 64) -> list[Call]:
-    """The first `limit` calls of `module` while `run()` runs, arguments cloned before the call."""
+class _Enough(BaseException):  # not an Exception: a model that catches those must not swallow it
+    """Raised from a hook to end the workload once enough calls are captured."""
+
+
+def capture(module: torch.nn.Module, run: Callable[[], Any], limit: int = 64, shape: list[int] | None = None,
+            enough: int = 16) -> list[Call]:
+    """The first `limit` calls of `module` while `run()` runs, arguments cloned before the call; the workload is cut
+    short once `enough` calls passed a tensor of `shape` (the profiled one): extracting a decode step's call at real
+    scale would otherwise run the whole workload (minutes) for each generic task."""
     calls: list[Call] = []
+    matching = 0
 
     def pre(_mod, args, kwargs):
+        nonlocal matching
         if len(calls) < limit:
             clone = lambda x: x.detach().clone() if isinstance(x, torch.Tensor) else x  # noqa: E731
             calls.append(Call(pytree.tree_map(clone, args), pytree.tree_map(clone, kwargs)))
+            leaves = pytree.tree_flatten((args, kwargs))[0]
+            matching += shape is not None and any(isinstance(x, torch.Tensor) and list(x.shape) == shape
+                                                  for x in leaves)
 
     def post(_mod, _args, _kwargs, output):
         if calls and calls[-1].output is None:
             calls[-1].output = pytree.tree_map(lambda x: x.detach().clone() if isinstance(x, torch.Tensor) else x,
                                                output)
+            if matching >= enough or len(calls) >= limit:
+                raise _Enough
 
     handles = [module.register_forward_pre_hook(pre, with_kwargs=True),
                module.register_forward_hook(post, with_kwargs=True)]
     try:
         run()
+    except _Enough:
+        pass
     finally:
         for h in handles:
             h.remove()

@@ -39,6 +39,20 @@ def write_reference(module: nn.Module, model: nn.Module, tmp_path: Path, name: s
     return path, ex
 
 
+def test_capture_cuts_the_workload_short_once_enough_calls_had_the_profiled_shape():
+    model = tiny_llama()
+    mlp = model.model.layers[0].mlp
+    steps = []
+    model.register_forward_pre_hook(lambda *_: steps.append(1))
+
+    calls = extract.capture(mlp, lambda: workload(model), shape=[2, 1, 64], enough=2)
+    assert [list(c.args[0].shape) for c in calls] == [[2, 5, 64], [2, 1, 64], [2, 1, 64]]
+    assert len(steps) == 3  # prefill and two decode steps of four: the last one never ran
+    assert all(c.output is not None for c in calls)
+    steps.clear()
+    assert len(extract.capture(mlp, lambda: workload(model))) == 4 and len(steps) == 4  # no shape: the whole run
+
+
 def test_an_extracted_rotary_embedding_is_a_reference_that_computes_what_the_module_computes(tmp_path):
     model = tiny_llama()
     rotary = model.model.rotary_emb

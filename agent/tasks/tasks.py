@@ -110,7 +110,8 @@ def make_generic_task(hotspot: Hotspot, model: torch.nn.Module, labels: dict[str
     if names[0] == "":
         raise extract.NotExtractable("it is the model's top-level forward (it builds caches and masks)")
     module = model.get_submodule(names[0])
-    ex = extract.extract(module, extract.capture(module, run), hotspot.input_dims[0] if hotspot.input_dims else None)
+    shape = hotspot.input_dims[0] if hotspot.input_dims else None
+    ex = extract.extract(module, extract.capture(module, run, shape=shape), shape)
     same = [n for n in _siblings(model, module) if _computes(model.get_submodule(n), ex)]
     shapes = [t.shape for t in ex.signature.tensors]
     dtype = next((t.dtype for t in ex.signature.tensors if t.dtype in ("float32", "bfloat16", "float16")),
