@@ -1,4 +1,4 @@
-"""agent/propose/aten_cpp.py: a generic task's ATen graph becomes C++ candidates that compute what the graph computes.
+"""agent/propose/aten_cpp/: a generic task's ATen graph becomes C++ candidates that compute what the graph computes.
 
 The fixtures in tests/generic_refs are real make_fx output (transformers' LlamaRotaryEmbedding, LayerNorm + GELU,
 residual add + LlamaRMSNorm, an MLP traced with symbolic sizes, and an "op zoo" of ~50 ops LLM blocks use) in the

@@ -1,1 +1,1 @@
-"""Candidates without an LLM: the built-in proposer (proposer.py) and generated C++ for any task (aten_cpp.py)."""
+"""Candidates without an LLM: the built-in proposer (proposer.py) and generated C++ for any task (aten_cpp/)."""

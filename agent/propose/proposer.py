@@ -1,6 +1,6 @@
 """The built-in proposer, no LLM needed: kernel_library families at several configurations, and for a generic
 task (a reference extracted from the model) the reference's own ATen graph generated as C++
-(agent/propose/aten_cpp.py)."""
+(agent/propose/aten_cpp/)."""
 
 from __future__ import annotations
 
