@@ -88,12 +88,14 @@ def _assemble(traced: Traced, config: GenericConfig, headers: list[str], body: l
     fused = config.mode is Mode.FUSED
     parts = [f"// kernelbot agent/propose/aten_cpp.py, config {config.model_dump(mode='json')}: {traced.title}",
              *[f"#include <{h}>" for h in [*PRECOMPILED, *headers]], "", PRELUDE]
+    inlined: set[Path] = set()
     if fused:
         lanes = (LIBRARY_ROOT / "lanes.h").read_text().replace("#pragma once\n", "")
+        inlined.add((LIBRARY_ROOT / "lanes.h").resolve())
         parts += ["// kernel_library/lanes.h, inlined (the candidate's C++ is one string)", lanes, "", FUSED_PRELUDE]
     if packs:
-        parts += ["// kernel_library/small_m_gemm.h, inlined", inlined_header(LIBRARY_ROOT / "small_m_gemm.h"),
-                  "", GEMM_PRELUDE]
+        parts += ["// kernel_library/small_m_gemm.h and the library headers it includes, inlined",
+                  inlined_header(LIBRARY_ROOT / "small_m_gemm.h", inlined), "", GEMM_PRELUDE]
     parts.append("std::vector<at::Tensor> kb_run(std::vector<at::Tensor> args, std::vector<at::Tensor> packs) {")
     parts += ["  " + line for line in body]
     parts.append("}")

@@ -71,9 +71,19 @@ def gemm_statement(lowering: OpsLowering, node: fx.Node, var: str, slot: int) ->
             "}"]
 
 
-def inlined_header(path: Path) -> str:
-    """A library header's text for a one-string extension: its own includes of the library and of torch/extension.h
-    dropped (the extension includes ATen's headers itself)."""
-    keep = [line for line in path.read_text().splitlines()
-            if line.strip() != "#pragma once" and not re.match(r'#include\s+("|<torch/extension\.h>)', line.strip())]
+def inlined_header(path: Path, seen: set[Path]) -> str:
+    """A library header's text for a one-string extension: the library headers it includes inlined where it includes
+    them (each once: `seen` holds those already in the text, and gains these), `extension.h` and
+    torch/extension.h dropped (the extension includes ATen's headers itself)."""
+    seen.add(path.resolve())
+    keep = []
+    for line in path.read_text().splitlines():
+        text = line.strip()
+        included = re.match(r'#include\s+"([^"]+)"', text)
+        if included:
+            header = (path.parent / included.group(1)).resolve()
+            if header not in seen and header.name != "extension.h":
+                keep.append(inlined_header(header, seen))
+        elif text != "#pragma once" and not re.match(r"#include\s+<torch/extension\.h>", text):
+            keep.append(line)
     return "\n".join(keep)
