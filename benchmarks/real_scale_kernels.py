@@ -19,7 +19,6 @@ import argparse
 import importlib
 import statistics
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -52,18 +51,6 @@ def cases(smallest: bool) -> list[tuple[str, str, list[Any], list[list[int]]]]:
     out.append((f"attention, prefill of {prompt}", "decode_attention", attention,
                 [[batch, prompt, hidden], [1, prompt, d], [1, prompt, d], [batch, kv, 0, d], [batch, kv, 0, d]]))
     return out
-
-
-def llc_bytes() -> int:
-    """The last-level cache's size (the largest index the kernel lists for cpu0), 32 MiB where none is listed."""
-    sizes = []
-    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
-        try:
-            text = (index / "size").read_text().strip()
-        except OSError:
-            continue
-        sizes.append(int(text[:-1]) * {"K": 1 << 10, "M": 1 << 20}[text[-1]] if text[-1] in "KM" else int(text))
-    return max(sizes, default=32 << 20)
 
 
 def modules(family: str, init: list[Any], copies: int) -> tuple[list[torch.nn.Module], list[torch.nn.Module]]:
@@ -120,7 +107,7 @@ def main() -> None:
     rounds = 2 if args.smallest else args.rounds
     torch.manual_seed(0)
     device = measure_cpu("bfloat16")
-    llc = llc_bytes()
+    llc = host.last_level_cache_bytes()
     start = host.sample()
     print(f"{device.name}, {device.threads} threads; peaks {device.peak_gflops} GFLOP/s, {device.peak_gbps} GB/s "
           f"({device.peaks_source}); last-level cache {llc >> 20} MiB")

@@ -125,3 +125,18 @@ def host_load(since: ProcSample | None = None, window_s: float = 0.05) -> HostLo
                     others_cores=round(others_cores, 3),
                     busiest=[BusyProcess(pid=p, name=end.names[p], cores=round(others[p], 3)) for p in busiest],
                     contended=is_contended(load_1m, cpus, own, others_cores))
+
+
+def last_level_cache_bytes(default: int = 32 << 20) -> int:
+    """The CPU's last-level cache in bytes (the largest cache sysfs lists for cpu0), `default` where none is listed."""
+    sizes = []
+    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            text = (index / "size").read_text().strip()
+        except OSError:
+            continue
+        unit = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+        digits = text[:-1] if unit != 1 else text
+        if digits.isdigit():
+            sizes.append(int(digits) * unit)
+    return max(sizes, default=default)
