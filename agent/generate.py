@@ -23,7 +23,13 @@ from kernelbot.agent.report.report import llm_line
 from kernelbot.agent.run_options import OptimizeOptions
 from kernelbot.agent.stages import Stages
 from kernelbot.agent.verify.evaluate import Accepted, Outcome, duel, evaluate, pick_best
-from kernelbot.kernel_library.cpp_build import cache_root, prebuild_library, unbuilt_library
+from kernelbot.kernel_library.cpp_build import (
+    BUILD_ERRORS,
+    build_problem,
+    cache_root,
+    prebuild_library,
+    unbuilt_library,
+)
 from kernelbot.kernel_library.identity import source_identity
 from kernelbot.records import Bench, Candidate, Device, Hotspot, KernelOutcome, KernelResult, LLMUsage, Origin, Task
 
@@ -426,12 +432,17 @@ class _ClusterWatch:
 
 def build_library(stages: Stages) -> None:
     """The library's C++ extensions, built before the first candidate needs them, with a spinner: the first run on a
-    machine compiles them for a minute or more and would otherwise sit silent."""
+    machine compiles them for a minute or more and would otherwise sit silent. A build that fails is said, not
+    raised: the C++ candidates that load the library then fail their compile check, and the rest of the run goes on."""
     unbuilt = unbuilt_library()
     if not unbuilt:
         return
     t0 = time.perf_counter()
     with stages.console.status(f"building {len(unbuilt)} C++ kernel extensions (first run here; cached afterwards)"):
-        prebuild_library()
+        try:
+            prebuild_library()
+        except BUILD_ERRORS as exc:
+            stages.say(f"      {build_problem(exc)}")
+            return
     stages.say(f"      built {len(unbuilt)} C++ kernel extensions in {time.perf_counter() - t0:.0f} s (cached in "
                f"{cache_root()})")

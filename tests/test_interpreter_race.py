@@ -176,3 +176,33 @@ def test_on_a_gpu_node_a_race_between_triton_programs_fails_race_through_the_int
     assert ("sums+0" in status["race"].detail) == (race == "fail")
     assert status["out_of_bounds"].status == "pass" and "memcheck" in status["out_of_bounds"].detail
     assert verdict.triton_launches > 0 and verdict.verdict == ("pass" if race == "pass" else "fail")
+
+
+def test_a_gpu_verdict_does_not_build_the_cpu_library_and_a_failed_build_ends_in_a_verdict(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The GPU job and the interpreter's re-check on the node's CPU run no C++ candidate: the CPU library is never
+    built for them, so a node without ninja or a compiler (simulated: the build raises torch's own error) still gets
+    the verdict, race checked by the interpreter."""
+    from kernelbot.kernel_library import cpp_build
+
+    tried: list[bool] = []
+
+    def no_ninja() -> dict[str, str]:
+        tried.append(True)
+        raise RuntimeError("Ninja is required to load C++ extensions (pip install ninja to get it)")
+
+    monkeypatch.setattr(cpp_build, "prebuild_library", no_ninja)
+    verdict = _verify_as_if_on_a_gpu(tmp_path, monkeypatch, "row")
+    assert tried == [] and verdict.verdict == "pass", verdict.failed
+    race = next(c for c in verdict.checks if c.id == "race")
+    assert race.status == "pass" and "Triton interpreter on the node's CPU" in race.detail
+
+
+def test_an_interpreter_job_that_raises_leaves_race_not_run_and_the_gpu_verdict_stands() -> None:
+    def broken(budget: cases.SizeBudget) -> Verdict:
+        raise RuntimeError("the node's CPU job could not start")
+
+    found = interpreter_race.run(interpreter_race.InterpreterRace(coverage=Coverage.RUN), broken)
+    assert found.coverage is Coverage.NOT_RUN and "RuntimeError: the node's CPU job could not start" in found.why
+    race, = interpreter_race.merged([Check(id="race", status="pass", detail="racecheck: no errors")], found)
+    assert race.status == "not_run" and "could not start" in race.detail

@@ -53,7 +53,7 @@ def bench(task: Task, reference_path: Path, candidate_path: Path, workdir: Path,
     since = host.sample()
     gpu = assigned_gpu() if device == "cuda" else None
     gpu_before = gpu_state(gpu)
-    result = run_job(job.model_dump(mode="json"), workdir, timeout=timeout, env=library_env(device), gpu=gpu)
+    result = run_job(job.model_dump(mode="json"), workdir, timeout=timeout, env=library_env(device).env, gpu=gpu)
     load, gpu_after = host.host_load(since), gpu_state(gpu)
     report = read_result(result.payload)
     if result.status != "ok" or not isinstance(report, BenchResult):

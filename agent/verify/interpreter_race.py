@@ -65,8 +65,9 @@ def run(planned: InterpreterRace, verify_on_cpu: Callable[[casemod.SizeBudget], 
         return planned
     try:
         verdict = verify_on_cpu(planned.budget)
-    except KernelbotError as exc:
-        return InterpreterRace(coverage=Coverage.NOT_RUN, why=f"no {WHERE}: {excerpt(str(exc), 300)}")
+    except Exception as exc:  # the GPU's verdict stands; a job that could not run leaves `race` not_run, saying why
+        why = str(exc) if isinstance(exc, KernelbotError) else f"{type(exc).__name__}: {exc}"
+        return InterpreterRace(coverage=Coverage.NOT_RUN, why=f"no {WHERE}: {excerpt(why, 300)}")
     return outcome(verdict)
 
 

@@ -122,13 +122,14 @@ def interpreted_triton(device: str) -> bool:
 
 def verify(task: Task, reference_path: Path, candidate_path: Path, workdir: Path, *, seed: int | None = None,
            timeout: float = 300.0, env: dict[str, str] | None = None, device: str = "cpu", trials: int = 1,
-           require_deterministic: bool = False, budget: casemod.SizeBudget = casemod.FULL) -> Verdict:
+           require_deterministic: bool = False, budget: casemod.SizeBudget = casemod.FULL,
+           runs_cpp: bool = True) -> Verdict:
     """Verify `candidate_path` (ModelNew) against `reference_path` (Model). Raises KernelbotError for a
     reference that cannot be used (it does not run, or is a weak task); every candidate gets a Verdict.
     `require_deterministic`: results that depend on program order (float atomics) fail `nondeterminism`
     instead of being reported as a property. `budget`: the sizes verified at (cases.SizeBudget). On a GPU, a candidate
     is verified once more on the node's CPU, in Triton's interpreter at small sizes, for its races between programs
-    (interpreter_race.py)."""
+    (interpreter_race.py); that job (`runs_cpp` False) needs no C++ library, so none is built for it."""
     t0 = time.perf_counter()
     if device == "cuda" and not torch.cuda.is_available():
         raise KernelbotError("--device cuda: no CUDA device here (verify on a GPU node, or use --device cpu)")
@@ -157,7 +158,8 @@ def verify(task: Task, reference_path: Path, candidate_path: Path, workdir: Path
                     param_names=[n for n, _ in references.build(main).named_parameters()], init_seed=init_seed,
                     triton=triton,
                     device=device)
-    job_env = {**library_env(device), **({"TRITON_INTERPRET": "1"} if triton else {}), **(env or {})}
+    library = library_env(device, runs_cpp)
+    job_env = {**library.env, **({"TRITON_INTERPRET": "1"} if triton else {}), **(env or {})}
     gpu = assigned_gpu() if device == "cuda" else None
     result = run_job(job.model_dump(mode="json"), workdir, timeout=timeout, env=job_env, gpu=gpu)
     report = read_result(result.payload)
@@ -204,7 +206,8 @@ def verify(task: Task, reference_path: Path, candidate_path: Path, workdir: Path
     correct = any(c.id == "correctness" and c.status == "pass" for c in checks)
     child_notes = [*report.facts.unloadable_weights, *report.facts.notes] \
         if isinstance(report, (VerifyResult, Failure)) else []
-    notes = plan.notes + [excerpt(n) for n in child_notes[:5]] + properties
+    notes = plan.notes + ([library.problem] if library.problem else []) + [excerpt(n) for n in child_notes[:5]] + \
+        properties
     return Verdict(candidate_id=candidate_path.parent.name, verdict="pass" if correct and not failed else "fail",
                    failed=failed, checks=checks, not_run=[c.id for c in checks if c.status == "not_run"],
                    shapes=[[list(x.shape) for x in case.inputs if isinstance(x, torch.Tensor)] for case in plan.cases],
@@ -219,7 +222,7 @@ def _interpreted_race(task: Task, reference_path: Path, candidate_path: Path, wo
     planned = interpreter_race.plan_for("cuda", report, interpreted_triton("cpu"))
     return None if planned is None else interpreter_race.run(planned, lambda budget: verify(
         task, reference_path, candidate_path, workdir / "interpreter", seed=seed, timeout=timeout, env=env,
-        device="cpu", budget=budget))
+        device="cpu", budget=budget, runs_cpp=False))
 
 
 def _sanitize_job(job: VerifyJob, plan: casemod.Plan, inputs: list[Any], workdir: Path) -> SanitizeJob:
