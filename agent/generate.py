@@ -48,9 +48,9 @@ def hotspot_fields(task: Task, hotspot: Hotspot | None, iteration: int) -> dict[
             "bytes": hotspot.bytes if hotspot and hotspot.bytes else None}
 
 
-def local_evaluator(task: Task, task_dir: Path, device_kind: str, opts: OptimizeOptions) -> Evaluator:
+def local_evaluator(task: Task, task_dir: Path, device: str, opts: OptimizeOptions) -> Evaluator:
     """Candidates of a task verified and benchmarked in this machine's sandbox."""
-    return functools.partial(evaluate, task, task_dir, device_kind=device_kind, seed=opts.seed, timeout=opts.timeout,
+    return functools.partial(evaluate, task, task_dir, device=device, seed=opts.seed, timeout=opts.timeout,
                              bench_rounds=opts.bench_rounds)
 
 
@@ -170,6 +170,13 @@ class Generation:
         """The backends whose kernels can join this run's pack."""
         return available_backends(self.device.kind)
 
+    @property
+    def target(self) -> str:
+        """Where this run's candidates are verified and timed, as verify and bench take it: "cpu", "cuda" (the
+        assigned GPU, KERNELBOT_GPU) or "cuda:N" where the run named its GPU (--device cuda:N)."""
+        _, _, index = self.opts.device.partition(":")
+        return f"cuda:{index}" if self.device.kind == "cuda" and index else self.device.kind
+
     def task_dir(self, task: Task) -> Path:
         return self.run_dir / "tasks" / task.id
 
@@ -179,7 +186,7 @@ class Generation:
         if evaluate is None and self.executor is not None:
             evaluate = self.executor.evaluator(task, self.task_dir(task))
         elif evaluate is None:
-            evaluate = local_evaluator(task, self.task_dir(task), self.device.kind, self.opts)
+            evaluate = local_evaluator(task, self.task_dir(task), self.target, self.opts)
         return self.state.journaled(evaluate, task, hotspot_fields(task, hotspot, self.state.iteration))
 
     def generate(self, tasks: list[Task], hotspots: list[Hotspot], incumbents: dict[str, Accepted]) -> Generated:
@@ -304,7 +311,7 @@ class Generation:
 
         def fight() -> dict:
             return duel(task, self.task_dir(task), incumbent, challenger, seed=self.opts.seed,
-                        timeout=self.opts.timeout, rounds=self.opts.bench_rounds).model_dump()
+                        timeout=self.opts.timeout, rounds=self.opts.bench_rounds, device=self.target).model_dump()
 
         key = f"duel:{task.id}:{challenger.candidate.source_hash}:{incumbent.candidate.source_hash}"
         result = Bench.model_validate(self.state.memo(key, "stage", fight))

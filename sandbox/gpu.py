@@ -24,6 +24,20 @@ def assigned_gpu() -> int:
     return int(value)
 
 
+def device_kind(device: str) -> str:
+    """"cpu" or "cuda", of a device as verify and bench take it: "cpu", "cuda" or "cuda:N"."""
+    return device.partition(":")[0]
+
+
+def job_gpu(device: str) -> int | None:
+    """The GPU a job on `device` runs on, as an index among this process's visible GPUs (torch's numbering): None on
+    the CPU, N for "cuda:N", the assigned one (KERNELBOT_GPU, else 0) for "cuda"."""
+    kind, _, index = device.partition(":")
+    if kind != "cuda":
+        return None
+    return int(index) if index else assigned_gpu()
+
+
 def isolation_env(index: int) -> dict[str, str]:
     return {"CUDA_VISIBLE_DEVICES": str(index), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
 

@@ -72,7 +72,8 @@ def test_a_library_build_that_fails_is_a_line_saying_how_to_fix_it_not_an_except
     monkeypatch.setattr(generate, "prebuild_library", _no_ninja)
     monkeypatch.setattr(generate, "unbuilt_library", lambda: [Path("a.cpp")])
     generate.build_library(Stages(Console(file=out, width=300), tmp_path))  # optimize's first build goes on
-    assert "C++ build failed here (RuntimeError: Ninja is required" in out.getvalue() and "built 1" not in out.getvalue()
+    said = out.getvalue()
+    assert "C++ build failed here (RuntimeError: Ninja is required" in said and "built 1" not in said
 
 
 def test_each_candidate_shows_a_spinner_saying_which_of_how_many_it_is_and_only_its_verdict_stays(tmp_path):

@@ -64,12 +64,13 @@ from kernelbot.agent.verify.messages import (
     read_result,
 )
 from kernelbot.agent.verify.sanitizer import sanitize
+from kernelbot.engine.device import gpu_missing_reason
 from kernelbot.kernel_library.base import dtype_name
 from kernelbot.kernel_library.cpp_build import library_env
 from kernelbot.loading import load_module
 from kernelbot.records import Check, Task, Verdict
 from kernelbot.sandbox import SandboxResult, run_job
-from kernelbot.sandbox.gpu import assigned_gpu
+from kernelbot.sandbox.gpu import device_kind, job_gpu
 
 CHECK_IDS = ("compile", "correctness", "unwritten_output", "out_of_bounds", "race", "nondeterminism",
              "input_mutation", "output_aliasing", "reference_fallback", "result_caching", "precision_downcast",
@@ -125,14 +126,18 @@ def verify(task: Task, reference_path: Path, candidate_path: Path, workdir: Path
            require_deterministic: bool = False, budget: casemod.SizeBudget = casemod.FULL,
            runs_cpp: bool = True) -> Verdict:
     """Verify `candidate_path` (ModelNew) against `reference_path` (Model). Raises KernelbotError for a
-    reference that cannot be used (it does not run, or is a weak task); every candidate gets a Verdict.
+    reference that cannot be used (it does not run, or is a weak task); every candidate gets a Verdict. `device`:
+    "cpu", "cuda" (the assigned GPU, sandbox.gpu.assigned_gpu) or "cuda:N".
     `require_deterministic`: results that depend on program order (float atomics) fail `nondeterminism`
     instead of being reported as a property. `budget`: the sizes verified at (cases.SizeBudget). On a GPU, a candidate
     is verified once more on the node's CPU, in Triton's interpreter at small sizes, for its races between programs
     (interpreter_race.py); that job (`runs_cpp` False) needs no C++ library, so none is built for it."""
     t0 = time.perf_counter()
+    gpu = job_gpu(device)
+    device = device_kind(device)
     if device == "cuda" and not torch.cuda.is_available():
-        raise KernelbotError("--device cuda: no CUDA device here (verify on a GPU node, or use --device cpu)")
+        raise KernelbotError(f"--device cuda: no CUDA device here ({gpu_missing_reason()}); verify on a GPU node, or "
+                             "use --device cpu")
     seed = secrets.randbits(31) if seed is None else seed
     workdir.mkdir(parents=True, exist_ok=True)
     module = load_reference(reference_path)
@@ -160,7 +165,6 @@ def verify(task: Task, reference_path: Path, candidate_path: Path, workdir: Path
                     device=device)
     library = library_env(device, runs_cpp)
     job_env = {**library.env, **({"TRITON_INTERPRET": "1"} if triton else {}), **(env or {})}
-    gpu = assigned_gpu() if device == "cuda" else None
     result = run_job(job.model_dump(mode="json"), workdir, timeout=timeout, env=job_env, gpu=gpu)
     report = read_result(result.payload)
 
@@ -181,7 +185,7 @@ def verify(task: Task, reference_path: Path, candidate_path: Path, workdir: Path
             properties = judge.properties
             if device == "cuda":
                 sanitized = {c.id: c for c in sanitize(_sanitize_job(job, plan, sent[0], workdir), workdir,
-                                                       timeout, job_env)}
+                                                       timeout, job_env, gpu)}
                 checks = [merge(c, sanitized.pop(c.id)) if c.id in sanitized else c for c in checks]
                 checks += list(sanitized.values())
                 interpreted = _interpreted_race(task, reference_path, candidate_path, workdir, seed, timeout, env,
