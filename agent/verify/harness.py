@@ -896,7 +896,8 @@ def _triton_report(runner: Runner) -> TritonReport:
                 report.order_mismatch.append(f"{event.kernel[:80]} ran in {event.order[:20]} program order, "
                                              f"the harness asked for {event.asked[:20]}")
         else:
-            target = report.out_of_bounds if event.kind == "out_of_bounds" else report.races
+            target = {"out_of_bounds": report.out_of_bounds, "race": report.races, "precision": report.precision}[
+                event.kind]
             if len(target) < 20:
                 target.append(event.text[:400])
     report.kernels, report.order_dependent_kernels = sorted(kernels), sorted(_order_dependent(runner.events))

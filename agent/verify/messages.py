@@ -168,6 +168,7 @@ class TritonReport(Message):
     kernels: list[str] = Field(default_factory=list)
     out_of_bounds: list[str] = Field(default_factory=list)
     races: list[str] = Field(default_factory=list)
+    precision: list[str] = Field(default_factory=list)  # float32 tl.dot at a lower precision than the interpreter's
     order_dependent_kernels: list[str] = Field(default_factory=list)  # float atomic adds, or writes inside a lock
     order_mismatch: list[str] = Field(default_factory=list)
 
@@ -302,7 +303,7 @@ class TritonLaunch(Message):
 
 
 class TritonFinding(Message):
-    kind: Literal["out_of_bounds", "race"]
+    kind: Literal["out_of_bounds", "race", "precision"]
     text: str
     asked: str
 

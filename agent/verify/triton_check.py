@@ -6,6 +6,9 @@ and, for atomics, their operation; the launch's tensor arguments give the addres
 the launch:
 - `out_of_bounds`: an access (masked-off lanes excluded) outside every argument tensor's extent. Such lanes
   are masked off before the interpreter performs them, so the run goes on instead of reading wild memory.
+- `precision`: a `tl.dot` on float32 operands at a precision other than IEEE (Triton's default on an NVIDIA GPU is
+  TF32, which rounds the inputs to 10 mantissa bits): the interpreter multiplies in full float32, so its results
+  would not be the GPU's.
 - `race`: an address that one program writes and another program reads or writes, unless every access to it
   was made under one common lock (Eraser's lockset rule: a lock is a word a program took with
   `tl.atomic_cas(lock, 0, 1)` and gives back with an atomic exchange, as Triton's layer-norm tutorial does), or
@@ -83,11 +86,12 @@ class TritonReport:
     kernels: set[str] = field(default_factory=set)
     out_of_bounds: list[str] = field(default_factory=list)
     races: list[str] = field(default_factory=list)
+    precision: list[str] = field(default_factory=list)  # float32 tl.dot at a precision the interpreter does not use
     order_dependent_kernels: set[str] = field(default_factory=set)  # float atomic adds, or writes inside a lock
 
     def as_dict(self) -> dict[str, Any]:
         return {"launches": self.launches, "programs": self.programs, "kernels": sorted(self.kernels),
-                "out_of_bounds": self.out_of_bounds, "races": self.races,
+                "out_of_bounds": self.out_of_bounds, "races": self.races, "precision": self.precision,
                 "order_dependent_kernels": sorted(self.order_dependent_kernels)}
 
 
@@ -97,7 +101,7 @@ MAX_WINDOWS = 4096
 # the CPU time a thread spent inside one (the interpreter running the candidate's program) as the candidate's own, and
 # probes.measure_work leaves the interpreter's own copies of the arguments out of PyTorch's work
 WINDOWS: list[tuple[int, int, int, int, int]] = []
-_state: dict[str, Any] = {"launch": None, "order": "natural", "seed": 0, "pinned": frozenset()}
+_state: dict[str, Any] = {"launch": None, "order": "natural", "seed": 0, "pinned": frozenset(), "imprecise": set()}
 Sink = Callable[[str, dict[str, Any]], None]
 _sink: Sink | None = None  # a module-level callable: the runner's seal notices if it is swapped out
 
@@ -175,7 +179,7 @@ def _check_bounds(launch: _Launch, addrs: np.ndarray, nbytes: int, kind: str) ->
 
 
 def _found(kind: str, text: str) -> None:
-    (REPORT.out_of_bounds if kind == "out_of_bounds" else REPORT.races).append(text)
+    {"out_of_bounds": REPORT.out_of_bounds, "race": REPORT.races, "precision": REPORT.precision}[kind].append(text)
     if _sink is not None:
         _sink("triton_finding", {"kind": kind, "text": text})
 
@@ -313,15 +317,28 @@ def _bf16_as_fp32(handle: Any) -> Any:
     return type(handle)((handle.data.astype(np.uint32) << 16).view(np.float32), tl.float32)
 
 
-def _dot_with_bf16(dot: Callable[..., Any]) -> Callable[..., Any]:
-    """Triton's interpreter multiplies the raw bits of bfloat16 operands in tl.dot (triton-lang/triton#11584,
-    unsupported upstream), so every bf16 matmul kernel would fail verification here. Products of bf16 values are
-    exact in fp32 and a GPU accumulates them in fp32, which is what this computes."""
+def _checked_dot(dot: Callable[..., Any], ieee: Any) -> Callable[..., Any]:
+    """tl.dot as a GPU computes it, where the interpreter can, and flagged where it cannot.
 
-    def create_dot(self, a, b, d, *rest):
+    Triton's interpreter multiplies the raw bits of bfloat16 operands (triton-lang/triton#11584, unsupported
+    upstream), so every bf16 matmul kernel would fail verification here. Products of bf16 values are exact in fp32
+    and a GPU accumulates them in fp32, which is what this computes. Float32 operands it multiplies in full float32
+    whatever `input_precision` says; a GPU rounds them to TF32 unless it is IEEE, so such a dot is a `precision`
+    finding (once per kernel)."""
+
+    def create_dot(self, a, b, d, input_precision, *rest):
+        launch = _state["launch"]
+        if str(a.dtype) == str(b.dtype) == "fp32" and input_precision != ieee and launch is not None \
+                and launch.kernel not in _state["imprecise"] and len(REPORT.precision) < MAX_FINDINGS:
+            _state["imprecise"].add(launch.kernel)
+            name = str(getattr(input_precision, "name", input_precision)).upper()
+            _found("precision", f"{launch.kernel}: tl.dot on float32 operands at {name} precision, which a GPU "
+                                "computes with inputs rounded to 10 mantissa bits (this interpreter multiplies in "
+                                "full float32): its float32 results there miss float32's tolerance; pass "
+                                "input_precision=\"ieee\" to tl.dot")
         if str(a.dtype) == str(b.dtype) == "bf16":
             a, b = _bf16_as_fp32(a), _bf16_as_fp32(b)
-        return dot(self, a, b, d, *rest)
+        return dot(self, a, b, d, input_precision, *rest)
 
     return create_dot
 
@@ -407,7 +424,7 @@ def install(sink: Sink | None = None) -> None:
 
     builder_cls.create_masked_load, builder_cls.create_masked_store = masked_load, masked_store
     builder_cls.create_atomic_rmw, builder_cls.create_atomic_cas = atomic_rmw, atomic_cas
-    builder_cls.create_dot = _dot_with_bf16(builder_cls.create_dot)
+    builder_cls.create_dot = _checked_dot(builder_cls.create_dot, ir.INPUT_PRECISION.IEEE)
 
     def call(self, *args_dev, **kwargs):
         started, wall = time.monotonic_ns(), time.time_ns()
