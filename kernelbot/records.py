@@ -169,6 +169,22 @@ class Check(BaseModel):
     detail: str = ""
 
 
+class SanitizerRun(BaseModel):
+    """One compute-sanitizer tool's run on a GPU verdict's main input set: whether it ran (its job finished and it
+    printed its summary after instrumenting the target) and how many errors it reported."""
+    tool: str  # memcheck, racecheck, synccheck, initcheck
+    ran: bool
+    errors: int = 0
+
+
+class InterpreterCoverage(str, Enum):
+    """What a GPU verdict's second job, Triton's interpreter on the node's CPU at small sizes, covered."""
+    RUN = "run"  # planned: the job is to be run
+    CHECKED = "checked"  # it ran the candidate's Triton launches: its race and bounds findings count
+    NOT_TRITON = "not_triton"  # nothing there for it to check (CUDA code, or no Triton launch)
+    NOT_RUN = "not_run"  # it could not check: `race` is not_run unless something failed it
+
+
 class Verdict(BaseModel):
     candidate_id: str
     verdict: Literal["pass", "fail"]
@@ -184,6 +200,8 @@ class Verdict(BaseModel):
     # Triton launches the CPU interpreter ran: whether the candidate is a Triton kernel is what it launched, never
     # what its source spells (on a GPU, those of its race check in the interpreter on the node's CPU)
     triton_launches: int = 0
+    sanitizer_runs: list[SanitizerRun] = Field(default_factory=list)  # on a GPU: each compute-sanitizer tool's run
+    interpreter_race: InterpreterCoverage | None = None  # on a GPU: what the interpreter's race job covered
 
     @property
     def problems(self) -> list[str]:

@@ -58,7 +58,7 @@ def _sanitize(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reports: dict[str
 
     monkeypatch.setattr(sanitizer, "run_job", fake_run_job)
     monkeypatch.setattr(sanitizer.shutil, "which", lambda name: f"/usr/bin/{name}")
-    checks = sanitizer.sanitize(_job(tmp_path), tmp_path, budget, {}, 1)
+    checks, _ = sanitizer.sanitize(_job(tmp_path), tmp_path, budget, {}, 1)
     return {c.id: (c.status, c.detail) for c in checks}, started
 
 

@@ -11,10 +11,10 @@ from helpers import write_module
 from test_verify import RMS_TASK
 
 from kernelbot.agent.tasks.tasks import reference_source
-from kernelbot.agent.verify import cases, interpreter_race, run
+from kernelbot.agent.verify import cases, interpreter_race, run, sanitizer
 from kernelbot.agent.verify.interpreter_race import Coverage
 from kernelbot.agent.verify.messages import Facts, Profile, PtxasReport, VerifyResult
-from kernelbot.records import Check, Verdict
+from kernelbot.records import Check, SanitizerRun, Verdict
 from kernelbot.sandbox import SandboxResult
 
 GPU_REPORT = VerifyResult(facts=Facts(), profile=Profile())
@@ -152,7 +152,8 @@ def _verify_as_if_on_a_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, slot
 
     monkeypatch.setattr(run.torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(run, "run_job", run_job)
-    monkeypatch.setattr(run, "sanitize", lambda *args: list(SANITIZED))
+    monkeypatch.setattr(run, "sanitize", lambda *args: sanitizer.Sanitized(list(SANITIZED), [
+        SanitizerRun(tool=tool, ran=True) for tool in sanitizer.SANITIZER_TOOLS]))
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     ref = write_module(tmp_path / "reference.py", reference_source(RMS_TASK))
     cand = write_module(tmp_path / "c" / "candidate.py", TRITON_CANDIDATE.replace("SLOT", slot))
@@ -176,6 +177,7 @@ def test_on_a_gpu_node_a_race_between_triton_programs_fails_race_through_the_int
     assert ("sums+0" in status["race"].detail) == (race == "fail")
     assert status["out_of_bounds"].status == "pass" and "memcheck" in status["out_of_bounds"].detail
     assert verdict.triton_launches > 0 and verdict.verdict == ("pass" if race == "pass" else "fail")
+    assert verdict.interpreter_race is Coverage.CHECKED and all(r.ran for r in verdict.sanitizer_runs)  # typed
 
 
 def test_a_gpu_verdict_does_not_build_the_cpu_library_and_a_failed_build_ends_in_a_verdict(

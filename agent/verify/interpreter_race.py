@@ -15,7 +15,6 @@ did not get to its judge, leaves `race` not_run (unless something already failed
 from __future__ import annotations
 
 from collections.abc import Callable
-from enum import Enum
 
 from pydantic import BaseModel, Field
 
@@ -24,16 +23,10 @@ from kernelbot.agent.verify import cases as casemod
 from kernelbot.agent.verify.judge import excerpt, merge, not_run
 from kernelbot.agent.verify.messages import Result, VerifyResult
 from kernelbot.records import Check, Verdict
+from kernelbot.records import InterpreterCoverage as Coverage
 
 CHECKED_IDS = ("race", "out_of_bounds")
 WHERE = "Triton interpreter on the node's CPU at small sizes"
-
-
-class Coverage(str, Enum):
-    RUN = "run"  # planned: the job is to be run
-    CHECKED = "checked"  # it ran the candidate's Triton launches: its findings count
-    NOT_TRITON = "not_triton"  # nothing there for it to check (CUDA code, or no Triton launch): a note only
-    NOT_RUN = "not_run"  # it could not check: `race` is not_run unless something failed it
 
 
 class InterpreterRace(BaseModel):

@@ -68,7 +68,7 @@ from kernelbot.engine.device import gpu_missing_reason
 from kernelbot.kernel_library.base import dtype_name
 from kernelbot.kernel_library.cpp_build import library_env
 from kernelbot.loading import load_module
-from kernelbot.records import Check, Task, Verdict
+from kernelbot.records import Check, InterpreterCoverage, SanitizerRun, Task, Verdict
 from kernelbot.sandbox import SandboxResult, run_job
 from kernelbot.sandbox.gpu import device_kind, job_gpu
 
@@ -171,6 +171,8 @@ def verify(task: Task, reference_path: Path, candidate_path: Path, workdir: Path
     checks = _sandbox_checks(result, report)
     properties: list[str] = []
     launches = report.triton.launches if isinstance(report, VerifyResult) and report.triton else 0
+    sanitizer_runs: list[SanitizerRun] = []
+    coverage: InterpreterCoverage | None = None
     if result.status == "ok" and not isinstance(report, VerifyResult):
         checks.append(Check(id="crash", status="fail", detail="the box's result.json is not a verify job's result"))
     elif result.status == "ok":
@@ -184,13 +186,15 @@ def verify(task: Task, reference_path: Path, candidate_path: Path, workdir: Path
             checks += [_with_precision(c, report) for c in judge.checks()]
             properties = judge.properties
             if device == "cuda":
-                sanitized = {c.id: c for c in sanitize(_sanitize_job(job, plan, sent[0], workdir), workdir,
-                                                       timeout, job_env, gpu)}
+                checked, sanitizer_runs = sanitize(_sanitize_job(job, plan, sent[0], workdir), workdir, timeout,
+                                                   job_env, gpu)
+                sanitized = {c.id: c for c in checked}
                 checks = [merge(c, sanitized.pop(c.id)) if c.id in sanitized else c for c in checks]
                 checks += list(sanitized.values())
                 interpreted = _interpreted_race(task, reference_path, candidate_path, workdir, seed, timeout, env,
                                                 report)
                 if interpreted is not None:
+                    coverage = interpreted.coverage
                     checks, launches = interpreter_race.merged(checks, interpreted), interpreted.launches
             elif report.profile is not None:  # unguarded inputs: ASan's redzones lie right past them
                 unguarded = [x.clone() if isinstance(x, torch.Tensor) else x for x in plan.cases[0].inputs]
@@ -217,7 +221,7 @@ def verify(task: Task, reference_path: Path, candidate_path: Path, workdir: Path
                    shapes=[[list(x.shape) for x in case.inputs if isinstance(x, torch.Tensor)] for case in plan.cases],
                    cases=[c.label for c in plan.cases], seconds=round(time.perf_counter() - t0, 2),
                    protections=[excerpt(p) for p in result.protections], seed=seed, notes=[scrub(n) for n in notes],
-                   triton_launches=launches)
+                   triton_launches=launches, sanitizer_runs=sanitizer_runs, interpreter_race=coverage)
 
 
 def _interpreted_race(task: Task, reference_path: Path, candidate_path: Path, workdir: Path, seed: int, timeout: float,

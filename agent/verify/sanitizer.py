@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 from kernelbot.agent.verify.judge import not_run
 from kernelbot.agent.verify.messages import SanitizeJob
-from kernelbot.records import Check
+from kernelbot.records import Check, SanitizerRun
 from kernelbot.sandbox import SandboxResult, run_job
 from kernelbot.sandbox.box import STDERR, loopback_env
 
@@ -108,13 +108,20 @@ def combine(cid: str, runs: list[ToolRun]) -> Check:
     return Check(id=cid, status="pass", detail=f"compute-sanitizer {'/'.join(r.tool for r in runs)}: no errors")
 
 
-def sanitize(job: SanitizeJob, workdir: Path, timeout: float, env: dict[str, str], gpu: int) -> list[Check]:
+class Sanitized(NamedTuple):
+    checks: list[Check]  # one per check id the tools answer
+    runs: list[SanitizerRun]  # one per tool, in SANITIZER_TOOLS' order
+
+
+def sanitize(job: SanitizeJob, workdir: Path, timeout: float, env: dict[str, str], gpu: int) -> Sanitized:
     """On a GPU: the main case once under each compute-sanitizer tool, side by side, all within `timeout`."""
     ids = sorted(set(SANITIZER_TOOLS.values()))
     if not shutil.which("compute-sanitizer"):
-        return [not_run(cid, "compute-sanitizer not found") for cid in ids]
+        return Sanitized([not_run(cid, "compute-sanitizer not found") for cid in ids],
+                         [SanitizerRun(tool=tool, ran=False) for tool in SANITIZER_TOOLS])
     deadline = time.monotonic() + timeout
     with ThreadPoolExecutor(max_workers=len(SANITIZER_TOOLS)) as pool:
         runs = list(pool.map(lambda it: run_tool(job, workdir, it[0], it[1], deadline, env, gpu),
                              enumerate(SANITIZER_TOOLS)))
-    return [combine(cid, [r for r in runs if SANITIZER_TOOLS[r.tool] == cid]) for cid in ids]
+    return Sanitized([combine(cid, [r for r in runs if SANITIZER_TOOLS[r.tool] == cid]) for cid in ids],
+                     [SanitizerRun(tool=r.tool, ran=r.errors is not None, errors=r.errors or 0) for r in runs])
