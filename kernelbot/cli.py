@@ -95,11 +95,17 @@ def _verify(args: argparse.Namespace) -> int:
 
     if args.trials < 1 or args.timeout <= 0:
         raise KernelbotError("--trials must be at least 1 and --timeout positive")
+    device = args.device
+    if device != "cpu":  # one line, exit 2: an unknown device, or a GPU this host does not have
+        from kernelbot.engine.device import pick_device
+
+        choice = pick_device(device)
+        device = choice.spec if ":" in device else choice.kind
     task = task_from_reference(args.reference)
     if not args.candidate.is_file():
         raise KernelbotError(f"{args.candidate}: no such candidate file")
     verdict = verify(task, args.reference, args.candidate, args.workdir or args.candidate.with_suffix(".verify"),
-                     seed=args.seed, timeout=args.timeout, device=args.device, trials=args.trials,
+                     seed=args.seed, timeout=args.timeout, device=device, trials=args.trials,
                      require_deterministic=args.require_deterministic)
     if args.json:
         print(verdict.model_dump_json(indent=2))
@@ -186,9 +192,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=int, default=default(OptimizeOptions, "e2e_rounds"),
                    help="interleaved end-to-end timing rounds")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile comparison")
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default=default(OptimizeOptions, "device"),
+    p.add_argument("--device", default=default(OptimizeOptions, "device"), metavar="auto|cpu|cuda|cuda:N",
                    help="where the model runs and candidates are verified and timed: auto (a GPU when one is visible, "
-                        "else the CPU), cpu (C++ kernels), cuda (a GPU; Triton kernels)")
+                        "else the CPU), cpu (C++ kernels), cuda (a GPU, KERNELBOT_GPU's or the first; Triton "
+                        "kernels), cuda:N (the N-th GPU this process sees, for the model and the candidates)")
     p.add_argument("--families", default=None, help="comma-separated kernel families to try (default: all)")
     p.add_argument("--peak-tflops", type=float, default=None,
                    help="the device's peak TFLOP/s at the run's dtype, instead of measuring it")
@@ -229,7 +236,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("reference", type=Path)
     p.add_argument("candidate", type=Path)
     p.add_argument("--json", action="store_true")
-    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--device", default="cpu", metavar="cpu|cuda|cuda:N",
+                   help="where the candidate runs: cpu (the default; Triton in its interpreter), cuda (KERNELBOT_GPU's "
+                        "GPU, else the first), cuda:N")
     p.add_argument("--trials", type=int, default=1, help="independent random input draws at the main sizes")
     p.add_argument("--require-deterministic", action="store_true",
                    help="fail kernels whose results depend on the order of float atomics (split reductions)")

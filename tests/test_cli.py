@@ -39,6 +39,22 @@ def test_corrupt_trace(tmp_path):
     _one_line_error(kernelbot("rank", str(bad)), "trace.json.gz")
 
 
+def test_a_device_this_host_lacks_or_does_not_know_is_one_line_naming_what_was_found_and_the_fix(tmp_path):
+    """cuda:N is a device optimize and verify take (the N-th GPU this process sees); on this CPU-only host it is
+    refused as any GPU is, before any run directory exists; a device no one knows is refused as such."""
+    import pytest
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible here: cuda:N may exist")
+    for args in (("optimize", "--device", "cuda:1", "--run-dir", str(tmp_path / "run")),
+                 ("verify", str(tmp_path / "ref.py"), str(tmp_path / "c.py"), "--device", "cuda")):
+        _one_line_error(kernelbot(*args), f"--device {args[args.index('--device') + 1]}: no CUDA device is visible "
+                        "here (torch", "run on a GPU node or use --device cpu")
+    assert not (tmp_path / "run").exists()
+    _one_line_error(kernelbot("optimize", "--device", "gpu0"), "--device 'gpu0': unknown device", "cuda:N")
+
+
 def test_missing_reference(tmp_path):
     _one_line_error(kernelbot("verify", str(tmp_path / "nope.py"), str(tmp_path / "c.py")), "nope.py")
 
