@@ -91,10 +91,12 @@ def _rank(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
+    from kernelbot.agent.verify.compile_gate import checked_target, described
     from kernelbot.agent.verify.run import task_from_reference, verify
 
     if args.trials < 1 or args.timeout <= 0:
         raise KernelbotError("--trials must be at least 1 and --timeout positive")
+    target = checked_target(args.target) if args.target else None  # one line, exit 2, for one no one knows
     device = args.device
     if device != "cpu":  # one line, exit 2: an unknown device, or a GPU this host does not have
         from kernelbot.engine.device import pick_device
@@ -105,13 +107,15 @@ def _verify(args: argparse.Namespace) -> int:
     if not args.candidate.is_file():
         raise KernelbotError(f"{args.candidate}: no such candidate file")
     verdict = verify(task, args.reference, args.candidate, args.workdir or args.candidate.with_suffix(".verify"),
-                     seed=args.seed, timeout=args.timeout, device=device, trials=args.trials,
+                     seed=args.seed, timeout=args.timeout, device=device, trials=args.trials, target=target,
                      require_deterministic=args.require_deterministic)
     if args.json:
         print(verdict.model_dump_json(indent=2))
     else:
         for c in verdict.checks:
             print(f"{c.status:8s} {c.id:18s} {c.detail}")
+        for build in verdict.builds:
+            print(f"build    {build.backend} for {build.target} [{build.specialization or '-'}] {described(build)}")
         for note in verdict.notes:
             print(f"note     {note}")
         print(f"{verdict.verdict.upper()} in {verdict.seconds:.1f} s (seed {verdict.seed})")
@@ -239,6 +243,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", metavar="cpu|cuda|cuda:N",
                    help="where the candidate runs: cpu (the default; Triton in its interpreter), cuda (KERNELBOT_GPU's "
                         "GPU, else the first), cuda:N")
+    p.add_argument("--target", default=None, metavar="sm_XY",
+                   help="the GPU architecture the candidate's Triton and CUDA kernels are compiled for ahead of time "
+                        "(registers, spills, shared memory; no GPU needed): default sm_90 (H100/H200) on a CPU, the "
+                        "GPU's own with --device cuda")
     p.add_argument("--trials", type=int, default=1, help="independent random input draws at the main sizes")
     p.add_argument("--require-deterministic", action="store_true",
                    help="fail kernels whose results depend on the order of float atomics (split reductions)")

@@ -169,6 +169,24 @@ class Check(BaseModel):
     detail: str = ""
 
 
+class KernelBuild(BaseModel):
+    """One kernel compiled ahead of time for a GPU target, no GPU needed (the pre-GPU compile gate): a Triton kernel
+    with Triton's compiler and its bundled ptxas, for each specialization it was launched with; a CUDA kernel with
+    nvcc. `flags` says what would hurt on the target: spills (slower, not wrong), shared memory over the target's
+    per-block limit (the launch fails there)."""
+    kernel: str
+    backend: Literal["triton", "cuda"]
+    target: str  # sm_90
+    specialization: str = ""  # Triton: the launch's argument types, constexpr values and options
+    ok: bool
+    error: str = ""
+    registers: int | None = None
+    spill_bytes: int = 0  # spill stores and loads
+    shared_bytes: int = 0  # static and (Triton's) dynamic shared memory per block
+    shared_limit: int = 0  # the target's per-block maximum
+    flags: list[str] = Field(default_factory=list)
+
+
 class SanitizerRun(BaseModel):
     """One compute-sanitizer tool's run on a GPU verdict's main input set: whether it ran (its job finished and it
     printed its summary after instrumenting the target) and how many errors it reported."""
@@ -202,6 +220,7 @@ class Verdict(BaseModel):
     triton_launches: int = 0
     sanitizer_runs: list[SanitizerRun] = Field(default_factory=list)  # on a GPU: each compute-sanitizer tool's run
     interpreter_race: InterpreterCoverage | None = None  # on a GPU: what the interpreter's race job covered
+    builds: list[KernelBuild] = Field(default_factory=list)  # its kernels compiled for the run's GPU target
 
     @property
     def problems(self) -> list[str]:

@@ -55,6 +55,11 @@ def test_a_device_this_host_lacks_or_does_not_know_is_one_line_naming_what_was_f
     _one_line_error(kernelbot("optimize", "--device", "gpu0"), "--device 'gpu0': unknown device", "cuda:N")
 
 
+def test_an_unknown_target_architecture_is_one_line_naming_the_known_ones(tmp_path):
+    _one_line_error(kernelbot("verify", str(tmp_path / "ref.py"), str(tmp_path / "c.py"), "--target", "sm_91"),
+                    "--target sm_91: unknown GPU architecture", "sm_90")
+
+
 def test_missing_reference(tmp_path):
     _one_line_error(kernelbot("verify", str(tmp_path / "nope.py"), str(tmp_path / "c.py")), "nope.py")
 
@@ -102,6 +107,12 @@ class ModelNew(nn.Module):
     assert data["verdict"] == "pass" and data["failed"] == [] and data["seed"] is not None
     assert {c["id"] for c in data["checks"]} >= {"race", "out_of_bounds", "reference_fallback", "result_caching"}
     assert all(set(c) >= {"id", "status", "detail"} for c in data["checks"])
+    # the compile gate: the launched kernel compiled for sm_90 (an H100) on this CPU, in the verdict
+    build, = data["builds"]
+    assert (build["kernel"], build["target"], build["ok"], build["flags"]) == ("relu", "sm_90", True, [])
+    assert build["registers"] > 0 and "B=64" in build["specialization"]
+    text = kernelbot("verify", str(ref), str(good), "--target", "sm_80")
+    assert text.returncode == 0 and "build    triton for sm_80 [" in text.stdout and "relu: " in text.stdout
     fail = kernelbot("verify", str(ref), str(bad), "--json")
     assert fail.returncode == 1
     data = json.loads(fail.stdout)

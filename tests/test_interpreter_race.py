@@ -133,7 +133,7 @@ SANITIZED = [Check(id="race", status="pass", detail="compute-sanitizer racecheck
              Check(id="unwritten_output", status="pass", detail="compute-sanitizer initcheck: no errors")]
 
 
-def _verify_as_if_on_a_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, slot: str) -> Verdict:
+def _verify_as_if_on_a_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, slot: str, arch: str = "sm_90") -> Verdict:
     """verify(device="cuda") with the GPU simulated: torch.cuda.is_available() says yes; the GPU job is the same job
     run on this CPU in the interpreter with its Triton report dropped (on a GPU no interpreter watches, so the GPU
     verdict's own `race` is compute-sanitizer's alone); compute-sanitizer is stubbed to find nothing. The extra job on
@@ -151,6 +151,7 @@ def _verify_as_if_on_a_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, slot
         return result
 
     monkeypatch.setattr(run.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(run, "device_target", lambda index: arch)  # the simulated GPU's own architecture
     monkeypatch.setattr(run, "run_job", run_job)
     monkeypatch.setattr(run, "sanitize", lambda *args: sanitizer.Sanitized(list(SANITIZED), [
         SanitizerRun(tool=tool, ran=True) for tool in sanitizer.SANITIZER_TOOLS]))
@@ -194,8 +195,10 @@ def test_a_gpu_verdict_does_not_build_the_cpu_library_and_a_failed_build_ends_in
         raise RuntimeError("Ninja is required to load C++ extensions (pip install ninja to get it)")
 
     monkeypatch.setattr(cpp_build, "prebuild_library", no_ninja)
-    verdict = _verify_as_if_on_a_gpu(tmp_path, monkeypatch, "row")
+    verdict = _verify_as_if_on_a_gpu(tmp_path, monkeypatch, "row", arch="sm_80")
     assert tried == [] and verdict.verdict == "pass", verdict.failed
+    # the interpreter's job compiled the candidate's kernel for the GPU's own architecture
+    assert verdict.builds and all(b.ok and b.target == "sm_80" and b.kernel == "_rms" for b in verdict.builds)
     race = next(c for c in verdict.checks if c.id == "race")
     assert race.status == "pass" and "Triton interpreter on the node's CPU" in race.detail
 

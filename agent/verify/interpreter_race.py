@@ -22,7 +22,7 @@ from kernelbot import KernelbotError
 from kernelbot.agent.verify import cases as casemod
 from kernelbot.agent.verify.judge import excerpt, merge, not_run
 from kernelbot.agent.verify.messages import Result, VerifyResult
-from kernelbot.records import Check, Verdict
+from kernelbot.records import Check, KernelBuild, Verdict
 from kernelbot.records import InterpreterCoverage as Coverage
 
 CHECKED_IDS = ("race", "out_of_bounds")
@@ -36,6 +36,7 @@ class InterpreterRace(BaseModel):
     budget: casemod.SizeBudget = casemod.SMALL  # the sizes it runs at
     launches: int = 0  # the Triton launches it saw (the GPU verdict's triton_launches)
     findings: list[Check] = Field(default_factory=list)  # CHECKED: its race and out_of_bounds checks
+    builds: list[KernelBuild] = Field(default_factory=list)  # its Triton kernels compiled for the GPU's target
 
 
 def plan_for(device: str, report: Result | None, triton_installed: bool) -> InterpreterRace | None:
@@ -70,7 +71,7 @@ def outcome(verdict: Verdict) -> InterpreterRace:
         scope = f"{WHERE} ({verdict.triton_launches} launches, {len(verdict.cases)} input sets)"
         return InterpreterRace(coverage=Coverage.CHECKED, why=scope, launches=verdict.triton_launches, findings=[
             Check(id=c.id, status=c.status, detail=f"{scope}: {c.detail}"[:1500])
-            for c in verdict.checks if c.id in CHECKED_IDS])
+            for c in verdict.checks if c.id in CHECKED_IDS], builds=verdict.builds)
     judged = next((c for c in verdict.checks if c.id == "correctness" and c.status != "not_run"), None)
     if judged is not None:
         return InterpreterRace(coverage=Coverage.NOT_TRITON, why=f"{WHERE}: the candidate launched no Triton kernel "

@@ -17,6 +17,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
+from kernelbot.records import KernelBuild
+
 
 class Message(BaseModel):
     """Unknown fields are refused; tensors travel inside as they are."""
@@ -170,6 +172,7 @@ class TritonReport(Message):
     races: list[str] = Field(default_factory=list)
     precision: list[str] = Field(default_factory=list)  # float32 tl.dot at a lower precision than the interpreter's
     order_dependent_kernels: list[str] = Field(default_factory=list)  # float atomic adds, or writes inside a lock
+    builds: list[KernelBuild] = Field(default_factory=list)  # each launched specialization compiled for the target
     order_mismatch: list[str] = Field(default_factory=list)
 
 
@@ -308,7 +311,16 @@ class TritonFinding(Message):
     asked: str
 
 
-EVENTS: dict[str, type[Message]] = {"triton_launch": TritonLaunch, "triton_finding": TritonFinding}
+MAX_BUILDS = 40  # builds a report keeps: a runner may stream no more
+
+
+class TritonBuild(Message):
+    build: KernelBuild  # a launched kernel compiled for the GPU target (compile_gate)
+    asked: str
+
+
+EVENTS: dict[str, type[Message]] = {"triton_launch": TritonLaunch, "triton_finding": TritonFinding,
+                                    "triton_build": TritonBuild}
 
 
 # ---------------------------------------------------------------- box -> parent

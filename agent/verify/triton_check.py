@@ -31,10 +31,11 @@ which program order it actually ran in.
 
 from __future__ import annotations
 
+import contextlib
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,11 +89,12 @@ class TritonReport:
     races: list[str] = field(default_factory=list)
     precision: list[str] = field(default_factory=list)  # float32 tl.dot at a precision the interpreter does not use
     order_dependent_kernels: set[str] = field(default_factory=set)  # float atomic adds, or writes inside a lock
+    builds: list[dict[str, Any]] = field(default_factory=list)  # compile_gate's KernelBuild records
 
     def as_dict(self) -> dict[str, Any]:
         return {"launches": self.launches, "programs": self.programs, "kernels": sorted(self.kernels),
                 "out_of_bounds": self.out_of_bounds, "races": self.races, "precision": self.precision,
-                "order_dependent_kernels": sorted(self.order_dependent_kernels)}
+                "order_dependent_kernels": sorted(self.order_dependent_kernels), "builds": self.builds}
 
 
 REPORT = TritonReport()
@@ -101,7 +103,11 @@ MAX_WINDOWS = 4096
 # the CPU time a thread spent inside one (the interpreter running the candidate's program) as the candidate's own, and
 # probes.measure_work leaves the interpreter's own copies of the arguments out of PyTorch's work
 WINDOWS: list[tuple[int, int, int, int, int]] = []
-_state: dict[str, Any] = {"launch": None, "order": "natural", "seed": 0, "pinned": frozenset(), "imprecise": set()}
+_state: dict[str, Any] = {"launch": None, "order": "natural", "seed": 0, "pinned": frozenset(), "imprecise": set(),
+                          "built": {}}
+_STAND_INS: dict[int, Any] = {}  # id of a libdevice stand-in -> Triton's function
+_PRISTINE: list[tuple[Any, dict[str, Any]]] = []  # Triton's language namespaces before the interpreter patched them
+_MISSING = object()
 Sink = Callable[[str, dict[str, Any]], None]
 _sink: Sink | None = None  # a module-level callable: the runner's seal notices if it is swapped out
 
@@ -367,7 +373,60 @@ def _interpretable_libdevice() -> None:
 
     for name, op in LIBDEVICE.items():
         if hasattr(libdevice, name):
-            setattr(libdevice, name, _elementwise(op))
+            stand_in = _elementwise(op)
+            _STAND_INS[id(stand_in)] = getattr(libdevice, name)
+            setattr(libdevice, name, stand_in)
+
+
+def _snapshot_language() -> None:
+    """What Triton's language namespaces hold before the interpreter patches them: its launches restore what they
+    patch, but a @triton.jit helper of the language's own (tl.zeros, called from a kernel) patches triton.language.core
+    for good, and libdevice holds stand-ins here. Triton's compiler needs the originals (_pristine_language)."""
+    import triton.language as tl
+    import triton.language.extra.libdevice as libdevice
+
+    for namespace in (tl, tl.core, tl.math, tl.core.tensor, tl.core.dtype, tl.core.tensor_descriptor_base, libdevice):
+        _PRISTINE.append((namespace, dict(vars(namespace))))
+
+
+@contextlib.contextmanager
+def _pristine_language() -> Iterator[None]:
+    """Triton's language as it was before the interpreter patched it, for as long as the block runs."""
+    changed = [(ns, name, vars(ns).get(name, _MISSING), value) for ns, attrs in _PRISTINE
+               for name, value in attrs.items() if vars(ns).get(name, _MISSING) is not value]
+    for ns, name, _, value in changed:
+        setattr(ns, name, value)
+    try:
+        yield
+    finally:
+        for ns, name, now, _ in changed:
+            if now is _MISSING:
+                delattr(ns, name)
+            else:
+                setattr(ns, name, now)
+
+
+def _gate(executor: Any, named: dict[str, Any], options: dict[str, Any], target: str, sink: Sink | None) -> None:
+    """The launched kernel compiled for `target` (compile_gate), once per specialization and at most
+    MAX_SPECIALIZATIONS times per kernel, with Triton's language as it was before the interpreter patched it."""
+    from triton.runtime import interpreter as interp
+
+    from kernelbot.agent.verify import compile_gate
+
+    fn = next((orig for orig, done in interp.InterpretedFunction.rewritten_fn.items() if done is executor.fn), None)
+    if fn is None:
+        return
+    key = (id(fn), tuple((n, v if n in executor.constexprs or v is None else str(getattr(v, "dtype", type(v))))
+                         for n, v in named.items()), tuple(sorted(options.items())))
+    built = _state["built"].setdefault(id(fn), set())
+    if key in built or len(built) >= compile_gate.MAX_SPECIALIZATIONS:
+        return
+    built.add(key)
+    with _pristine_language():
+        build = compile_gate.compile_launch(fn, named, options, target, _STAND_INS)
+    REPORT.builds.append(build.model_dump(mode="json"))
+    if sink is not None:
+        sink("triton_build", {"build": build.model_dump(mode="json")})
 
 
 def install(sink: Sink | None = None) -> None:
@@ -380,6 +439,7 @@ def install(sink: Sink | None = None) -> None:
     import os
 
     from kernelbot import KernelbotError
+    from kernelbot.agent.verify.compile_gate import TARGET_ENV
 
     if os.environ.get("TRITON_INTERPRET") != "1":
         raise KernelbotError("triton_check.install: TRITON_INTERPRET is not 1; the interpreter checks are for CPU "
@@ -391,6 +451,9 @@ def install(sink: Sink | None = None) -> None:
     global _sink
     _sink = sink
     float_add, exchange = ir.ATOMIC_OP.FADD, ir.ATOMIC_OP.XCHG
+    target = os.environ.get(TARGET_ENV)  # each launch is compiled for this GPU target too (compile_gate)
+    if target:
+        _snapshot_language()
     _interpretable_libdevice()
 
     builder_cls = interp.InterpreterBuilder
@@ -437,10 +500,13 @@ def install(sink: Sink | None = None) -> None:
     def run_grid(self, *args_dev, **kwargs):
         # Mirrors GridExecutor.__call__ of the pinned Triton, with a recorded launch and a chosen program order.
         argspec = inspect.getfullargspec(self.fn)
+        options = {k: v for k, v in kwargs.items() if k not in argspec.args}  # num_warps, num_stages...
         kwargs = {k: v for k, v in kwargs.items() if k in argspec.args}
         args_hst, kwargs_hst = self._init_args_hst(args_dev, kwargs)
         for hook in self.pre_run_hooks:
             hook(*args_hst, **kwargs_hst)
+        if target:
+            _gate(self, inspect.getcallargs(self.fn, *args_hst, **kwargs_hst), options, target, sink)
         patch_scope = interp._patch_lang(self.fn)
         try:
             named = inspect.getcallargs(self.fn, *args_hst, **kwargs_hst)

@@ -7,7 +7,7 @@ import triton
 import triton.language as tl
 
 from kernelbot.kernel_library.gated_mlp.reference import Model
-from kernelbot.kernel_library.linear.triton_kernel import triton_linear
+from kernelbot.kernel_library.linear.triton_kernel import GEMM_WARPS, triton_linear
 
 
 @triton.jit
@@ -49,5 +49,5 @@ class GatedMLPTriton(Model):
         grid = (triton.cdiv(m, c["BLOCK_M"]), triton.cdiv(inter, c["BLOCK_N"]))
         gate_up_kernel[grid](x2, self.gate_proj.weight, self.up_proj.weight, h, m, inter, hidden,
                              BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], BLOCK_K=c["BLOCK_K"],
-                             GELU=self.act == "gelu_tanh")
+                             GELU=self.act == "gelu_tanh", num_warps=GEMM_WARPS)
         return triton_linear(h, self.down_proj.weight, None, c).view(*x.shape[:-1], hidden)
