@@ -49,6 +49,22 @@ def test_a_target_is_checked_and_named_as_its_architecture() -> None:
         compile_gate.checked_target("sm_91")
 
 
+def test_cuda_kernels_are_compiled_for_the_runs_target_and_read_into_the_same_records(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from kernelbot.agent.verify import cuda_check
+    from kernelbot.agent.verify.messages import PtxasKernel
+
+    monkeypatch.setenv(compile_gate.TARGET_ENV, "sm_80")  # as verify hands it to the box
+    assert cuda_check.target_arch() == "sm_80"
+    big = PtxasKernel(kernel="k", arch="sm_80", registers=64, smem_bytes=200_000, stack_bytes=8, spill_store_bytes=8,
+                      spill_load_bytes=8)
+    build, = compile_gate.cuda_builds([big])
+    assert (build.backend, build.target, build.spill_bytes, build.shared_limit) == ("cuda", "sm_80", 16, 166912)
+    found, notes = compile_gate.gate([build])
+    assert found is not None and found.status == "fail" and "over sm_80's 166912 B" in found.detail
+    assert notes and "spills 16 B" in notes[0]
+
+
 MATMUL_REFERENCE = """
 import torch
 from torch import nn
