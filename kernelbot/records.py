@@ -174,17 +174,17 @@ class KernelBuild(BaseModel):
     with Triton's compiler and its bundled ptxas, for each specialization it was launched with; a CUDA kernel with
     nvcc. `flags` says what would hurt on the target: spills (slower, not wrong), shared memory over the target's
     per-block limit (the launch fails there)."""
-    kernel: str
+    kernel: str = Field(max_length=200)  # lengths bounded: a runner (candidate code) sends these
     backend: Literal["triton", "cuda"]
-    target: str  # sm_90
-    specialization: str = ""  # Triton: the launch's argument types, constexpr values and options
+    target: str = Field(max_length=16)  # sm_90
+    specialization: str = Field("", max_length=400)  # Triton: the launch's argument types, constexprs and options
     ok: bool
-    error: str = ""
+    error: str = Field("", max_length=700)
     registers: int | None = None
     spill_bytes: int = 0  # spill stores and loads
     shared_bytes: int = 0  # static and (Triton's) dynamic shared memory per block
     shared_limit: int = 0  # the target's per-block maximum
-    flags: list[str] = Field(default_factory=list)
+    flags: list[str] = Field(default_factory=list, max_length=4)
 
 
 class SanitizerRun(BaseModel):

@@ -70,7 +70,7 @@ def over_shared(build: KernelBuild) -> bool:
 
 def cuda_builds(kernels: list[Any]) -> list[KernelBuild]:
     """cuda_check's ptxas report (PtxasKernel records) as builds."""
-    return [flagged(KernelBuild(kernel=k.kernel, backend="cuda", target=k.arch.removesuffix("a"), ok=True,
+    return [flagged(KernelBuild(kernel=k.kernel[:200], backend="cuda", target=k.arch.removesuffix("a")[:16], ok=True,
                                 registers=k.registers, spill_bytes=k.spill_store_bytes + k.spill_load_bytes,
                                 shared_bytes=k.smem_bytes)) for k in kernels]
 
@@ -122,7 +122,7 @@ def compile_launch(fn: Callable[..., Any], named: Mapping[str, Any], options: Ma
     launch = {k: v for k, v in options.items() if k in ("num_warps", "num_stages", "num_ctas", "maxnreg")}
     spec = ", ".join([*(f"{k}: {v}" for k, v in signature.items() if v != "constexpr"),
                       *(f"{k}={constexprs[k]}" for k in constexprs), *(f"{k}={v}" for k, v in launch.items())])
-    base = KernelBuild(kernel=fn.__name__, backend="triton", target=target, specialization=spec[:400], ok=False)
+    base = KernelBuild(kernel=fn.__name__[:200], backend="triton", target=target, specialization=spec[:400], ok=False)
     try:
         compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs),
                                   target=GPUTarget("cuda", int(target[3:]), 32), options=launch)
