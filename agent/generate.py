@@ -50,8 +50,8 @@ def hotspot_fields(task: Task, hotspot: Hotspot | None, iteration: int) -> dict[
 
 def local_evaluator(task: Task, task_dir: Path, device: str, opts: OptimizeOptions) -> Evaluator:
     """Candidates of a task verified and benchmarked in this machine's sandbox."""
-    return functools.partial(evaluate, task, task_dir, device=device, seed=opts.seed, timeout=opts.timeout,
-                             bench_rounds=opts.bench_rounds)
+    return functools.partial(evaluate, task, task_dir, device=device, target=opts.target, seed=opts.seed,
+                             timeout=opts.timeout, bench_rounds=opts.bench_rounds)
 
 
 def builtin_proposals(task: Task, task_dir: Path, backends: list[str], stages: Stages) -> list[Proposal]:

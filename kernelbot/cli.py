@@ -17,6 +17,7 @@ from kernelbot.flags import default, options
 
 def _optimize(args: argparse.Namespace) -> int:
     from kernelbot.agent.llm.flags import llm_options
+    from kernelbot.agent.verify.compile_gate import checked_target
     from kernelbot.kernel_library.store import store_root
 
     if args.resume is not None and args.run_dir is not None:
@@ -28,7 +29,7 @@ def _optimize(args: argparse.Namespace) -> int:
                    budget_hours=args.budget_hours, iterations=args.iterations, max_task_minutes=args.max_task_minutes,
                    store=None if args.no_store else (args.store or store_root()), device=args.device,
                    cluster=args.cluster, serve=_serve_options(args), peak_tflops=args.peak_tflops,
-                   peak_gbps=args.peak_gbps)
+                   peak_gbps=args.peak_gbps, target=checked_target(args.target) if args.target else None)
     if args.cluster is not None:
         from kernelbot.agent.cluster import require_ray
 
@@ -170,6 +171,10 @@ def _add_image_parsers(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_promote)
 
 
+TARGET_HELP = ("the GPU architecture candidates' Triton and CUDA kernels are compiled for ahead of time (registers, "
+               "spills, shared memory; no GPU needed): default sm_90 (H100/H200) on a CPU, the GPU's own on a GPU")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kernelbot", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -200,6 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where the model runs and candidates are verified and timed: auto (a GPU when one is visible, "
                         "else the CPU), cpu (C++ kernels), cuda (a GPU, KERNELBOT_GPU's or the first; Triton "
                         "kernels), cuda:N (the N-th GPU this process sees, for the model and the candidates)")
+    p.add_argument("--target", default=None, metavar="sm_XY", help=TARGET_HELP)
     p.add_argument("--families", default=None, help="comma-separated kernel families to try (default: all)")
     p.add_argument("--peak-tflops", type=float, default=None,
                    help="the device's peak TFLOP/s at the run's dtype, instead of measuring it")
@@ -243,10 +249,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", metavar="cpu|cuda|cuda:N",
                    help="where the candidate runs: cpu (the default; Triton in its interpreter), cuda (KERNELBOT_GPU's "
                         "GPU, else the first), cuda:N")
-    p.add_argument("--target", default=None, metavar="sm_XY",
-                   help="the GPU architecture the candidate's Triton and CUDA kernels are compiled for ahead of time "
-                        "(registers, spills, shared memory; no GPU needed): default sm_90 (H100/H200) on a CPU, the "
-                        "GPU's own with --device cuda")
+    p.add_argument("--target", default=None, metavar="sm_XY", help=TARGET_HELP)
     p.add_argument("--trials", type=int, default=1, help="independent random input draws at the main sizes")
     p.add_argument("--require-deterministic", action="store_true",
                    help="fail kernels whose results depend on the order of float atomics (split reductions)")

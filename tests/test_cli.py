@@ -58,6 +58,26 @@ def test_a_device_this_host_lacks_or_does_not_know_is_one_line_naming_what_was_f
 def test_an_unknown_target_architecture_is_one_line_naming_the_known_ones(tmp_path):
     _one_line_error(kernelbot("verify", str(tmp_path / "ref.py"), str(tmp_path / "c.py"), "--target", "sm_91"),
                     "--target sm_91: unknown GPU architecture", "sm_90")
+    _one_line_error(kernelbot("optimize", "--target", "sm_91", "--run-dir", str(tmp_path / "run")),
+                    "--target sm_91: unknown GPU architecture", "sm_90")
+    assert not (tmp_path / "run").exists()
+
+
+def test_optimizes_target_reaches_every_candidates_verification(tmp_path, monkeypatch):
+    from kernelbot.agent import generate
+    from kernelbot.agent.run_options import OptimizeOptions
+    from kernelbot.agent.verify import evaluate
+    from kernelbot.records import Candidate, Task
+
+    seen = []
+    monkeypatch.setattr(evaluate, "verify", lambda *args, **kwargs: seen.append(kwargs) or 1 / 0)
+    task = Task(id="t", hotspot_id="h", family="rmsnorm", module_class="LlamaRMSNorm", dtype="float32",
+                input_shapes=[[4, 1, 64]], free_dims=[[0]], init_args=[64], share=0.1, floor_us=1.0)
+    cand = Candidate(id="c", task_id="t", backend="triton", proposer="p", config={}, source_hash="h")
+    (tmp_path / "c").mkdir()
+    out = generate.local_evaluator(task, tmp_path, "cpu", OptimizeOptions(target="sm_80"))(
+        cand, tmp_path / "c" / "candidate.py")
+    assert seen[0]["target"] == "sm_80" and out.row.reason.startswith("harness error: ZeroDivisionError")
 
 
 def test_missing_reference(tmp_path):

@@ -65,8 +65,9 @@ def _failure_report(verdict: Verdict) -> str:
 
 
 def evaluate(task: Task, task_dir: Path, cand: Candidate, path: Path, device: str, *, seed: int,
-             timeout: float, bench_rounds: int) -> Outcome:
-    """`device`: the run's, as verify and bench take it ("cpu", "cuda" or "cuda:N")."""
+             timeout: float, bench_rounds: int, target: str | None = None) -> Outcome:
+    """`device`: the run's, as verify and bench take it ("cpu", "cuda" or "cuda:N"); `target`: the GPU architecture
+    its kernels are compiled for ahead of time (None: verify's default)."""
     device_kind = kind_of(device)
     verdict: Verdict | None = None
     timed: Bench | None = None
@@ -74,7 +75,7 @@ def evaluate(task: Task, task_dir: Path, cand: Candidate, path: Path, device: st
         # no seed: each verification draws a fresh secret one (recorded in the verdict), so no candidate can
         # predict its inputs; verify itself runs Triton in the interpreter on a CPU (run.interpreted_triton)
         verdict = verify(task, task_dir / "reference.py", path, path.parent / "verify", timeout=timeout,
-                         device=device)
+                         device=device, target=target)
         write_record(path.parent / "verdict.json", verdict)
         if verdict.verdict == "fail":
             return _failed(task, cand, path, verdict)
