@@ -103,8 +103,8 @@ def _placement(kind: str) -> Placement:
     ctx = ray.get_runtime_context()
     if kind == "cuda":
         gpus = ray.get_gpu_ids()
-        if gpus:  # the sandbox confines a candidate to KERNELBOT_GPU: the physical GPU Ray gave this task
-            os.environ["KERNELBOT_GPU"] = str(gpus[0])
+        if gpus:  # Ray made only this task's GPUs visible: the first (index 0; the sandbox maps it through
+            os.environ["KERNELBOT_GPU"] = "0"  # CUDA_VISIBLE_DEVICES to the GPU Ray gave) runs the candidate
     return Placement(node=ctx.get_node_id(), node_ip=ray.util.get_node_ip_address(), worker=ctx.get_worker_id(),
                      device=_device_name(kind))
 

@@ -23,7 +23,13 @@ from kernelbot.agent.report.report import llm_line
 from kernelbot.agent.run_options import OptimizeOptions
 from kernelbot.agent.stages import Stages
 from kernelbot.agent.verify.evaluate import Accepted, Outcome, duel, evaluate, pick_best
-from kernelbot.kernel_library.cpp_build import cache_root, prebuild_library, unbuilt_library
+from kernelbot.kernel_library.cpp_build import (
+    BUILD_ERRORS,
+    build_problem,
+    cache_root,
+    prebuild_library,
+    unbuilt_library,
+)
 from kernelbot.kernel_library.identity import source_identity
 from kernelbot.records import Bench, Candidate, Device, Hotspot, KernelOutcome, KernelResult, LLMUsage, Origin, Task
 
@@ -42,10 +48,10 @@ def hotspot_fields(task: Task, hotspot: Hotspot | None, iteration: int) -> dict[
             "bytes": hotspot.bytes if hotspot and hotspot.bytes else None}
 
 
-def local_evaluator(task: Task, task_dir: Path, device_kind: str, opts: OptimizeOptions) -> Evaluator:
+def local_evaluator(task: Task, task_dir: Path, device: str, opts: OptimizeOptions) -> Evaluator:
     """Candidates of a task verified and benchmarked in this machine's sandbox."""
-    return functools.partial(evaluate, task, task_dir, device_kind=device_kind, seed=opts.seed, timeout=opts.timeout,
-                             bench_rounds=opts.bench_rounds)
+    return functools.partial(evaluate, task, task_dir, device=device, target=opts.target, seed=opts.seed,
+                             timeout=opts.timeout, bench_rounds=opts.bench_rounds)
 
 
 def builtin_proposals(task: Task, task_dir: Path, backends: list[str], stages: Stages) -> list[Proposal]:
@@ -172,6 +178,13 @@ class Generation:
         """The backends whose kernels can join this run's pack."""
         return available_backends(self.device.kind)
 
+    @property
+    def target(self) -> str:
+        """Where this run's candidates are verified and timed, as verify and bench take it: "cpu", "cuda" (the
+        assigned GPU, KERNELBOT_GPU) or "cuda:N" where the run named its GPU (--device cuda:N)."""
+        _, _, index = self.opts.device.partition(":")
+        return f"cuda:{index}" if self.device.kind == "cuda" and index else self.device.kind
+
     def task_dir(self, task: Task) -> Path:
         return self.run_dir / "tasks" / task.id
 
@@ -181,7 +194,7 @@ class Generation:
         if evaluate is None and self.executor is not None:
             evaluate = self.executor.evaluator(task, self.task_dir(task))
         elif evaluate is None:
-            evaluate = local_evaluator(task, self.task_dir(task), self.device.kind, self.opts)
+            evaluate = local_evaluator(task, self.task_dir(task), self.target, self.opts)
         return self._remembering_losses(task, self.state.journaled(evaluate, task, hotspot_fields(
             task, hotspot, self.state.iteration)))
 
@@ -345,7 +358,7 @@ class Generation:
 
         def fight() -> dict:
             return duel(task, self.task_dir(task), incumbent, challenger, seed=self.opts.seed,
-                        timeout=self.opts.timeout, rounds=self.opts.bench_rounds).model_dump()
+                        timeout=self.opts.timeout, rounds=self.opts.bench_rounds, device=self.target).model_dump()
 
         key = f"duel:{task.id}:{challenger.candidate.source_hash}:{incumbent.candidate.source_hash}"
         result = Bench.model_validate(self.state.memo(key, "stage", fight))
@@ -474,12 +487,17 @@ class _ClusterWatch:
 
 def build_library(stages: Stages) -> None:
     """The library's C++ extensions, built before the first candidate needs them, with a spinner: the first run on a
-    machine compiles them for a minute or more and would otherwise sit silent."""
+    machine compiles them for a minute or more and would otherwise sit silent. A build that fails is said, not
+    raised: the C++ candidates that load the library then fail their compile check, and the rest of the run goes on."""
     unbuilt = unbuilt_library()
     if not unbuilt:
         return
     t0 = time.perf_counter()
     with stages.console.status(f"building {len(unbuilt)} C++ kernel extensions (first run here; cached afterwards)"):
-        prebuild_library()
+        try:
+            prebuild_library()
+        except BUILD_ERRORS as exc:
+            stages.say(f"      {build_problem(exc)}")
+            return
     stages.say(f"      built {len(unbuilt)} C++ kernel extensions in {time.perf_counter() - t0:.0f} s (cached in "
                f"{cache_root()})")

@@ -36,6 +36,9 @@ class OptimizeOptions(BaseModel):
     max_task_minutes: float | None = Field(None, gt=0)  # per task, built-in and stored candidates
     store: Path | None = None  # kernel store to reuse from and add to (None: none)
     device: str = "auto"  # auto: a GPU when one is visible, else the CPU (engine/device.py)
+    # the GPU architecture candidates' kernels are compiled for ahead of time (agent/verify/compile_gate.py): None,
+    # sm_90 on a CPU and the GPU's own on a GPU
+    target: str | None = None
     cluster: str | None = None  # a Ray cluster's address: candidates are evaluated there (agent/cluster.py)
     serve: ServeOptions | None = None  # the model served by vLLM or SGLang (None: in this process)
     # the device's peaks as given, instead of measured

@@ -14,6 +14,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
+from typing import NamedTuple
 
 # Imported now, in the main thread and before anything can import the standard library's distutils: torch's
 # extension builder (and Inductor's) import setuptools later, and setuptools refuses a process whose distutils came
@@ -98,10 +99,36 @@ def _build_side_by_side(sources: list[Path]) -> None:
         list(pool.map(build, sources))
 
 
-def library_env(device: str) -> dict[str, str]:
-    """The environment a sandboxed job on `device` needs for the library's C++ builds: built first on the CPU;
-    on a GPU no candidate runs the CPU library, so nothing is built (minutes on a first run) and nothing is passed."""
-    return prebuild_library() if device == "cpu" else {}
+class LibraryEnv(NamedTuple):
+    """What a sandboxed job gets for the library's C++ builds: the environment pointing it at them, and why the build
+    failed here (None when it did not, or was not needed)."""
+    env: dict[str, str]
+    problem: str | None = None
+
+
+# what torch's extension builder raises without ninja or a compiler, or for a source that does not compile
+BUILD_ERRORS = (RuntimeError, OSError, subprocess.SubprocessError, ImportError)
+
+
+def build_problem(exc: BaseException) -> str:
+    """One line: the library's C++ build failed, why, and the fix."""
+    first = (str(exc).strip().splitlines() or [""])[0][:200]
+    return (f"the kernel library's C++ build failed here ({type(exc).__name__}: {first}); candidates that load it "
+            "cannot run: install ninja and a C++ compiler (pip install ninja; apt-get install g++)")
+
+
+def library_env(device: str, runs_cpp: bool = True) -> LibraryEnv:
+    """The environment a sandboxed job on `device` needs for the library's C++ builds: built first where C++
+    candidates run (a CPU job that may run one, `runs_cpp`); elsewhere (a GPU job, or the interpreter's re-check of a
+    GPU candidate on the node's CPU) nothing is built (minutes on a first run) and nothing is passed. A build that
+    fails is no exception here: the job still gets the cache, `problem` says what failed, and a candidate that loads
+    the library fails its own compile check."""
+    if device != "cpu" or not runs_cpp:
+        return LibraryEnv({})
+    try:
+        return LibraryEnv(prebuild_library())
+    except BUILD_ERRORS as exc:
+        return LibraryEnv({CACHE_ENV: str(cache_dir().resolve())}, build_problem(exc))
 
 
 def load_cpp(path: Path) -> ModuleType:

@@ -17,6 +17,7 @@ from kernelbot.flags import default, options
 
 def _optimize(args: argparse.Namespace) -> int:
     from kernelbot.agent.llm.flags import llm_options
+    from kernelbot.agent.verify.compile_gate import checked_target
     from kernelbot.kernel_library.store import store_root
 
     if args.resume is not None and args.run_dir is not None:
@@ -29,7 +30,7 @@ def _optimize(args: argparse.Namespace) -> int:
                    budget_hours=args.budget_hours, iterations=args.iterations, max_task_minutes=args.max_task_minutes,
                    store=None if args.no_store else (args.store or store_root()), device=args.device,
                    cluster=args.cluster, serve=_serve_options(args), peak_tflops=args.peak_tflops,
-                   peak_gbps=args.peak_gbps)
+                   peak_gbps=args.peak_gbps, target=checked_target(args.target) if args.target else None)
     if args.cluster is not None:
         from kernelbot.agent.cluster import require_ray
 
@@ -92,21 +93,31 @@ def _rank(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
+    from kernelbot.agent.verify.compile_gate import checked_target, described
     from kernelbot.agent.verify.run import task_from_reference, verify
 
     if args.trials < 1 or args.timeout <= 0:
         raise KernelbotError("--trials must be at least 1 and --timeout positive")
+    target = checked_target(args.target) if args.target else None  # one line, exit 2, for one no one knows
+    device = args.device
+    if device != "cpu":  # one line, exit 2: an unknown device, or a GPU this host does not have
+        from kernelbot.engine.device import pick_device
+
+        choice = pick_device(device)
+        device = choice.spec if ":" in device else choice.kind
     task = task_from_reference(args.reference)
     if not args.candidate.is_file():
         raise KernelbotError(f"{args.candidate}: no such candidate file")
     verdict = verify(task, args.reference, args.candidate, args.workdir or args.candidate.with_suffix(".verify"),
-                     seed=args.seed, timeout=args.timeout, device=args.device, trials=args.trials,
+                     seed=args.seed, timeout=args.timeout, device=device, trials=args.trials, target=target,
                      require_deterministic=args.require_deterministic)
     if args.json:
         print(verdict.model_dump_json(indent=2))
     else:
         for c in verdict.checks:
             print(f"{c.status:8s} {c.id:18s} {c.detail}")
+        for build in verdict.builds:
+            print(f"build    {build.backend} for {build.target} [{build.specialization or '-'}] {described(build)}")
         for note in verdict.notes:
             print(f"note     {note}")
         print(f"{verdict.verdict.upper()} in {verdict.seconds:.1f} s (seed {verdict.seed})")
@@ -161,6 +172,10 @@ def _add_image_parsers(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_promote)
 
 
+TARGET_HELP = ("the GPU architecture candidates' Triton and CUDA kernels are compiled for ahead of time (registers, "
+               "spills, shared memory; no GPU needed): default sm_90 (H100/H200) on a CPU, the GPU's own on a GPU")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kernelbot", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -190,9 +205,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=int, default=default(OptimizeOptions, "e2e_rounds"),
                    help="interleaved end-to-end timing rounds")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile comparison")
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default=default(OptimizeOptions, "device"),
+    p.add_argument("--device", default=default(OptimizeOptions, "device"), metavar="auto|cpu|cuda|cuda:N",
                    help="where the model runs and candidates are verified and timed: auto (a GPU when one is visible, "
-                        "else the CPU), cpu (C++ kernels), cuda (a GPU; Triton kernels)")
+                        "else the CPU), cpu (C++ kernels), cuda (a GPU, KERNELBOT_GPU's or the first; Triton "
+                        "kernels), cuda:N (the N-th GPU this process sees, for the model and the candidates)")
+    p.add_argument("--target", default=None, metavar="sm_XY", help=TARGET_HELP)
     p.add_argument("--families", default=None, help="comma-separated kernel families to try (default: all)")
     p.add_argument("--peak-tflops", type=float, default=None,
                    help="the device's peak TFLOP/s at the run's dtype, instead of measuring it")
@@ -233,7 +250,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("reference", type=Path)
     p.add_argument("candidate", type=Path)
     p.add_argument("--json", action="store_true")
-    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--device", default="cpu", metavar="cpu|cuda|cuda:N",
+                   help="where the candidate runs: cpu (the default; Triton in its interpreter), cuda (KERNELBOT_GPU's "
+                        "GPU, else the first), cuda:N")
+    p.add_argument("--target", default=None, metavar="sm_XY", help=TARGET_HELP)
     p.add_argument("--trials", type=int, default=1, help="independent random input draws at the main sizes")
     p.add_argument("--require-deterministic", action="store_true",
                    help="fail kernels whose results depend on the order of float atomics (split reductions)")

@@ -174,6 +174,40 @@ class Check(BaseModel):
     detail: str = ""
 
 
+class KernelBuild(BaseModel):
+    """One kernel compiled ahead of time for a GPU target, no GPU needed (the pre-GPU compile gate): a Triton kernel
+    with Triton's compiler and its bundled ptxas, for each specialization it was launched with; a CUDA kernel with
+    nvcc. `flags` says what would hurt on the target: spills (slower, not wrong), shared memory over the target's
+    per-block limit (the launch fails there)."""
+    kernel: str = Field(max_length=200)  # lengths bounded: a runner (candidate code) sends these
+    backend: Literal["triton", "cuda"]
+    target: str = Field(max_length=16)  # sm_90
+    specialization: str = Field("", max_length=400)  # Triton: the launch's argument types, constexprs and options
+    ok: bool
+    error: str = Field("", max_length=700)
+    registers: int | None = None
+    spill_bytes: int = 0  # spill stores and loads
+    shared_bytes: int = 0  # static and (Triton's) dynamic shared memory per block
+    shared_limit: int = 0  # the target's per-block maximum
+    flags: list[str] = Field(default_factory=list, max_length=4)
+
+
+class SanitizerRun(BaseModel):
+    """One compute-sanitizer tool's run on a GPU verdict's main input set: whether it ran (its job finished and it
+    printed its summary after instrumenting the target) and how many errors it reported."""
+    tool: str  # memcheck, racecheck, synccheck, initcheck
+    ran: bool
+    errors: int = 0
+
+
+class InterpreterCoverage(str, Enum):
+    """What a GPU verdict's second job, Triton's interpreter on the node's CPU at small sizes, covered."""
+    RUN = "run"  # planned: the job is to be run
+    CHECKED = "checked"  # it ran the candidate's Triton launches: its race and bounds findings count
+    NOT_TRITON = "not_triton"  # nothing there for it to check (CUDA code, or no Triton launch)
+    NOT_RUN = "not_run"  # it could not check: `race` is not_run unless something failed it
+
+
 class Verdict(BaseModel):
     candidate_id: str
     verdict: Literal["pass", "fail"]
@@ -189,6 +223,9 @@ class Verdict(BaseModel):
     # Triton launches the CPU interpreter ran: whether the candidate is a Triton kernel is what it launched, never
     # what its source spells (on a GPU, those of its race check in the interpreter on the node's CPU)
     triton_launches: int = 0
+    sanitizer_runs: list[SanitizerRun] = Field(default_factory=list)  # on a GPU: each compute-sanitizer tool's run
+    interpreter_race: InterpreterCoverage | None = None  # on a GPU: what the interpreter's race job covered
+    builds: list[KernelBuild] = Field(default_factory=list)  # its kernels compiled for the run's GPU target
 
     @property
     def problems(self) -> list[str]:

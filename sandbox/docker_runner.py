@@ -28,6 +28,7 @@ from typing import Any
 from kernelbot import KernelbotError
 from kernelbot.packages import package_folders
 from kernelbot.sandbox import box
+from kernelbot.sandbox.gpu import visible_gpu
 
 RUNNERS = ("auto", "process", "docker")
 LABEL = "org.kernelbot.sandbox"  # value: host:pid of the kernelbot that started the container
@@ -236,7 +237,7 @@ def _environment(job: dict[str, Any], folder: Path, env: dict[str, str] | None,
     gets, if any: `gpu`, else for a CUDA job the one the process runner's child would see."""
     inherited = box.child_env({**box.box_env(folder), **(env or {})})
     environment = {k: v for k, v in inherited.items() if not k.startswith("DOCKER_")}
-    device = None if gpu is None else str(gpu)
+    device = None if gpu is None else visible_gpu(gpu)  # the container runtime names GPUs as the node does
     if device is None and job.get("device") == "cuda":
         device = (environment.get("CUDA_VISIBLE_DEVICES", "") or "0").split(",")[0]
     if device is not None:  # inside, the container's one GPU is index 0

@@ -9,15 +9,11 @@ to the docker runner when that one is chosen.
 
 from __future__ import annotations
 
-import ctypes
-import fcntl
 import functools
+import json
 import os
-import resource
 import shutil
 import signal
-import socket
-import struct
 import subprocess
 import sys
 import time
@@ -43,14 +39,11 @@ from kernelbot.sandbox.box import (
     open_box,
     outcome,
 )
-from kernelbot.sandbox.confine import libc
 from kernelbot.sandbox.gpu import check_health, ecc_errors
 from kernelbot.sandbox.gpu import isolation_env as gpu_env
 
 __all__ = ["PIDS_CGROUP", "SandboxResult", "child_env", "namespaces_available", "run_job"]
-PR_SET_PDEATHSIG = 1
-CLONE_NEWNET = 0x40000000
-SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
+LAUNCH = Path(__file__).with_name("launch.py")  # applies a job's limits, then becomes the job
 PIDS_CGROUP = Path("/sys/fs/cgroup/pids")
 
 
@@ -157,7 +150,7 @@ def run_job(job: dict[str, Any], workdir: Path, timeout: float, env: dict[str, s
         protections.append("no TCP at all: loopback ports need a network namespace of the job's own (root and "
                            "unshare), so compute-sanitizer cannot reach its target here")
     command = [*(wrapper or []), sys.executable, "-m", HARNESS, "job.json"]
-    if isolated:  # with loopback, the child makes its network namespace itself (_limit_child), with lo up
+    if isolated:  # with loopback, the job makes its network namespace itself (launch.py), with lo up
         # --mount-proc: under a wrapper the harness is not pid 1 and mounts no /proc itself, and the CUDA driver names
         # its threads through /proc/self/task/<tid>/comm with this namespace's tids (on an H200 node, 2026-12-04:
         # cuInit's error 304 under compute-sanitizer while the host's /proc was left)
@@ -167,11 +160,9 @@ def run_job(job: dict[str, Any], workdir: Path, timeout: float, env: dict[str, s
     ecc_before = ecc_errors(gpu) if gpu is not None else None
     t0 = time.perf_counter()
     with open(workdir / STDERR, "wb") as err:
-        proc = subprocess.Popen(command, cwd=box, stdin=subprocess.DEVNULL, stdout=err, stderr=err,
-                                env=child_env(extra), start_new_session=True,
-                                preexec_fn=functools.partial(_limit_child, group, timeout, limited,
-                                                             isolated and loopback),
-                                pass_fds=(write_fd,))
+        proc = subprocess.Popen(launched(command, group, timeout, limited, isolated and loopback), cwd=box,
+                                stdin=subprocess.DEVNULL, stdout=err, stderr=err, env=child_env(extra),
+                                start_new_session=True, pass_fds=(write_fd,))
         os.close(write_fd)
         try:
             proc.wait(timeout=timeout)
@@ -192,16 +183,6 @@ def run_job(job: dict[str, Any], workdir: Path, timeout: float, env: dict[str, s
     return outcome(workdir, timeout, Ending(timed_out, proc.returncode, seconds, records), protections)
 
 
-def own_loopback() -> None:
-    """Move this process into a new network namespace and bring its loopback interface up: it can reach nothing but
-    itself. Needs CAP_SYS_ADMIN (root)."""
-    if libc.unshare(CLONE_NEWNET) != 0:
-        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNET) failed")
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        flags = struct.unpack_from("16sH", fcntl.ioctl(s, SIOCGIFFLAGS, struct.pack("16sH22x", b"lo", 0)))[1]
-        fcntl.ioctl(s, SIOCSIFFLAGS, struct.pack("16sH22x", b"lo", flags | IFF_UP))
-
-
 def _protections(timeout: float, group: Path | None, isolated: bool, address_limited: bool) -> list[str]:
     protections = ["process runner", f"timeout {timeout:.0f} s", "own session and process group",
                    "secrets scrubbed from env",
@@ -216,18 +197,14 @@ def _protections(timeout: float, group: Path | None, isolated: bool, address_lim
     return protections
 
 
-def _limit_child(group: Path | None, timeout: float, address_limited: bool, loopback: bool = False) -> None:
-    """Runs in the child between fork and exec. A GPU job gets no address-space limit: the CUDA driver reserves
-    virtual ranges for unified memory far beyond physical memory, and cuInit fails under such a limit. With
-    `loopback`, the child moves into a network namespace of its own and brings its loopback up (unshare's --net
+def launched(command: list[str], group: Path | None, timeout: float, address_limited: bool,
+            loopback: bool = False) -> list[str]:
+    """`command` started through launch.py, which applies the job's limits to itself and then becomes the job: no
+    Python runs between fork and exec in this (threaded) process. A GPU job gets no address-space limit: the CUDA
+    driver reserves virtual ranges for unified memory far beyond physical memory, and cuInit fails under such a limit.
+    With `loopback`, the job moves into a network namespace of its own and brings its loopback up (unshare's --net
     leaves it down)."""
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # if kernelbot itself dies, the job dies with it
-    if loopback:
-        own_loopback()
-    if group is not None:
-        (group / "cgroup.procs").write_text(str(os.getpid()))
-    if address_limited:
-        resource.setrlimit(resource.RLIMIT_AS, (memory_limit(),) * 2)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (MAX_FILE_BYTES,) * 2)
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    resource.setrlimit(resource.RLIMIT_CPU, (int(timeout) + 5,) * 2)
+    limits = {"cgroup": str(group) if group is not None else None, "cpu_s": int(timeout) + 5,
+              "address_bytes": memory_limit() if address_limited else 0, "file_bytes": MAX_FILE_BYTES,
+              "loopback": loopback}
+    return [sys.executable, "-I", "-S", str(LAUNCH), json.dumps(limits), *command]

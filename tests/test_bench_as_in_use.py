@@ -79,7 +79,7 @@ HONEST = "from kernelbot.kernel_library.rmsnorm.cpp import RMSNormCpp as ModelNe
 def _bench(tmp_path, source: str, rounds: int = 2):
     ref = write_module(tmp_path / "reference.py", reference_source(RMS_TASK))
     cand = write_module(tmp_path / "cand" / "candidate.py", source)
-    return bench(RMS_TASK, ref, cand, tmp_path / "bench", rounds=rounds)
+    return bench(RMS_TASK, ref, cand, tmp_path / "bench", rounds=rounds, device="cpu")
 
 
 def test_a_ring_of_output_buffers_is_refused_by_the_benchmark(tmp_path):
@@ -105,5 +105,5 @@ def test_an_honest_library_kernel_is_timed_with_its_thread_pool_between_calls(tm
     task = RMS_TASK.model_copy(update={"input_shapes": [[512, 1, 1024]], "init_args": [1024, 1e-6]})
     ref = write_module(tmp_path / "reference.py", reference_source(task))
     cand = write_module(tmp_path / "cand" / "candidate.py", HONEST)
-    result = bench(task, ref, cand, tmp_path / "bench", rounds=2)
+    result = bench(task, ref, cand, tmp_path / "bench", rounds=2, device="cpu")
     assert result.rounds == 2 and result.candidate_us > 0 and result.reference_us > 0

@@ -39,6 +39,47 @@ def test_corrupt_trace(tmp_path):
     _one_line_error(kernelbot("rank", str(bad)), "trace.json.gz")
 
 
+def test_a_device_this_host_lacks_or_does_not_know_is_one_line_naming_what_was_found_and_the_fix(tmp_path):
+    """cuda:N is a device optimize and verify take (the N-th GPU this process sees); on this CPU-only host it is
+    refused as any GPU is, before any run directory exists; a device no one knows is refused as such."""
+    import pytest
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible here: cuda:N may exist")
+    for args in (("optimize", "--device", "cuda:1", "--run-dir", str(tmp_path / "run")),
+                 ("verify", str(tmp_path / "ref.py"), str(tmp_path / "c.py"), "--device", "cuda")):
+        _one_line_error(kernelbot(*args), f"--device {args[args.index('--device') + 1]}: no CUDA device is visible "
+                        "here (torch", "run on a GPU node or use --device cpu")
+    assert not (tmp_path / "run").exists()
+    _one_line_error(kernelbot("optimize", "--device", "gpu0"), "--device 'gpu0': unknown device", "cuda:N")
+
+
+def test_an_unknown_target_architecture_is_one_line_naming_the_known_ones(tmp_path):
+    _one_line_error(kernelbot("verify", str(tmp_path / "ref.py"), str(tmp_path / "c.py"), "--target", "sm_91"),
+                    "--target sm_91: unknown GPU architecture", "sm_90")
+    _one_line_error(kernelbot("optimize", "--target", "sm_91", "--run-dir", str(tmp_path / "run")),
+                    "--target sm_91: unknown GPU architecture", "sm_90")
+    assert not (tmp_path / "run").exists()
+
+
+def test_optimizes_target_reaches_every_candidates_verification(tmp_path, monkeypatch):
+    from kernelbot.agent import generate
+    from kernelbot.agent.run_options import OptimizeOptions
+    from kernelbot.agent.verify import evaluate
+    from kernelbot.records import Candidate, Task
+
+    seen = []
+    monkeypatch.setattr(evaluate, "verify", lambda *args, **kwargs: seen.append(kwargs) or 1 / 0)
+    task = Task(id="t", hotspot_id="h", family="rmsnorm", module_class="LlamaRMSNorm", dtype="float32",
+                input_shapes=[[4, 1, 64]], free_dims=[[0]], init_args=[64], share=0.1, floor_us=1.0)
+    cand = Candidate(id="c", task_id="t", backend="triton", proposer="p", config={}, source_hash="h")
+    (tmp_path / "c").mkdir()
+    out = generate.local_evaluator(task, tmp_path, "cpu", OptimizeOptions(target="sm_80"))(
+        cand, tmp_path / "c" / "candidate.py")
+    assert seen[0]["target"] == "sm_80" and out.row.reason.startswith("harness error: ZeroDivisionError")
+
+
 def test_missing_reference(tmp_path):
     _one_line_error(kernelbot("verify", str(tmp_path / "nope.py"), str(tmp_path / "c.py")), "nope.py")
 
@@ -86,6 +127,12 @@ class ModelNew(nn.Module):
     assert data["verdict"] == "pass" and data["failed"] == [] and data["seed"] is not None
     assert {c["id"] for c in data["checks"]} >= {"race", "out_of_bounds", "reference_fallback", "result_caching"}
     assert all(set(c) >= {"id", "status", "detail"} for c in data["checks"])
+    # the compile gate: the launched kernel compiled for sm_90 (an H100) on this CPU, in the verdict
+    build, = data["builds"]
+    assert (build["kernel"], build["target"], build["ok"], build["flags"]) == ("relu", "sm_90", True, [])
+    assert build["registers"] > 0 and "B=64" in build["specialization"]
+    text = kernelbot("verify", str(ref), str(good), "--target", "sm_80")
+    assert text.returncode == 0 and "build    triton for sm_80 [" in text.stdout and "relu: " in text.stdout
     fail = kernelbot("verify", str(ref), str(bad), "--json")
     assert fail.returncode == 1
     data = json.loads(fail.stdout)

@@ -196,7 +196,13 @@ def test_the_gpu_check_dry_run_walks_every_step_and_writes_a_complete_summary(tm
     # every step ran (through its stub), every expectation was read from its outputs, the figures beside them
     assert [s["name"] for s in summary["steps"]] == steps
     assert all(s["returncode"] in (0, 1) and not s["timed_out"] for s in summary["steps"])
-    assert len(summary["expectations"]) == 9 and all(e["met"] for e in summary["expectations"])
+    assert len(summary["expectations"]) == 10 and all(e["met"] for e in summary["expectations"])
+    # every stage's worst-case limit, printed and summed under the 6 minutes a check may take of the device's time
+    limits = {limit["name"]: limit["limit_s"] for limit in summary["limits"]}
+    assert list(limits) == ["preflight", "smoke", "verify_correct+verify_racy", "optimize", "gpu_after"]
+    assert summary["worst_case_s"] == sum(limits.values()) < 6 * 60
+    assert all(f"{name} ≤ {limit} s" in proc.stdout for name, limit in limits.items())
+    assert f"in all ≤ {summary['worst_case_s']} s of 360 s" in proc.stdout
     assert len(summary["figures"]) == 2 and summary["finished"] and summary["ok"]
     assert proc.returncode == 0
     assert {p.name for p in (tmp_path / "out").iterdir()} >= {"smoke.json", "report.json", "verdict_correct.json",

@@ -54,8 +54,26 @@ def test_a_first_build_is_announced_and_a_cached_one_is_silent(tmp_path, monkeyp
 def test_a_gpu_jobs_sandbox_gets_no_cpu_library_build_and_a_cpu_jobs_gets_the_built_cache(monkeypatch):
     built: list[bool] = []
     monkeypatch.setattr(cpp_build, "prebuild_library", lambda: built.append(True) or {"KERNELBOT_CACHE": "x"})
-    assert cpp_build.library_env("cuda") == {} and built == []
-    assert cpp_build.library_env("cpu") == {"KERNELBOT_CACHE": "x"} and built == [True]
+    assert cpp_build.library_env("cuda") == ({}, None) and built == []
+    assert cpp_build.library_env("cpu", runs_cpp=False) == ({}, None) and built == []  # the interpreter's re-check
+    assert cpp_build.library_env("cpu") == ({"KERNELBOT_CACHE": "x"}, None) and built == [True]
+
+
+def _no_ninja() -> dict[str, str]:
+    raise RuntimeError("Ninja is required to load C++ extensions (pip install ninja to get it)")  # torch's words
+
+
+def test_a_library_build_that_fails_is_a_line_saying_how_to_fix_it_not_an_exception(tmp_path, monkeypatch):
+    monkeypatch.setattr(cpp_build, "prebuild_library", _no_ninja)
+    env, problem = cpp_build.library_env("cpu")
+    assert env == {"KERNELBOT_CACHE": str(cpp_build.cache_dir().resolve())}
+    assert problem is not None and "RuntimeError: Ninja is required" in problem and "install ninja" in problem
+    out = io.StringIO()
+    monkeypatch.setattr(generate, "prebuild_library", _no_ninja)
+    monkeypatch.setattr(generate, "unbuilt_library", lambda: [Path("a.cpp")])
+    generate.build_library(Stages(Console(file=out, width=300), tmp_path))  # optimize's first build goes on
+    said = out.getvalue()
+    assert "C++ build failed here (RuntimeError: Ninja is required" in said and "built 1" not in said
 
 
 def test_each_candidate_shows_a_spinner_saying_which_of_how_many_it_is_and_only_its_verdict_stays(tmp_path):
@@ -79,3 +97,22 @@ def test_each_candidate_shows_a_spinner_saying_which_of_how_many_it_is_and_only_
                      "h00-rmsnorm-4x64: candidate 2 of 2 (cpp-1): verifying and benchmarking"]
     assert "verifying and benchmarking" not in (tmp_path / "log.txt").read_text()
     assert (tmp_path / "log.txt").read_text().count("verified; 2.00x beyond noise") == 2
+
+
+def test_a_cpu_verdict_on_a_host_whose_library_build_fails_says_so_and_still_judges_the_candidate(tmp_path,
+                                                                                                  monkeypatch):
+    """No ninja (simulated: the build raises torch's own error): a Triton candidate, which needs no C++ library, gets
+    its verdict, with a note saying what failed and how to fix it."""
+    from helpers import write_module
+    from test_verify import RMS_TASK
+
+    from kernelbot.agent.tasks.tasks import reference_source
+    from kernelbot.agent.verify.run import verify
+
+    monkeypatch.setattr(cpp_build, "prebuild_library", _no_ninja)
+    ref = write_module(tmp_path / "reference.py", reference_source(RMS_TASK))
+    cand = write_module(tmp_path / "cand" / "candidate.py",
+                        "from kernelbot.kernel_library.rmsnorm.triton_kernel import RMSNormTriton as ModelNew\n")
+    verdict = verify(RMS_TASK, ref, cand, tmp_path / "work", device="cpu")
+    assert verdict.verdict == "pass", verdict.failed
+    assert any("C++ build failed here (RuntimeError: Ninja is required" in n for n in verdict.notes), verdict.notes

@@ -5,7 +5,6 @@ of it."""
 
 from __future__ import annotations
 
-import functools
 import json
 import resource
 import subprocess
@@ -19,7 +18,7 @@ from kernelbot.agent.verify.messages import NoopJob
 from kernelbot.sandbox import run_job
 from kernelbot.sandbox.box import STDERR
 from kernelbot.sandbox.landlock import abi_version
-from kernelbot.sandbox.runner import _limit_child, memory_limit, namespaces_available
+from kernelbot.sandbox.runner import launched, memory_limit, namespaces_available
 
 # The job's first layer; then, for a job that forks its runner (whose pid that layer could not know), the fork and
 # the runner's own layer. Then what the CUDA driver does at cuInit (name a thread) and what a candidate must still
@@ -88,9 +87,30 @@ def test_a_cpu_jobs_runner_cannot_write_under_proc(tmp_path):
 @pytest.mark.parametrize("address_limited", [True, False])
 def test_only_a_cpu_job_gets_an_address_space_limit(address_limited):
     probe = "import resource; print(resource.getrlimit(resource.RLIMIT_AS)[0])"
-    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60,
-                          preexec_fn=functools.partial(_limit_child, None, 30, address_limited))
+    proc = subprocess.run(launched([sys.executable, "-c", probe], None, 30, address_limited), capture_output=True,
+                          text=True, timeout=60)
     assert int(proc.stdout) == (memory_limit() if address_limited else resource.RLIM_INFINITY)
+
+
+def test_a_job_starts_with_no_python_run_between_fork_and_exec_in_the_threaded_runner(tmp_path, monkeypatch):
+    """The sanitizer starts its four tools side by side from threads, on a GPU node beside CUDA's own: a preexec_fn
+    there could deadlock in the forked child. The limits are applied by the exec'd launcher instead."""
+    from kernelbot.sandbox import runner
+
+    started: list[dict] = []
+    real_popen = subprocess.Popen
+
+    def popen(args, **kwargs):
+        started.append({"args": list(args), **kwargs})
+        return real_popen(args, **kwargs)
+
+    monkeypatch.setenv("KERNELBOT_SANDBOX", "process")
+    monkeypatch.setattr(runner.subprocess, "Popen", popen)
+    result = run_job(NoopJob().model_dump(mode="json"), tmp_path / "w", timeout=60, gpu=0)
+    assert result.status == "ok", result.detail
+    job, = [s for s in started if "job.json" in s["args"]]
+    assert job.get("preexec_fn") is None and job["start_new_session"]
+    assert job["args"][1:4] == ["-I", "-S", str(runner.LAUNCH)]  # the launcher imports the standard library only
 
 
 def test_the_process_runner_says_which_limit_a_job_ran_under(tmp_path, monkeypatch):

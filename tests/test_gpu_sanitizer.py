@@ -49,7 +49,7 @@ def _sanitize(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reports: dict[str
     def fake_run_job(job: dict, workdir: Path, timeout: float, env: dict[str, str], gpu: int, wrapper: list[str]
                      ) -> SandboxResult:
         tool = wrapper[wrapper.index("--tool") + 1]
-        started.append({"tool": tool, "timeout": timeout, "env": env, "wrapper": wrapper})
+        started.append({"tool": tool, "timeout": timeout, "env": env, "wrapper": wrapper, "gpu": gpu})
         status, printed = reports[tool]
         workdir.mkdir(parents=True, exist_ok=True)
         (workdir / STDERR).write_text(printed)
@@ -58,7 +58,7 @@ def _sanitize(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reports: dict[str
 
     monkeypatch.setattr(sanitizer, "run_job", fake_run_job)
     monkeypatch.setattr(sanitizer.shutil, "which", lambda name: f"/usr/bin/{name}")
-    checks = sanitizer.sanitize(_job(tmp_path), tmp_path, budget, {})
+    checks, _ = sanitizer.sanitize(_job(tmp_path), tmp_path, budget, {}, 1)
     return {c.id: (c.status, c.detail) for c in checks}, started
 
 
@@ -97,7 +97,7 @@ def test_the_tools_share_one_budget_and_each_gets_loopback_ports_of_its_own(tmp_
                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     _, started = _sanitize(tmp_path, monkeypatch, {t: ("ok", CLEAN) for t in sanitizer.SANITIZER_TOOLS}, budget=40.0)
     assert sorted(s["tool"] for s in started) == sorted(sanitizer.SANITIZER_TOOLS)
-    assert all(0 < s["timeout"] <= 40.0 for s in started)
+    assert all(0 < s["timeout"] <= 40.0 and s["gpu"] == 1 for s in started)  # the verified job's GPU
     ports = [loopback_ports(s["env"]) for s in started]
     assert all(p is not None for p in ports)
     assert len({port for p in ports for port in p}) == sum(len(p) for p in ports)  # no port shared

@@ -11,10 +11,10 @@ from helpers import write_module
 from test_verify import RMS_TASK
 
 from kernelbot.agent.tasks.tasks import reference_source
-from kernelbot.agent.verify import cases, interpreter_race, run
+from kernelbot.agent.verify import cases, interpreter_race, run, sanitizer
 from kernelbot.agent.verify.interpreter_race import Coverage
 from kernelbot.agent.verify.messages import Facts, Profile, PtxasReport, VerifyResult
-from kernelbot.records import Check, Verdict
+from kernelbot.records import Check, SanitizerRun, Verdict
 from kernelbot.sandbox import SandboxResult
 
 GPU_REPORT = VerifyResult(facts=Facts(), profile=Profile())
@@ -133,7 +133,7 @@ SANITIZED = [Check(id="race", status="pass", detail="compute-sanitizer racecheck
              Check(id="unwritten_output", status="pass", detail="compute-sanitizer initcheck: no errors")]
 
 
-def _verify_as_if_on_a_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, slot: str) -> Verdict:
+def _verify_as_if_on_a_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, slot: str, arch: str = "sm_90") -> Verdict:
     """verify(device="cuda") with the GPU simulated: torch.cuda.is_available() says yes; the GPU job is the same job
     run on this CPU in the interpreter with its Triton report dropped (on a GPU no interpreter watches, so the GPU
     verdict's own `race` is compute-sanitizer's alone); compute-sanitizer is stubbed to find nothing. The extra job on
@@ -151,8 +151,10 @@ def _verify_as_if_on_a_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, slot
         return result
 
     monkeypatch.setattr(run.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(run, "device_target", lambda index: arch)  # the simulated GPU's own architecture
     monkeypatch.setattr(run, "run_job", run_job)
-    monkeypatch.setattr(run, "sanitize", lambda *args: list(SANITIZED))
+    monkeypatch.setattr(run, "sanitize", lambda *args: sanitizer.Sanitized(list(SANITIZED), [
+        SanitizerRun(tool=tool, ran=True) for tool in sanitizer.SANITIZER_TOOLS]))
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     ref = write_module(tmp_path / "reference.py", reference_source(RMS_TASK))
     cand = write_module(tmp_path / "c" / "candidate.py", TRITON_CANDIDATE.replace("SLOT", slot))
@@ -176,3 +178,36 @@ def test_on_a_gpu_node_a_race_between_triton_programs_fails_race_through_the_int
     assert ("sums+0" in status["race"].detail) == (race == "fail")
     assert status["out_of_bounds"].status == "pass" and "memcheck" in status["out_of_bounds"].detail
     assert verdict.triton_launches > 0 and verdict.verdict == ("pass" if race == "pass" else "fail")
+    assert verdict.interpreter_race is Coverage.CHECKED and all(r.ran for r in verdict.sanitizer_runs)  # typed
+
+
+def test_a_gpu_verdict_does_not_build_the_cpu_library_and_a_failed_build_ends_in_a_verdict(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The GPU job and the interpreter's re-check on the node's CPU run no C++ candidate: the CPU library is never
+    built for them, so a node without ninja or a compiler (simulated: the build raises torch's own error) still gets
+    the verdict, race checked by the interpreter."""
+    from kernelbot.kernel_library import cpp_build
+
+    tried: list[bool] = []
+
+    def no_ninja() -> dict[str, str]:
+        tried.append(True)
+        raise RuntimeError("Ninja is required to load C++ extensions (pip install ninja to get it)")
+
+    monkeypatch.setattr(cpp_build, "prebuild_library", no_ninja)
+    verdict = _verify_as_if_on_a_gpu(tmp_path, monkeypatch, "row", arch="sm_80")
+    assert tried == [] and verdict.verdict == "pass", verdict.failed
+    # the interpreter's job compiled the candidate's kernel for the GPU's own architecture
+    assert verdict.builds and all(b.ok and b.target == "sm_80" and b.kernel == "_rms" for b in verdict.builds)
+    race = next(c for c in verdict.checks if c.id == "race")
+    assert race.status == "pass" and "Triton interpreter on the node's CPU" in race.detail
+
+
+def test_an_interpreter_job_that_raises_leaves_race_not_run_and_the_gpu_verdict_stands() -> None:
+    def broken(budget: cases.SizeBudget) -> Verdict:
+        raise RuntimeError("the node's CPU job could not start")
+
+    found = interpreter_race.run(interpreter_race.InterpreterRace(coverage=Coverage.RUN), broken)
+    assert found.coverage is Coverage.NOT_RUN and "RuntimeError: the node's CPU job could not start" in found.why
+    race, = interpreter_race.merged([Check(id="race", status="pass", detail="racecheck: no errors")], found)
+    assert race.status == "not_run" and "could not start" in race.detail

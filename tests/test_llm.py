@@ -48,7 +48,7 @@ def _session(tmp_path: Path, api_base: str, lines: list[str], **kw) -> LLMSessio
 
 def _run(session: LLMSession, task: Task, task_dir: Path):
     ctx = PromptContext(DEVICE, "cpp")
-    ev = functools.partial(evaluate, task, task_dir, device_kind="cpu", seed=0, timeout=120, bench_rounds=9)
+    ev = functools.partial(evaluate, task, task_dir, device="cpu", seed=0, timeout=120, bench_rounds=9)
     return run_task(session, task, task_dir, ctx, ev)
 
 

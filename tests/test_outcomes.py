@@ -295,6 +295,65 @@ def test_a_duel_benchmarks_the_challenger_against_the_incumbents_own_code_in_the
     incumbent, challenger = (Accepted(task, _cand(cid), write_module(task_dir / "candidates" / cid / "candidate.py",
                                                                      library), _verdict(cid, True), _bench(cid, 2.0))
                              for cid in ("store-cpp", "llm-r0-s0"))
-    result = duel(task, task_dir, incumbent, challenger, seed=0, timeout=300, rounds=2)
+    result = duel(task, task_dir, incumbent, challenger, seed=0, timeout=300, rounds=2, device="cpu")
     assert result.candidate_id == "llm-r0-s0" and result.reference_us > 0 and result.candidate_us > 0
     assert (task_dir / "duels" / "llm-r0-s0-vs-store-cpp" / "bench.json").exists()
+
+
+TORCH_RMSNORM = '''
+import torch
+from torch import nn
+
+
+class ModelNew(nn.Module):
+    def __init__(self, hidden_size, eps=1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.variance_epsilon = eps
+
+    def forward(self, x):
+        return self.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+'''
+
+
+@pytest.mark.parametrize("requested,gpu", [("cuda", 0), ("cuda:1", 1)])
+def test_a_duel_on_a_gpu_run_is_benchmarked_on_the_runs_gpu(tmp_path, monkeypatch, requested: str, gpu: int) -> None:
+    """A GPU run (simulated: its Device says cuda; each benchmark job the sandbox gets is recorded, then run on this
+    CPU) crowns a challenger: the duel's benchmark runs on the run's GPU, the one the run named (cuda:1) or the
+    assigned one (cuda), never on the CPU."""
+    from helpers import write_module
+    from rich.console import Console
+
+    from kernelbot.agent import generate
+    from kernelbot.agent.journal.journal import Journal
+    from kernelbot.agent.journal.run_state import Clock, RunState
+    from kernelbot.agent.run_options import OptimizeOptions
+    from kernelbot.agent.stages import Stages
+    from kernelbot.agent.tasks.tasks import reference_source
+    from kernelbot.agent.verify import bench as bench_mod
+    from kernelbot.records import Device
+
+    real_run_job, jobs = bench_mod.run_job, []
+
+    def run_job(job: dict, workdir, timeout: float, env: dict, gpu: int | None):
+        jobs.append((job["device"], gpu))
+        return real_run_job({**job, "device": "cpu"}, workdir, timeout=timeout, env=env, gpu=None)
+
+    monkeypatch.setattr(bench_mod, "run_job", run_job)
+    monkeypatch.setattr(bench_mod, "gpu_state", lambda index: None)
+    monkeypatch.delenv("KERNELBOT_GPU", raising=False)
+    task = _task()
+    device = Device(kind="cuda", name="simulated GPU", threads=132, peak_gflops=1.0, peak_gbps=1.0,
+                    peaks_source="test")
+    (tmp_path / "run").mkdir()
+    with Journal(tmp_path / "run") as journal:
+        generation = generate.Generation(OptimizeOptions(device=requested, bench_rounds=2), tmp_path / "run",
+                                         RunState(journal, Clock(journal, None), None, ""),
+                                         Stages(Console(quiet=True), tmp_path / "run"), device)
+        task_dir = generation.task_dir(task)
+        write_module(task_dir / "reference.py", reference_source(task))
+        incumbent, challenger = (
+            Accepted(task, _cand(cid), write_module(task_dir / "candidates" / cid / "candidate.py", TORCH_RMSNORM),
+                     _verdict(cid, True), _bench(cid, 2.0)) for cid in ("store-triton", "llm-r0-s0"))
+        winner, _ = generation._crown(task, incumbent, challenger)
+    assert jobs == [("cuda", gpu)] and winner in (incumbent, challenger)

@@ -49,7 +49,7 @@ def test_bench_accepts_a_clearly_faster_candidate(tmp_path):
     # cores, with a CPU-bound process beside it, the candidate's 4x32 tanh measured 16 ms a call, the wait for a core).
     # What is asserted is the verdict and that the record agrees with itself, never how large the ratio came out.
     ref, cand = _pair(tmp_path, 0.2, 0.0)
-    result = bench(TASK, ref, cand, tmp_path / "b", rounds=7)
+    result = bench(TASK, ref, cand, tmp_path / "b", rounds=7, device="cpu")
     assert result.significant
     assert (result.candidate_id, result.rounds) == ("c", 7)
     assert result.reference_us >= 200_000 > result.candidate_us  # each side's time is its own call's
@@ -60,7 +60,7 @@ def test_bench_accepts_a_clearly_faster_candidate(tmp_path):
 def test_bench_rejects_a_slower_candidate(tmp_path):
     # 20 ms against 200 ms a call, for the same reason: on a busy host a call that does not sleep measured 12 ms
     ref, cand = _pair(tmp_path, 0.02, 0.2)
-    result = bench(TASK, ref, cand, tmp_path / "b", rounds=7)
+    result = bench(TASK, ref, cand, tmp_path / "b", rounds=7, device="cpu")
     assert not result.significant
     assert result.candidate_us >= 200_000 > result.reference_us
     assert result.speedup == pytest.approx(result.reference_us / result.candidate_us, rel=1e-2)

@@ -84,7 +84,7 @@ def test_a_reference_with_transposed_inputs_is_verified_in_its_own_layout(tmp_pa
 def test_the_benchmark_changes_elements_of_transposed_inputs_in_place(tmp_path):
     ref = CORPUS / "transposed_ref.py"
     cand = write_module(tmp_path / "self" / "candidate.py", ref.read_text() + "\nModelNew = Model\n")
-    result = bench(task_from_reference(ref), ref, cand, tmp_path / "bench", rounds=2)
+    result = bench(task_from_reference(ref), ref, cand, tmp_path / "bench", rounds=2, device="cpu")
     assert result.rounds == 2 and result.candidate_us > 0
 
 

@@ -298,7 +298,7 @@ def test_a_candidate_right_only_for_its_first_calls_passes_verification_but_not_
     cand = write_module(tmp_path / "cand" / "candidate.py", RIGHT_ONLY_AT_FIRST)
     assert verify(RMS_TASK, ref, cand, tmp_path / "verify").verdict == "pass"
     with pytest.raises(RuntimeError, match="timed call's output is wrong"):
-        bench(RMS_TASK, ref, cand, tmp_path / "bench", rounds=24)  # up to 200 calls a round
+        bench(RMS_TASK, ref, cand, tmp_path / "bench", rounds=24, device="cpu")  # up to 200 calls a round
 
 
 @pytest.mark.slow
@@ -306,5 +306,5 @@ def test_the_benchmark_checks_an_honest_candidate_and_times_it(tmp_path):
     ref = write_module(tmp_path / "reference.py", reference_source(RMS_TASK))
     cand = write_module(tmp_path / "cand" / "candidate.py",
                         "from kernelbot.kernel_library.rmsnorm.cpp import RMSNormCpp as ModelNew\n")
-    result = bench(RMS_TASK, ref, cand, tmp_path / "bench", rounds=3)
+    result = bench(RMS_TASK, ref, cand, tmp_path / "bench", rounds=3, device="cpu")
     assert result.rounds == 3 and result.candidate_us > 0 and result.reference_us > 0

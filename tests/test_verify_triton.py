@@ -120,6 +120,35 @@ def test_plain_read_modify_write_across_programs_is_a_race_atomics_are_not():
     assert atomic == "[] True"
 
 
+DOTS = """
+@triton.jit
+def matmul(a, b, c, B: tl.constexpr, IEEE: tl.constexpr):
+    o = tl.arange(0, B)
+    x = tl.load(a + o[:, None] * B + o[None, :])
+    y = tl.load(b + o[:, None] * B + o[None, :])
+    z = tl.dot(x, y, input_precision="ieee") if IEEE else tl.dot(x, y)
+    tl.store(c + o[:, None] * B + o[None, :], z)
+
+for dtype in (torch.bfloat16, torch.float32):  # a kernel is flagged once: the float32 one without IEEE last
+    for ieee in (True, False):
+        a, b = torch.randn(16, 16, dtype=dtype), torch.randn(16, 16, dtype=dtype)
+        c = torch.empty(16, 16, dtype=torch.float32)
+        matmul[(1,)](a, b, c, B=16, IEEE=ieee)
+        print(dtype, ieee, len(tc.REPORT.precision), bool(torch.allclose(c, a.float() @ b.float(), atol=1e-4)))
+print(tc.REPORT.precision[0])
+"""
+
+
+def test_a_float32_dot_at_tf32_precision_is_a_finding_an_ieee_one_and_bf16_are_not():
+    """The interpreter multiplies float32 in full float32 whatever tl.dot's precision says; a GPU, by default, rounds
+    the inputs to TF32: such a dot is flagged (once per kernel), an IEEE one and a bf16 one are not."""
+    lines = _run(DOTS).strip().splitlines()
+    assert lines[:4] == ["torch.bfloat16 True 0 True", "torch.bfloat16 False 0 True", "torch.float32 True 0 True",
+                         "torch.float32 False 1 True"]
+    assert lines[4].startswith("matmul: tl.dot on float32 operands at TF32 precision") and 'input_precision="ieee"' \
+        in lines[4]
+
+
 def test_a_mask_of_zeros_and_ones_is_not_read_as_indices():
     out = _run("""
         y = torch.empty(10)
@@ -211,6 +240,92 @@ def test_racy_and_out_of_bounds_triton_candidates_are_caught(tmp_path, block, ma
         assert "correctness" not in verdict.failed  # the interpreter runs programs one at a time
         detail = next(c.detail for c in verdict.checks if c.id == "race")
         assert "scratch+0" in detail
+
+
+LINEAR_REFERENCE = """
+import torch
+from torch import nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(64, 32, bias=False)
+
+    def forward(self, x):
+        return self.proj(x)
+
+
+def get_inputs():
+    return [torch.randn(16, 64)]
+
+
+def get_init_inputs():
+    return []
+"""
+LINEAR_TRITON = """
+import torch
+import triton
+import triton.language as tl
+from torch import nn
+
+
+@triton.jit
+def _gemm(x_ptr, w_ptr, out_ptr, M, N, K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+    rm = tl.program_id(0) * BM + tl.arange(0, BM)
+    rn = tl.program_id(1) * BN + tl.arange(0, BN)
+    rk = tl.arange(0, K)
+    x = tl.load(x_ptr + rm[:, None] * K + rk[None, :], mask=rm[:, None] < M, other=0.0)
+    w = tl.load(w_ptr + rn[None, :] * K + rk[:, None], mask=rn[None, :] < N, other=0.0)
+    tl.store(out_ptr + rm[:, None] * N + rn[None, :], tl.dot(x, wPRECISION), mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(64, 32, bias=False)
+
+    def forward(self, x):
+        x2 = x.reshape(-1, 64).contiguous()
+        out = torch.empty(x2.shape[0], 32, dtype=x.dtype, device=x.device)
+        _gemm[(triton.cdiv(x2.shape[0], 16), 2)](x2, self.proj.weight, out, x2.shape[0], 32, K=64, BM=16, BN=16)
+        return out.view(*x.shape[:-1], 32)
+"""
+
+
+@pytest.mark.parametrize("precision,status", [("", "fail"), (', input_precision="ieee"', "pass")])
+def test_a_float32_gemm_whose_dot_a_gpu_runs_in_tf32_fails_precision_downcast_here(tmp_path, precision, status):
+    """Exact in the interpreter, so correctness passes on this CPU; on a GPU its default-precision tl.dot rounds the
+    inputs to TF32, which the verdict says here: precision_downcast fails, naming the fix. With IEEE it passes."""
+    from kernelbot.agent.verify.run import task_from_reference
+
+    ref = write_module(tmp_path / "reference.py", LINEAR_REFERENCE)
+    cand = write_module(tmp_path / "c" / "candidate.py", LINEAR_TRITON.replace("PRECISION", precision))
+    verdict = verify(task_from_reference(ref), ref, cand, tmp_path / "w", timeout=300)
+    checks = {c.id: c for c in verdict.checks}
+    assert checks["correctness"].status == "pass", checks["correctness"]
+    assert checks["precision_downcast"].status == status, checks["precision_downcast"]
+    assert ("_gemm: tl.dot on float32 operands at TF32 precision" in checks["precision_downcast"].detail) == (
+        status == "fail")
+
+
+@pytest.mark.parametrize("family,init_args,shape,wrapper", [
+    ("linear", [48, 40, True, "float32"], [4, 1, 48], "linear.triton_kernel:LinearTriton"),
+    ("gated_mlp", [32, 48, "float32"], [4, 1, 32], "gated_mlp.triton_kernel:GatedMLPTriton"),
+])
+def test_the_librarys_float32_triton_gemms_choose_ieee_precision(tmp_path, family, init_args, shape, wrapper):
+    """Their tl.dot would otherwise run in TF32 on a GPU and fail float32's tolerance there."""
+    from kernelbot.records import Task
+
+    task = Task(id=family, hotspot_id="h", family=family, module_class="M", dtype="float32", input_shapes=[shape],
+                free_dims=[[0, 1]], init_args=init_args, share=0.1, floor_us=1.0)
+    ref = write_module(tmp_path / "reference.py", reference_source(task))
+    path, cls = wrapper.split(":")
+    cand = write_module(tmp_path / "c" / "candidate.py", f"from kernelbot.kernel_library.{path} import {cls} as "
+                                                         "ModelNew\n")
+    verdict = verify(task, ref, cand, tmp_path / "w", timeout=300)
+    precision = next(c for c in verdict.checks if c.id == "precision_downcast")
+    assert verdict.verdict == "pass" and precision.status == "pass", (verdict.failed, precision.detail)
 
 
 # Whether a candidate is Triton is what it launches, not what its source spells: one reaches the library's Triton

@@ -378,6 +378,26 @@ def test_the_cpu_constraints_pin_exactly_the_torch_stack_the_readme_commands_ins
     assert set(pins) <= installed_names  # no pin for something neither command installs
 
 
+# each extra's distributions, by the module kernelbot imports them as
+IMPORTED_AS = {"nvidia-ml-py": "pynvml", "litellm": "litellm", "triton": "triton", "sglang": "sglang",
+               "docker": "docker", "matplotlib": "matplotlib", "ray": "ray"}
+PACKAGE_FOLDERS = ("agent", "profiler", "sandbox", "kernel_library", "engine", "kernelbot")
+
+
+def test_every_package_an_extra_installs_is_one_kernelbots_code_imports() -> None:
+    """An extra that pins what nothing imports (the gpu extra's cupy-cuda12x once was) costs every install that asks
+    for it a download and a CUDA-version constraint for nothing."""
+    sources = "\n".join(p.read_text() for folder in PACKAGE_FOLDERS for p in (ROOT / folder).rglob("*.py"))
+    extras = PYPROJECT["project"]["optional-dependencies"]
+    for extra, requirements in extras.items():
+        if extra == "test":
+            continue
+        for req in map(Requirement, requirements):
+            module = IMPORTED_AS.get(req.name)
+            assert module is not None, f"[{extra}] {req.name}: which module is it imported as? (IMPORTED_AS)"
+            assert re.search(rf"^\s*(import|from) {module}\b", sources, re.M), f"[{extra}] {req.name}: not imported"
+
+
 def test_the_main_command_installs_what_the_report_draws_its_figures_with() -> None:
     main = _pip_install(_readme_commands()["optimize"])
     assert "matplotlib" in {r.name for r in _requirements(main.extras)}

@@ -6,6 +6,8 @@ Parent side (trusted; the candidate never runs here):
   judge.py      what came back from the box, turned into checks against references computed here
   numerics.py   tolerances by dtype, against a float64 reference
   sanitizer.py  on a GPU: compute-sanitizer's report as checks
+  interpreter_race.py  on a GPU: the race check of Triton kernels, in the interpreter on the node's CPU
+  compile_gate.py      every kernel compiled ahead of time for the GPU target (the Triton part runs in the box)
   bench.py      interleaved timing rounds, medians, noise; timed outputs checked
   evaluate.py   one candidate through verify and bench, as the optimize loop sees it
 

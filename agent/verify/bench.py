@@ -28,7 +28,7 @@ from kernelbot.engine.device import DeviceChoice
 from kernelbot.kernel_library.cpp_build import library_env
 from kernelbot.records import Bench, GpuState, Task
 from kernelbot.sandbox import run_job
-from kernelbot.sandbox.gpu import assigned_gpu
+from kernelbot.sandbox.gpu import device_kind, job_gpu
 
 POOL = 3  # independent input draws the timed calls rotate through
 
@@ -38,10 +38,12 @@ def _quantile(xs: list[float], q: float) -> float:
 
 
 def bench(task: Task, reference_path: Path, candidate_path: Path, workdir: Path, *, rounds: int = 15,
-          seed: int = 0, timeout: float = 300.0, device: str = "cpu") -> Bench:
+          seed: int = 0, timeout: float = 300.0, device: str) -> Bench:
     """Accept only what is faster beyond the noise: at least 3 in 4 paired rounds faster, median gain over 3%.
+    `device`: the run's, "cpu", "cuda" (the assigned GPU) or "cuda:N"; always given, so no GPU run times on the CPU.
     Raises RuntimeError when the benchmark cannot be trusted: tampering, or a timed call's output is wrong."""
     workdir.mkdir(parents=True, exist_ok=True)
+    gpu, device = job_gpu(device), device_kind(device)
     # built afresh, float64 twin too: a deepcopy keeps what a compiled method of the original closes over
     references = References(load_reference(reference_path), [list(task.init_args)], seed)
     model, exact_model = references.build(0), references.twin(0)
@@ -51,9 +53,8 @@ def bench(task: Task, reference_path: Path, candidate_path: Path, workdir: Path,
                    init_args=task.init_args, state_dict=str((workdir / "state_dict.pt").resolve()),
                    inputs=str((workdir / "inputs.pt").resolve()), rounds=rounds, device=device)
     since = host.sample()
-    gpu = assigned_gpu() if device == "cuda" else None
     gpu_before = gpu_state(gpu)
-    result = run_job(job.model_dump(mode="json"), workdir, timeout=timeout, env=library_env(device), gpu=gpu)
+    result = run_job(job.model_dump(mode="json"), workdir, timeout=timeout, env=library_env(device).env, gpu=gpu)
     load, gpu_after = host.host_load(since), gpu_state(gpu)
     report = read_result(result.payload)
     if result.status != "ok" or not isinstance(report, BenchResult):

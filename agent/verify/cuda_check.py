@@ -9,6 +9,7 @@ compilers); in a harness that forks runners, in the runner: importing torch's ex
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -46,9 +47,14 @@ def parse_ptxas(text: str) -> list[dict[str, Any]]:
 
 
 def target_arch() -> str:
-    """sm_<major><minor> of the GPU the candidate runs on (torch's current device), or DEFAULT_ARCH without one."""
+    """The verification's GPU target (compile_gate.TARGET_ENV, which verify sets), else sm_<major><minor> of the GPU
+    the candidate runs on (torch's current device), else DEFAULT_ARCH."""
     import torch
 
+    from kernelbot.agent.verify.compile_gate import TARGET_ENV
+
+    if os.environ.get(TARGET_ENV):
+        return os.environ[TARGET_ENV]
     if not torch.cuda.is_available():
         return DEFAULT_ARCH
     major, minor = torch.cuda.get_device_capability()
@@ -96,7 +102,7 @@ def install(workdir: Path) -> None:
             raise RuntimeError("nvcc failed:\n" + report["log"][-1500:])
         if not torch.cuda.is_available():
             names = ", ".join(k["kernel"] for k in report["kernels"]) or "no kernels"
-            raise NeedsGPU(f"CUDA code compiled for {DEFAULT_ARCH} ({names}); no GPU here to run it on")
+            raise NeedsGPU(f"CUDA code compiled for {target_arch()} ({names}); no GPU here to run it on")
 
     def load_inline(name, cpp_sources, cuda_sources=None, *args, **kwargs):
         if cuda_sources:

@@ -11,6 +11,7 @@ from kernelbot.agent.verify.bench import bench
 from kernelbot.agent.verify.run import verify
 from kernelbot.records import Bench, Candidate, KernelOutcome, KernelResult, Task, Verdict
 from kernelbot.rundir import write_record
+from kernelbot.sandbox.gpu import device_kind as kind_of
 
 DETAIL_CHARS = 1500  # per failed check, in the report
 
@@ -63,22 +64,25 @@ def _failure_report(verdict: Verdict) -> str:
     return "\n".join(lines)
 
 
-def evaluate(task: Task, task_dir: Path, cand: Candidate, path: Path, device_kind: str, *, seed: int,
-             timeout: float, bench_rounds: int) -> Outcome:
+def evaluate(task: Task, task_dir: Path, cand: Candidate, path: Path, device: str, *, seed: int,
+             timeout: float, bench_rounds: int, target: str | None = None) -> Outcome:
+    """`device`: the run's, as verify and bench take it ("cpu", "cuda" or "cuda:N"); `target`: the GPU architecture
+    its kernels are compiled for ahead of time (None: verify's default)."""
+    device_kind = kind_of(device)
     verdict: Verdict | None = None
     timed: Bench | None = None
     try:
         # no seed: each verification draws a fresh secret one (recorded in the verdict), so no candidate can
         # predict its inputs; verify itself runs Triton in the interpreter on a CPU (run.interpreted_triton)
         verdict = verify(task, task_dir / "reference.py", path, path.parent / "verify", timeout=timeout,
-                         device=device_kind)
+                         device=device, target=target)
         write_record(path.parent / "verdict.json", verdict)
         if verdict.verdict == "fail":
             return _failed(task, cand, path, verdict)
         if (why := untimed_here(cand, verdict, device_kind)) is not None:
             return _untimed(task, cand, verdict, device_kind, why)
         timed = bench(task, task_dir / "reference.py", path, path.parent / "bench", rounds=bench_rounds,
-                      seed=seed, timeout=timeout, device=device_kind)
+                      seed=seed, timeout=timeout, device=device)
         write_record(path.parent / "bench.json", timed)
         return _timed(task, cand, path, verdict, timed)
     except Exception as exc:  # a broken candidate or harness error is this candidate's verdict, not the run's
@@ -157,15 +161,16 @@ Model = _incumbent()
 
 
 def duel(task: Task, task_dir: Path, incumbent: Accepted, challenger: Accepted, *, seed: int, timeout: float,
-         rounds: int) -> Bench:
-    """The challenger against the incumbent kernel in one benchmark: the incumbent takes the reference's place,
-    so `significant` means the challenger beat it beyond the noise."""
+         rounds: int, device: str) -> Bench:
+    """The challenger against the incumbent kernel in one benchmark on the run's `device`: the incumbent takes the
+    reference's place, so `significant` means the challenger beat it beyond the noise."""
     where = task_dir / "duels" / f"{challenger.candidate.id}-vs-{incumbent.candidate.id}"
     where.mkdir(parents=True, exist_ok=True)
     reference = where / "reference.py"
     reference.write_text((task_dir / "reference.py").read_text() + DUEL.format(
         source=incumbent.source.read_text(), path=str(incumbent.source.resolve())))
-    result = bench(task, reference, challenger.source, where, rounds=rounds, seed=seed, timeout=timeout)
+    result = bench(task, reference, challenger.source, where, rounds=rounds, seed=seed, timeout=timeout,
+                   device=device)
     write_record(where / "bench.json", result)
     return result
 

@@ -47,6 +47,7 @@ from kernelbot.agent.verify.messages import (
     EVENTS,
     FACT_KINDS,
     JOB,
+    MAX_BUILDS,
     REQUEST,
     REQUEST_TYPES,
     BenchJob,
@@ -75,6 +76,7 @@ from kernelbot.agent.verify.messages import (
     SentPlan,
     StageRequest,
     TimedCallRequest,
+    TritonBuild,
     TritonFinding,
     TritonLaunch,
     TritonReport,
@@ -895,8 +897,11 @@ def _triton_report(runner: Runner) -> TritonReport:
             if event.order != event.asked and len(report.order_mismatch) < 3:
                 report.order_mismatch.append(f"{event.kernel[:80]} ran in {event.order[:20]} program order, "
                                              f"the harness asked for {event.asked[:20]}")
+        elif isinstance(event, TritonBuild):
+            report.builds += [event.build][:MAX_BUILDS - len(report.builds)]
         else:
-            target = report.out_of_bounds if event.kind == "out_of_bounds" else report.races
+            target = {"out_of_bounds": report.out_of_bounds, "race": report.races, "precision": report.precision}[
+                event.kind]
             if len(target) < 20:
                 target.append(event.text[:400])
     report.kernels, report.order_dependent_kernels = sorted(kernels), sorted(_order_dependent(runner.events))

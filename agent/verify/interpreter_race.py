@@ -15,7 +15,6 @@ did not get to its judge, leaves `race` not_run (unless something already failed
 from __future__ import annotations
 
 from collections.abc import Callable
-from enum import Enum
 
 from pydantic import BaseModel, Field
 
@@ -23,17 +22,11 @@ from kernelbot import KernelbotError
 from kernelbot.agent.verify import cases as casemod
 from kernelbot.agent.verify.judge import excerpt, merge, not_run
 from kernelbot.agent.verify.messages import Result, VerifyResult
-from kernelbot.records import Check, Verdict
+from kernelbot.records import Check, KernelBuild, Verdict
+from kernelbot.records import InterpreterCoverage as Coverage
 
 CHECKED_IDS = ("race", "out_of_bounds")
 WHERE = "Triton interpreter on the node's CPU at small sizes"
-
-
-class Coverage(str, Enum):
-    RUN = "run"  # planned: the job is to be run
-    CHECKED = "checked"  # it ran the candidate's Triton launches: its findings count
-    NOT_TRITON = "not_triton"  # nothing there for it to check (CUDA code, or no Triton launch): a note only
-    NOT_RUN = "not_run"  # it could not check: `race` is not_run unless something failed it
 
 
 class InterpreterRace(BaseModel):
@@ -43,6 +36,7 @@ class InterpreterRace(BaseModel):
     budget: casemod.SizeBudget = casemod.SMALL  # the sizes it runs at
     launches: int = 0  # the Triton launches it saw (the GPU verdict's triton_launches)
     findings: list[Check] = Field(default_factory=list)  # CHECKED: its race and out_of_bounds checks
+    builds: list[KernelBuild] = Field(default_factory=list)  # its Triton kernels compiled for the GPU's target
 
 
 def plan_for(device: str, report: Result | None, triton_installed: bool) -> InterpreterRace | None:
@@ -65,8 +59,9 @@ def run(planned: InterpreterRace, verify_on_cpu: Callable[[casemod.SizeBudget], 
         return planned
     try:
         verdict = verify_on_cpu(planned.budget)
-    except KernelbotError as exc:
-        return InterpreterRace(coverage=Coverage.NOT_RUN, why=f"no {WHERE}: {excerpt(str(exc), 300)}")
+    except Exception as exc:  # the GPU's verdict stands; a job that could not run leaves `race` not_run, saying why
+        why = str(exc) if isinstance(exc, KernelbotError) else f"{type(exc).__name__}: {exc}"
+        return InterpreterRace(coverage=Coverage.NOT_RUN, why=f"no {WHERE}: {excerpt(why, 300)}")
     return outcome(verdict)
 
 
@@ -76,7 +71,7 @@ def outcome(verdict: Verdict) -> InterpreterRace:
         scope = f"{WHERE} ({verdict.triton_launches} launches, {len(verdict.cases)} input sets)"
         return InterpreterRace(coverage=Coverage.CHECKED, why=scope, launches=verdict.triton_launches, findings=[
             Check(id=c.id, status=c.status, detail=f"{scope}: {c.detail}"[:1500])
-            for c in verdict.checks if c.id in CHECKED_IDS])
+            for c in verdict.checks if c.id in CHECKED_IDS], builds=verdict.builds)
     judged = next((c for c in verdict.checks if c.id == "correctness" and c.status != "not_run"), None)
     if judged is not None:
         return InterpreterRace(coverage=Coverage.NOT_TRITON, why=f"{WHERE}: the candidate launched no Triton kernel "

@@ -17,6 +17,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
+from kernelbot.records import KernelBuild
+
 
 class Message(BaseModel):
     """Unknown fields are refused; tensors travel inside as they are."""
@@ -168,7 +170,9 @@ class TritonReport(Message):
     kernels: list[str] = Field(default_factory=list)
     out_of_bounds: list[str] = Field(default_factory=list)
     races: list[str] = Field(default_factory=list)
+    precision: list[str] = Field(default_factory=list)  # float32 tl.dot at a lower precision than the interpreter's
     order_dependent_kernels: list[str] = Field(default_factory=list)  # float atomic adds, or writes inside a lock
+    builds: list[KernelBuild] = Field(default_factory=list)  # each launched specialization compiled for the target
     order_mismatch: list[str] = Field(default_factory=list)
 
 
@@ -302,12 +306,21 @@ class TritonLaunch(Message):
 
 
 class TritonFinding(Message):
-    kind: Literal["out_of_bounds", "race"]
+    kind: Literal["out_of_bounds", "race", "precision"]
     text: str
     asked: str
 
 
-EVENTS: dict[str, type[Message]] = {"triton_launch": TritonLaunch, "triton_finding": TritonFinding}
+MAX_BUILDS = 40  # builds a report keeps: a runner may stream no more
+
+
+class TritonBuild(Message):
+    build: KernelBuild  # a launched kernel compiled for the GPU target (compile_gate)
+    asked: str
+
+
+EVENTS: dict[str, type[Message]] = {"triton_launch": TritonLaunch, "triton_finding": TritonFinding,
+                                    "triton_build": TritonBuild}
 
 
 # ---------------------------------------------------------------- box -> parent

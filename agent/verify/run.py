@@ -4,7 +4,9 @@ The candidate runs only in the sandbox, in a runner process the sandbox's harnes
 time, on inputs made here from a seed it never sees. The reference, the comparison and the verdict are computed
 here, in a process the candidate never runs in. Check ids (stable):
 
-  compile             the candidate imports, builds (CUDA: nvcc -Xptxas -v report) and constructs
+  compile             the candidate imports, builds (CUDA: nvcc -Xptxas -v report) and constructs; every Triton
+                      kernel it launches (each specialization) and CUDA kernel it builds compiles for the GPU target
+                      (sm_90 on a CPU host, the GPU's own on a node) within its shared memory (compile_gate.py)
   correctness         every input set within the dtype's tolerance of a float64 reference (numerics.py),
                       special values (±inf, NaN, masked rows), non-contiguous layouts, a large mean offset, rows
                       permuted and sizes past the scaled ones included, every Triton program order included
@@ -50,6 +52,14 @@ from kernelbot import KernelbotError
 from kernelbot.agent.verify import cases as casemod
 from kernelbot.agent.verify import interpreter_race
 from kernelbot.agent.verify.asan import asan_check
+from kernelbot.agent.verify.compile_gate import (
+    DEFAULT_TARGET,
+    TARGET_ENV,
+    checked_target,
+    cuda_builds,
+    device_target,
+    gate,
+)
 from kernelbot.agent.verify.judge import Judge, excerpt, guard, merge, not_run, scrub
 from kernelbot.agent.verify.messages import (
     Failure,
@@ -64,12 +74,13 @@ from kernelbot.agent.verify.messages import (
     read_result,
 )
 from kernelbot.agent.verify.sanitizer import sanitize
+from kernelbot.engine.device import gpu_missing_reason
 from kernelbot.kernel_library.base import dtype_name
 from kernelbot.kernel_library.cpp_build import library_env
 from kernelbot.loading import load_module
-from kernelbot.records import Check, Task, Verdict
+from kernelbot.records import Check, InterpreterCoverage, KernelBuild, SanitizerRun, Task, Verdict
 from kernelbot.sandbox import SandboxResult, run_job
-from kernelbot.sandbox.gpu import assigned_gpu
+from kernelbot.sandbox.gpu import device_kind, job_gpu
 
 CHECK_IDS = ("compile", "correctness", "unwritten_output", "out_of_bounds", "race", "nondeterminism",
              "input_mutation", "output_aliasing", "reference_fallback", "result_caching", "precision_downcast",
@@ -122,16 +133,24 @@ def interpreted_triton(device: str) -> bool:
 
 def verify(task: Task, reference_path: Path, candidate_path: Path, workdir: Path, *, seed: int | None = None,
            timeout: float = 300.0, env: dict[str, str] | None = None, device: str = "cpu", trials: int = 1,
-           require_deterministic: bool = False, budget: casemod.SizeBudget = casemod.FULL) -> Verdict:
+           require_deterministic: bool = False, budget: casemod.SizeBudget = casemod.FULL,
+           runs_cpp: bool = True, target: str | None = None) -> Verdict:
     """Verify `candidate_path` (ModelNew) against `reference_path` (Model). Raises KernelbotError for a
-    reference that cannot be used (it does not run, or is a weak task); every candidate gets a Verdict.
+    reference that cannot be used (it does not run, or is a weak task); every candidate gets a Verdict. `device`:
+    "cpu", "cuda" (the assigned GPU, sandbox.gpu.assigned_gpu) or "cuda:N".
     `require_deterministic`: results that depend on program order (float atomics) fail `nondeterminism`
     instead of being reported as a property. `budget`: the sizes verified at (cases.SizeBudget). On a GPU, a candidate
     is verified once more on the node's CPU, in Triton's interpreter at small sizes, for its races between programs
-    (interpreter_race.py)."""
+    (interpreter_race.py); that job (`runs_cpp` False) needs no C++ library, so none is built for it. `target`: the
+    GPU architecture the candidate's kernels are compiled for ahead of time (compile_gate; sm_90 on a CPU host, the
+    device's own on a GPU)."""
     t0 = time.perf_counter()
+    gpu = job_gpu(device)
+    device = device_kind(device)
     if device == "cuda" and not torch.cuda.is_available():
-        raise KernelbotError("--device cuda: no CUDA device here (verify on a GPU node, or use --device cpu)")
+        raise KernelbotError(f"--device cuda: no CUDA device here ({gpu_missing_reason()}); verify on a GPU node, or "
+                             "use --device cpu")
+    target = checked_target(target) if target else device_target(gpu) if gpu is not None else DEFAULT_TARGET
     seed = secrets.randbits(31) if seed is None else seed
     workdir.mkdir(parents=True, exist_ok=True)
     module = load_reference(reference_path)
@@ -157,14 +176,17 @@ def verify(task: Task, reference_path: Path, candidate_path: Path, workdir: Path
                     param_names=[n for n, _ in references.build(main).named_parameters()], init_seed=init_seed,
                     triton=triton,
                     device=device)
-    job_env = {**library_env(device), **({"TRITON_INTERPRET": "1"} if triton else {}), **(env or {})}
-    gpu = assigned_gpu() if device == "cuda" else None
+    library = library_env(device, runs_cpp)
+    job_env = {**library.env, **({"TRITON_INTERPRET": "1"} if triton else {}), TARGET_ENV: target, **(env or {})}
     result = run_job(job.model_dump(mode="json"), workdir, timeout=timeout, env=job_env, gpu=gpu)
     report = read_result(result.payload)
 
     checks = _sandbox_checks(result, report)
     properties: list[str] = []
     launches = report.triton.launches if isinstance(report, VerifyResult) and report.triton else 0
+    sanitizer_runs: list[SanitizerRun] = []
+    coverage: InterpreterCoverage | None = None
+    builds = _builds(report)
     if result.status == "ok" and not isinstance(report, VerifyResult):
         checks.append(Check(id="crash", status="fail", detail="the box's result.json is not a verify job's result"))
     elif result.status == "ok":
@@ -175,16 +197,18 @@ def verify(task: Task, reference_path: Path, candidate_path: Path, workdir: Path
         else:
             judge = Judge(task, plan, references, sent, report, outputs, device, alt_weights=alt_weights,
                           require_deterministic=require_deterministic)
-            checks += judge.checks()
+            checks += [_with_precision(c, report) for c in judge.checks()]
             properties = judge.properties
             if device == "cuda":
-                sanitized = {c.id: c for c in sanitize(_sanitize_job(job, plan, sent[0], workdir), workdir,
-                                                       timeout, job_env)}
+                checked, sanitizer_runs = sanitize(_sanitize_job(job, plan, sent[0], workdir), workdir, timeout,
+                                                   job_env, gpu)
+                sanitized = {c.id: c for c in checked}
                 checks = [merge(c, sanitized.pop(c.id)) if c.id in sanitized else c for c in checks]
                 checks += list(sanitized.values())
                 interpreted = _interpreted_race(task, reference_path, candidate_path, workdir, seed, timeout, env,
-                                                report)
+                                                report, target)
                 if interpreted is not None:
+                    coverage, builds = interpreted.coverage, builds + interpreted.builds
                     checks, launches = interpreter_race.merged(checks, interpreted), interpreted.launches
             elif report.profile is not None:  # unguarded inputs: ASan's redzones lie right past them
                 unguarded = [x.clone() if isinstance(x, torch.Tensor) else x for x in plan.cases[0].inputs]
@@ -194,6 +218,8 @@ def verify(task: Task, reference_path: Path, candidate_path: Path, workdir: Path
     elif isinstance(report, Failure) and report.stage == "needs_gpu":
         why = "not run: the CUDA code compiled, but there is no GPU here to run it"
         checks += [not_run(cid, why) for cid in CHECK_IDS if cid not in {c.id for c in checks}]
+    built, gate_notes = gate(builds)
+    checks = [merge(c, built) if built is not None and c.id == "compile" else c for c in checks]
     seen = {c.id for c in checks}
     for cid in CHECK_IDS:
         if cid not in seen:
@@ -204,22 +230,41 @@ def verify(task: Task, reference_path: Path, candidate_path: Path, workdir: Path
     correct = any(c.id == "correctness" and c.status == "pass" for c in checks)
     child_notes = [*report.facts.unloadable_weights, *report.facts.notes] \
         if isinstance(report, (VerifyResult, Failure)) else []
-    notes = plan.notes + [excerpt(n) for n in child_notes[:5]] + properties
+    notes = plan.notes + ([library.problem] if library.problem else []) + [excerpt(n) for n in child_notes[:5]] + \
+        properties + gate_notes
     return Verdict(candidate_id=candidate_path.parent.name, verdict="pass" if correct and not failed else "fail",
                    failed=failed, checks=checks, not_run=[c.id for c in checks if c.status == "not_run"],
                    shapes=[[list(x.shape) for x in case.inputs if isinstance(x, torch.Tensor)] for case in plan.cases],
                    cases=[c.label for c in plan.cases], seconds=round(time.perf_counter() - t0, 2),
                    protections=[excerpt(p) for p in result.protections], seed=seed, notes=[scrub(n) for n in notes],
-                   triton_launches=launches)
+                   triton_launches=launches, sanitizer_runs=sanitizer_runs, interpreter_race=coverage, builds=builds)
 
 
 def _interpreted_race(task: Task, reference_path: Path, candidate_path: Path, workdir: Path, seed: int, timeout: float,
-                      env: dict[str, str] | None, report: VerifyResult) -> interpreter_race.InterpreterRace | None:
-    """A GPU job's candidate verified again on the node's CPU in Triton's interpreter, for its race findings."""
+                      env: dict[str, str] | None, report: VerifyResult,
+                      target: str) -> interpreter_race.InterpreterRace | None:
+    """A GPU job's candidate verified again on the node's CPU in Triton's interpreter, for its race findings (and its
+    Triton kernels compiled for the GPU's `target` there)."""
     planned = interpreter_race.plan_for("cuda", report, interpreted_triton("cpu"))
     return None if planned is None else interpreter_race.run(planned, lambda budget: verify(
         task, reference_path, candidate_path, workdir / "interpreter", seed=seed, timeout=timeout, env=env,
-        device="cpu", budget=budget))
+        device="cpu", budget=budget, runs_cpp=False, target=target))
+
+
+def _builds(report: Result | None) -> list[KernelBuild]:
+    """The job's kernels compiled for the GPU target: its Triton launches' (in the interpreter), its CUDA sources'."""
+    if not isinstance(report, (VerifyResult, Failure)):
+        return []
+    triton = report.triton.builds if isinstance(report, VerifyResult) and report.triton else []
+    return [*triton, *cuda_builds([k for r in report.ptxas for k in r.kernels])]
+
+
+def _with_precision(check: Check, report: VerifyResult) -> Check:
+    """precision_downcast failed as well where the interpreter saw a float32 tl.dot that a GPU computes in TF32."""
+    found = report.triton.precision if report.triton else []
+    if check.id != "precision_downcast" or not found:
+        return check
+    return merge(check, Check(id=check.id, status="fail", detail="; ".join(excerpt(f, 400) for f in found[:3])))
 
 
 def _sanitize_job(job: VerifyJob, plan: casemod.Plan, inputs: list[Any], workdir: Path) -> SanitizeJob:

@@ -19,10 +19,9 @@ from typing import NamedTuple
 
 from kernelbot.agent.verify.judge import not_run
 from kernelbot.agent.verify.messages import SanitizeJob
-from kernelbot.records import Check
+from kernelbot.records import Check, SanitizerRun
 from kernelbot.sandbox import SandboxResult, run_job
 from kernelbot.sandbox.box import STDERR, loopback_env
-from kernelbot.sandbox.gpu import assigned_gpu
 
 # racecheck ends with a summary of its own (H200 node, 2026-12-04: "RACECHECK SUMMARY: 0 hazards displayed (0 errors,
 # 0 warnings)"), the other tools with "ERROR SUMMARY: n errors"
@@ -85,14 +84,15 @@ def read_run(tool: str, result: SandboxResult, workdir: Path) -> ToolRun:
     return ToolRun(tool, 0, "")
 
 
-def run_tool(job: SanitizeJob, workdir: Path, index: int, tool: str, deadline: float, env: dict[str, str]) -> ToolRun:
-    """One tool's run of the job (the index-th tool's ports), within what is left until `deadline`."""
+def run_tool(job: SanitizeJob, workdir: Path, index: int, tool: str, deadline: float, env: dict[str, str],
+             gpu: int) -> ToolRun:
+    """One tool's run of the job (the index-th tool's ports) on GPU `gpu`, within what is left until `deadline`."""
     left = deadline - time.monotonic()
     if left < 1:
         return ToolRun(tool, None, "no time left in the sanitizer's budget")
     where, ports = workdir / f"sanitize_{tool}", tool_ports(index)
     result = run_job(job.model_dump(mode="json"), where, timeout=left,
-                     env={**env, "PYTORCH_NO_CUDA_MEMORY_CACHING": "1", **loopback_env(ports)}, gpu=assigned_gpu(),
+                     env={**env, "PYTORCH_NO_CUDA_MEMORY_CACHING": "1", **loopback_env(ports)}, gpu=gpu,
                      wrapper=tool_command(tool, ports))
     return read_run(tool, result, where)
 
@@ -108,13 +108,20 @@ def combine(cid: str, runs: list[ToolRun]) -> Check:
     return Check(id=cid, status="pass", detail=f"compute-sanitizer {'/'.join(r.tool for r in runs)}: no errors")
 
 
-def sanitize(job: SanitizeJob, workdir: Path, timeout: float, env: dict[str, str]) -> list[Check]:
+class Sanitized(NamedTuple):
+    checks: list[Check]  # one per check id the tools answer
+    runs: list[SanitizerRun]  # one per tool, in SANITIZER_TOOLS' order
+
+
+def sanitize(job: SanitizeJob, workdir: Path, timeout: float, env: dict[str, str], gpu: int) -> Sanitized:
     """On a GPU: the main case once under each compute-sanitizer tool, side by side, all within `timeout`."""
     ids = sorted(set(SANITIZER_TOOLS.values()))
     if not shutil.which("compute-sanitizer"):
-        return [not_run(cid, "compute-sanitizer not found") for cid in ids]
+        return Sanitized([not_run(cid, "compute-sanitizer not found") for cid in ids],
+                         [SanitizerRun(tool=tool, ran=False) for tool in SANITIZER_TOOLS])
     deadline = time.monotonic() + timeout
     with ThreadPoolExecutor(max_workers=len(SANITIZER_TOOLS)) as pool:
-        runs = list(pool.map(lambda it: run_tool(job, workdir, it[0], it[1], deadline, env),
+        runs = list(pool.map(lambda it: run_tool(job, workdir, it[0], it[1], deadline, env, gpu),
                              enumerate(SANITIZER_TOOLS)))
-    return [combine(cid, [r for r in runs if SANITIZER_TOOLS[r.tool] == cid]) for cid in ids]
+    return Sanitized([combine(cid, [r for r in runs if SANITIZER_TOOLS[r.tool] == cid]) for cid in ids],
+                     [SanitizerRun(tool=r.tool, ran=r.errors is not None, errors=r.errors or 0) for r in runs])

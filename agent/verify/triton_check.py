@@ -6,6 +6,9 @@ and, for atomics, their operation; the launch's tensor arguments give the addres
 the launch:
 - `out_of_bounds`: an access (masked-off lanes excluded) outside every argument tensor's extent. Such lanes
   are masked off before the interpreter performs them, so the run goes on instead of reading wild memory.
+- `precision`: a `tl.dot` on float32 operands at a precision other than IEEE (Triton's default on an NVIDIA GPU is
+  TF32, which rounds the inputs to 10 mantissa bits): the interpreter multiplies in full float32, so its results
+  would not be the GPU's.
 - `race`: an address that one program writes and another program reads or writes, unless every access to it
   was made under one common lock (Eraser's lockset rule: a lock is a word a program took with
   `tl.atomic_cas(lock, 0, 1)` and gives back with an atomic exchange, as Triton's layer-norm tutorial does), or
@@ -28,10 +31,11 @@ which program order it actually ran in.
 
 from __future__ import annotations
 
+import contextlib
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,12 +87,14 @@ class TritonReport:
     kernels: set[str] = field(default_factory=set)
     out_of_bounds: list[str] = field(default_factory=list)
     races: list[str] = field(default_factory=list)
+    precision: list[str] = field(default_factory=list)  # float32 tl.dot at a precision the interpreter does not use
     order_dependent_kernels: set[str] = field(default_factory=set)  # float atomic adds, or writes inside a lock
+    builds: list[dict[str, Any]] = field(default_factory=list)  # compile_gate's KernelBuild records
 
     def as_dict(self) -> dict[str, Any]:
         return {"launches": self.launches, "programs": self.programs, "kernels": sorted(self.kernels),
-                "out_of_bounds": self.out_of_bounds, "races": self.races,
-                "order_dependent_kernels": sorted(self.order_dependent_kernels)}
+                "out_of_bounds": self.out_of_bounds, "races": self.races, "precision": self.precision,
+                "order_dependent_kernels": sorted(self.order_dependent_kernels), "builds": self.builds}
 
 
 REPORT = TritonReport()
@@ -97,7 +103,11 @@ MAX_WINDOWS = 4096
 # the CPU time a thread spent inside one (the interpreter running the candidate's program) as the candidate's own, and
 # probes.measure_work leaves the interpreter's own copies of the arguments out of PyTorch's work
 WINDOWS: list[tuple[int, int, int, int, int]] = []
-_state: dict[str, Any] = {"launch": None, "order": "natural", "seed": 0, "pinned": frozenset()}
+_state: dict[str, Any] = {"launch": None, "order": "natural", "seed": 0, "pinned": frozenset(), "imprecise": set(),
+                          "built": {}}
+_STAND_INS: dict[int, Any] = {}  # id of a libdevice stand-in -> Triton's function
+_PRISTINE: list[tuple[Any, dict[str, Any]]] = []  # Triton's language namespaces before the interpreter patched them
+_MISSING = object()
 Sink = Callable[[str, dict[str, Any]], None]
 _sink: Sink | None = None  # a module-level callable: the runner's seal notices if it is swapped out
 
@@ -175,7 +185,7 @@ def _check_bounds(launch: _Launch, addrs: np.ndarray, nbytes: int, kind: str) ->
 
 
 def _found(kind: str, text: str) -> None:
-    (REPORT.out_of_bounds if kind == "out_of_bounds" else REPORT.races).append(text)
+    {"out_of_bounds": REPORT.out_of_bounds, "race": REPORT.races, "precision": REPORT.precision}[kind].append(text)
     if _sink is not None:
         _sink("triton_finding", {"kind": kind, "text": text})
 
@@ -313,15 +323,28 @@ def _bf16_as_fp32(handle: Any) -> Any:
     return type(handle)((handle.data.astype(np.uint32) << 16).view(np.float32), tl.float32)
 
 
-def _dot_with_bf16(dot: Callable[..., Any]) -> Callable[..., Any]:
-    """Triton's interpreter multiplies the raw bits of bfloat16 operands in tl.dot (triton-lang/triton#11584,
-    unsupported upstream), so every bf16 matmul kernel would fail verification here. Products of bf16 values are
-    exact in fp32 and a GPU accumulates them in fp32, which is what this computes."""
+def _checked_dot(dot: Callable[..., Any], ieee: Any) -> Callable[..., Any]:
+    """tl.dot as a GPU computes it, where the interpreter can, and flagged where it cannot.
 
-    def create_dot(self, a, b, d, *rest):
+    Triton's interpreter multiplies the raw bits of bfloat16 operands (triton-lang/triton#11584, unsupported
+    upstream), so every bf16 matmul kernel would fail verification here. Products of bf16 values are exact in fp32
+    and a GPU accumulates them in fp32, which is what this computes. Float32 operands it multiplies in full float32
+    whatever `input_precision` says; a GPU rounds them to TF32 unless it is IEEE, so such a dot is a `precision`
+    finding (once per kernel)."""
+
+    def create_dot(self, a, b, d, input_precision, *rest):
+        launch = _state["launch"]
+        if str(a.dtype) == str(b.dtype) == "fp32" and input_precision != ieee and launch is not None \
+                and launch.kernel not in _state["imprecise"] and len(REPORT.precision) < MAX_FINDINGS:
+            _state["imprecise"].add(launch.kernel)
+            name = str(getattr(input_precision, "name", input_precision)).upper()
+            _found("precision", f"{launch.kernel}: tl.dot on float32 operands at {name} precision, which a GPU "
+                                "computes with inputs rounded to 10 mantissa bits (this interpreter multiplies in "
+                                "full float32): its float32 results there miss float32's tolerance; pass "
+                                "input_precision=\"ieee\" to tl.dot")
         if str(a.dtype) == str(b.dtype) == "bf16":
             a, b = _bf16_as_fp32(a), _bf16_as_fp32(b)
-        return dot(self, a, b, d, *rest)
+        return dot(self, a, b, d, input_precision, *rest)
 
     return create_dot
 
@@ -350,7 +373,60 @@ def _interpretable_libdevice() -> None:
 
     for name, op in LIBDEVICE.items():
         if hasattr(libdevice, name):
-            setattr(libdevice, name, _elementwise(op))
+            stand_in = _elementwise(op)
+            _STAND_INS[id(stand_in)] = getattr(libdevice, name)
+            setattr(libdevice, name, stand_in)
+
+
+def _snapshot_language() -> None:
+    """What Triton's language namespaces hold before the interpreter patches them: its launches restore what they
+    patch, but a @triton.jit helper of the language's own (tl.zeros, called from a kernel) patches triton.language.core
+    for good, and libdevice holds stand-ins here. Triton's compiler needs the originals (_pristine_language)."""
+    import triton.language as tl
+    import triton.language.extra.libdevice as libdevice
+
+    for namespace in (tl, tl.core, tl.math, tl.core.tensor, tl.core.dtype, tl.core.tensor_descriptor_base, libdevice):
+        _PRISTINE.append((namespace, dict(vars(namespace))))
+
+
+@contextlib.contextmanager
+def _pristine_language() -> Iterator[None]:
+    """Triton's language as it was before the interpreter patched it, for as long as the block runs."""
+    changed = [(ns, name, vars(ns).get(name, _MISSING), value) for ns, attrs in _PRISTINE
+               for name, value in attrs.items() if vars(ns).get(name, _MISSING) is not value]
+    for ns, name, _, value in changed:
+        setattr(ns, name, value)
+    try:
+        yield
+    finally:
+        for ns, name, now, _ in changed:
+            if now is _MISSING:
+                delattr(ns, name)
+            else:
+                setattr(ns, name, now)
+
+
+def _gate(executor: Any, named: dict[str, Any], options: dict[str, Any], target: str, sink: Sink | None) -> None:
+    """The launched kernel compiled for `target` (compile_gate), once per specialization and at most
+    MAX_SPECIALIZATIONS times per kernel, with Triton's language as it was before the interpreter patched it."""
+    from triton.runtime import interpreter as interp
+
+    from kernelbot.agent.verify import compile_gate
+
+    fn = next((orig for orig, done in interp.InterpretedFunction.rewritten_fn.items() if done is executor.fn), None)
+    if fn is None:
+        return
+    key = (id(fn), tuple((n, v if n in executor.constexprs or v is None else str(getattr(v, "dtype", type(v))))
+                         for n, v in named.items()), tuple(sorted(options.items())))
+    built = _state["built"].setdefault(id(fn), set())
+    if key in built or len(built) >= compile_gate.MAX_SPECIALIZATIONS:
+        return
+    built.add(key)
+    with _pristine_language():
+        build = compile_gate.compile_launch(fn, named, options, target, _STAND_INS)
+    REPORT.builds.append(build.model_dump(mode="json"))
+    if sink is not None:
+        sink("triton_build", {"build": build.model_dump(mode="json")})
 
 
 def install(sink: Sink | None = None) -> None:
@@ -363,6 +439,7 @@ def install(sink: Sink | None = None) -> None:
     import os
 
     from kernelbot import KernelbotError
+    from kernelbot.agent.verify.compile_gate import TARGET_ENV
 
     if os.environ.get("TRITON_INTERPRET") != "1":
         raise KernelbotError("triton_check.install: TRITON_INTERPRET is not 1; the interpreter checks are for CPU "
@@ -374,6 +451,9 @@ def install(sink: Sink | None = None) -> None:
     global _sink
     _sink = sink
     float_add, exchange = ir.ATOMIC_OP.FADD, ir.ATOMIC_OP.XCHG
+    target = os.environ.get(TARGET_ENV)  # each launch is compiled for this GPU target too (compile_gate)
+    if target:
+        _snapshot_language()
     _interpretable_libdevice()
 
     builder_cls = interp.InterpreterBuilder
@@ -407,7 +487,7 @@ def install(sink: Sink | None = None) -> None:
 
     builder_cls.create_masked_load, builder_cls.create_masked_store = masked_load, masked_store
     builder_cls.create_atomic_rmw, builder_cls.create_atomic_cas = atomic_rmw, atomic_cas
-    builder_cls.create_dot = _dot_with_bf16(builder_cls.create_dot)
+    builder_cls.create_dot = _checked_dot(builder_cls.create_dot, ir.INPUT_PRECISION.IEEE)
 
     def call(self, *args_dev, **kwargs):
         started, wall = time.monotonic_ns(), time.time_ns()
@@ -420,10 +500,13 @@ def install(sink: Sink | None = None) -> None:
     def run_grid(self, *args_dev, **kwargs):
         # Mirrors GridExecutor.__call__ of the pinned Triton, with a recorded launch and a chosen program order.
         argspec = inspect.getfullargspec(self.fn)
+        options = {k: v for k, v in kwargs.items() if k not in argspec.args}  # num_warps, num_stages...
         kwargs = {k: v for k, v in kwargs.items() if k in argspec.args}
         args_hst, kwargs_hst = self._init_args_hst(args_dev, kwargs)
         for hook in self.pre_run_hooks:
             hook(*args_hst, **kwargs_hst)
+        if target:
+            _gate(self, inspect.getcallargs(self.fn, *args_hst, **kwargs_hst), options, target, sink)
         patch_scope = interp._patch_lang(self.fn)
         try:
             named = inspect.getcallargs(self.fn, *args_hst, **kwargs_hst)

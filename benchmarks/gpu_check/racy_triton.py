@@ -1,7 +1,9 @@
 """A racy Triton RMSNorm for reference.py: every program passes its row's sum of squares through one shared global
 slot (store, then load back), so a program can read another row's value. Run one program at a time (Triton's CPU
-interpreter) it is right; on a GPU the programs run together. The race is in global memory, which compute-sanitizer's
-racecheck does not watch (it checks shared memory), so the GPU check records which check catches it."""
+interpreter) it is right, and the interpreter's race check flags the slot; on a GPU the programs run together and
+read each other's sums, or the slot before anything was written to it (the verifier fills fresh GPU allocations with
+NaN), so `correctness` fails there. compute-sanitizer's racecheck does not catch it: the race is in global memory,
+and racecheck watches shared memory only."""
 
 import torch
 import triton

@@ -91,12 +91,13 @@ def _in_forked_runners(files: dict[str, Path], work: Path, budget: float) -> tup
 def _under_sanitizer(files: dict[str, Path], work: Path, budget: float) -> tuple[bool, str]:
     from kernelbot.agent.verify.messages import SanitizeJob
     from kernelbot.agent.verify.sanitizer import run_tool
+    from kernelbot.sandbox.gpu import assigned_gpu
 
     if shutil.which("compute-sanitizer") is None:
         return False, "compute-sanitizer is not on PATH"
     job = SanitizeJob(candidate=str(files["smoke_module.py"]), plan=str(files["plan.pt"]),
                       state_dicts=[str(files["state.pt"])], init_seed=0)
-    run = run_tool(job, work / "sanitizer", 0, "memcheck", time.monotonic() + budget, {})
+    run = run_tool(job, work / "sanitizer", 0, "memcheck", time.monotonic() + budget, {}, assigned_gpu())
     return run.errors == 0, f"memcheck: {run.errors} error(s) {run.text}" if run.errors is not None else run.text
 
 

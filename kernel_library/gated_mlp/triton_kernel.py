@@ -7,7 +7,7 @@ import triton
 import triton.language as tl
 
 from kernelbot.kernel_library.gated_mlp.reference import Model
-from kernelbot.kernel_library.linear.triton_kernel import triton_linear
+from kernelbot.kernel_library.linear.triton_kernel import GEMM_WARPS, triton_linear
 
 
 @triton.jit
@@ -24,8 +24,11 @@ def gate_up_kernel(x_ptr, wg_ptr, wu_ptr, out_ptr, M, N, K,
         rk = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(x_ptr + rm[:, None] * K + rk[None, :], mask=(rm[:, None] < M) & (rk[None, :] < K), other=0.0)
         w_mask = (rn[None, :] < N) & (rk[:, None] < K)
-        acc_g += tl.dot(x, tl.load(wg_ptr + rn[None, :] * K + rk[:, None], mask=w_mask, other=0.0))
-        acc_u += tl.dot(x, tl.load(wu_ptr + rn[None, :] * K + rk[:, None], mask=w_mask, other=0.0))
+        # fp32 in fp32 on a GPU too (its default rounds to TF32); bf16 operands are unaffected
+        acc_g += tl.dot(x, tl.load(wg_ptr + rn[None, :] * K + rk[:, None], mask=w_mask, other=0.0),
+                        input_precision="ieee")
+        acc_u += tl.dot(x, tl.load(wu_ptr + rn[None, :] * K + rk[:, None], mask=w_mask, other=0.0),
+                        input_precision="ieee")
     z = acc_g
     if GELU:
         z = 1.5957691216057308 * (acc_g + 0.044715 * acc_g * acc_g * acc_g)
@@ -46,5 +49,5 @@ class GatedMLPTriton(Model):
         grid = (triton.cdiv(m, c["BLOCK_M"]), triton.cdiv(inter, c["BLOCK_N"]))
         gate_up_kernel[grid](x2, self.gate_proj.weight, self.up_proj.weight, h, m, inter, hidden,
                              BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], BLOCK_K=c["BLOCK_K"],
-                             GELU=self.act == "gelu_tanh")
+                             GELU=self.act == "gelu_tanh", num_warps=GEMM_WARPS)
         return triton_linear(h, self.down_proj.weight, None, c).view(*x.shape[:-1], hidden)
