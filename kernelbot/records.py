@@ -258,6 +258,9 @@ class Bench(BaseModel):
     speedup: float
     significant: bool  # faster beyond the measured noise
     host: HostLoad | None = None  # over the benchmark: other processes' CPU time makes its ratio doubtful
+    # the timed calls cycled over this many copies of the weights, to stream them from memory as a model does
+    weight_copies: int = 1
+    cache_resident: bool = False  # the copies together still fit twice the last-level cache: a warm-cache figure
     gpu_before: GpuState | None = None  # NVML on the benchmark's GPU before and after: clocks, temperature, throttling
     gpu_after: GpuState | None = None
 

@@ -107,3 +107,16 @@ def test_an_honest_library_kernel_is_timed_with_its_thread_pool_between_calls(tm
     cand = write_module(tmp_path / "cand" / "candidate.py", HONEST)
     result = bench(task, ref, cand, tmp_path / "bench", rounds=2, device="cpu")
     assert result.rounds == 2 and result.candidate_us > 0 and result.reference_us > 0
+    # 4 KB of weights: the most copies, which still fit the cache, and the result says it is a warm-cache figure
+    assert result.weight_copies == 64 and result.cache_resident
+
+
+def test_weights_are_cycled_over_copies_enough_to_stream_them_from_memory(monkeypatch):
+    from kernelbot.agent.verify import bench as bench_module
+
+    monkeypatch.setattr(bench_module.host, "last_level_cache_bytes", lambda: 32 << 20)
+    mlp, lm_head = 3 * 896 * 4864 * 2, 151936 * 896 * 2  # a Qwen2.5-0.5B layer's MLP, its LM head (bf16)
+    assert bench_module.weight_copies(mlp, "cpu") == 3  # 78 MB over 3 copies: past twice the 32 MiB cache
+    assert bench_module.weight_copies(lm_head, "cpu") == 1  # streams from memory as it is
+    assert bench_module.weight_copies(4096, "cpu") == 64  # the most copies
+    assert bench_module.weight_copies(1 << 30, "cpu") == 1 and bench_module.weight_copies(mlp, "cuda:0") == 1

@@ -33,6 +33,21 @@ from kernelbot.sandbox.gpu import device_kind, job_gpu
 POOL = 3  # independent input draws the timed calls rotate through
 
 
+MAX_COPIES = 64
+COPIES_BYTES = 2 << 30  # what the copies may take together, per runner
+
+
+def weight_copies(weights: int, device: str) -> int:
+    """How many copies of a module's weights the timed calls cycle over on a CPU: enough to fill twice the last-level
+    cache, so each call reads its weights from memory as a model's layers do (a benchmark on one copy times them warm
+    in the cache, and a kernel that only wins warm loses in the model), within MAX_COPIES and COPIES_BYTES. One on a
+    GPU, whose benchmark flushes its L2 between calls."""
+    if device.startswith("cuda") or weights <= 0:
+        return 1
+    wanted = -(-2 * host.last_level_cache_bytes() // weights)
+    return max(1, min(MAX_COPIES, wanted, COPIES_BYTES // weights))
+
+
 def _quantile(xs: list[float], q: float) -> float:
     return statistics.quantiles(xs, n=100, method="inclusive")[int(q * 100) - 1] if len(xs) > 1 else xs[0]
 
@@ -48,10 +63,12 @@ def bench(task: Task, reference_path: Path, candidate_path: Path, workdir: Path,
     references = References(load_reference(reference_path), [list(task.init_args)], seed)
     model, exact_model = references.build(0), references.twin(0)
     torch.save(model.state_dict(), workdir / "state_dict.pt")
+    weights = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    copies = weight_copies(weights, device)
     torch.save([inputs_at(references.module, task, seed + k) for k in range(POOL)], workdir / "inputs.pt")
     job = BenchJob(reference=str(reference_path.resolve()), candidate=str(candidate_path.resolve()),
                    init_args=task.init_args, state_dict=str((workdir / "state_dict.pt").resolve()),
-                   inputs=str((workdir / "inputs.pt").resolve()), rounds=rounds, device=device)
+                   inputs=str((workdir / "inputs.pt").resolve()), rounds=rounds, device=device, copies=copies)
     since = host.sample()
     gpu_before = gpu_state(gpu)
     result = run_job(job.model_dump(mode="json"), workdir, timeout=timeout, env=library_env(device).env, gpu=gpu)
@@ -78,7 +95,8 @@ def bench(task: Task, reference_path: Path, candidate_path: Path, workdir: Path,
                  candidate_us=round(cand_med, 2), reference_spread=round(spread(ref), 3),
                  candidate_spread=round(spread(cand), 3), speedup=round(speedup, 3),
                  significant=_quantile(ratios, 0.25) > 1.0 and speedup > 1.03, host=load, gpu_before=gpu_before,
-                 gpu_after=gpu_after)
+                 gpu_after=gpu_after, weight_copies=copies,
+                 cache_resident=not device.startswith("cuda") and copies * weights < 2 * host.last_level_cache_bytes())
 
 
 def gpu_state(index: int | None) -> GpuState | None:

@@ -553,8 +553,8 @@ def _serve(setup: RunnerSetup, rfd: int, wfd: int) -> None:
             elif op == "stage":
                 staged = tuple(tuple(tools.to(s, setup.device)) for s in request.sets)
             elif op == "tcall":  # between its own timed calls an OpenMP pool may spin: only its own times pay
-                reply["us"], last = tools.op_timed_call(watch, models[0], staged[request.set], request.perturb,
-                                                        request.poison)
+                reply["us"], last = tools.op_timed_call(watch, models[request.model], staged[request.set],
+                                                        request.perturb, request.poison)
                 quiet = (quiet[0], tools.cpu_since(None, watch.known_threads)[1])
             elif op == "idle":  # the reference's turn, after a pause longer than a pool spins: no work may run
                 used, mark = tools.cpu_since(quiet[1], watch.known_threads)
@@ -1075,7 +1075,7 @@ def _bench(job: BenchJob) -> BenchResult | JobFailure:
         drawn = [list(s) for s in torch.load(job.inputs)]
         copies = [[_clones(s) for s in drawn] for _ in runners]  # each runner's inputs, as the harness tracks them
         for who, r in zip(("reference", "candidate"), runners, strict=True):
-            reply = r.ask(LoadRequest(models=[(job.init_args, state_dict)], init_seed=0))
+            reply = r.ask(LoadRequest(models=[(job.init_args, state_dict)] * job.copies, init_seed=0))
             if reply.error is not None:
                 return JobFailure(error=f"{who}: {reply.error[:500]}", stage="run")
             r.ask(StageRequest(sets=drawn))
@@ -1085,7 +1085,8 @@ def _bench(job: BenchJob) -> BenchResult | JobFailure:
             changes = _perturbation(sets[k % len(sets)], rng)
             for index, flat, value in changes:
                 _set_element(sets[k % len(sets)][index], flat, value)
-            reply = runners[i].ask(TimedCallRequest(set=k % len(sets), perturb=changes, poison=poisoned))
+            reply = runners[i].ask(TimedCallRequest(set=k % len(sets), model=k % job.copies, perturb=changes,
+                                                    poison=poisoned))
             if reply.error is not None or reply.us is None:
                 raise RunnerDied(f"{'candidate' if i else 'reference'}: {(reply.error or 'no time came back')[:300]}")
             return reply.us

@@ -89,6 +89,7 @@ class BenchJob(Message):
     rounds: int
     device: str = "cpu"
     round_seconds: float = 0.02
+    copies: int = 1  # models built from the state dict, timed calls cycling over them (weights beyond the caches)
 
 
 class NoopJob(Message):
@@ -242,9 +243,11 @@ class StageRequest(Request):
 
 
 class TimedCallRequest(Request):
-    """One timed call on a staged set, after changing some input elements (index, flat position, value)."""
+    """One timed call on a staged set by one of the loaded models (copies of one model's weights), after changing
+    some input elements (index, flat position, value)."""
     op: Literal["tcall"] = "tcall"
     set: int
+    model: int = 0
     perturb: list[tuple[int, int, float | int | bool]] = Field(default_factory=list)
     poison: bool = False  # CPU allocations poisoned for this call, as in verification (its time is not counted)
 
