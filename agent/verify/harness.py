@@ -422,7 +422,7 @@ class Tools(NamedTuple):
     outputs_of: Callable[..., tuple[list[Any], list[Any]]]
     os_threads: Callable[[], dict[int, int]]
     aliasing: Callable[..., list[str]]
-    storages: Callable[[list[Any]], list[tuple[int, int]]]
+    spans: Callable[[list[Any]], list[tuple[int, int]]]
     weight_snapshot: Callable[[torch.nn.Module], tuple]
     weight_changes: Callable[..., list[str]]
     profile_call: Callable[..., dict[str, Any]]
@@ -505,7 +505,7 @@ def _serve(setup: RunnerSetup, rfd: int, wfd: int) -> None:
     tampered = tools.tampered
     models: tuple = ()
     weights: tuple = ()
-    held: tuple = ()  # every output returned so far: (objects, digests of their bytes, storage ranges)
+    held: tuple = ()  # every output returned so far: (objects, digests of their bytes, byte ranges)
     slots: tuple = ()  # (name, tensors) kept for calls on the same tensor objects
     loaded: tuple = ()  # the state dict each model was loaded with
     staged: tuple = ()  # bench: input sets
@@ -585,7 +585,7 @@ def _prepare(setup: RunnerSetup, wfd: int) -> Watch:
     device = DeviceChoice(kind="cuda" if setup.device == "cuda" else "cpu", name=setup.device, reason="runner")
     tools = Tools(
         send=_send, recv=_recv, dumps=pickle.dumps, loads=pickle.loads, encode=_encode, outputs_of=_outputs,
-        os_threads=probes.os_threads, aliasing=probes.aliasing, storages=probes.storages,
+        os_threads=probes.os_threads, aliasing=probes.aliasing, spans=probes.spans,
         weight_snapshot=probes.weight_snapshot, weight_changes=probes.weight_changes, profile_call=probes.profile_call,
         set_order=triton_check.set_order, order_dependent=triton_check.order_dependent, seal=probes.seal,
         seal_changes=probes.seal_changes, timing_snapshot=probes.timing_snapshot,
@@ -729,8 +729,8 @@ def _held_call(tools: Tools, out: Any, inputs: list[Any], held: tuple, facts: di
 
 def _kept(tools: Tools, encoded: list[Any], items: list[Any]) -> tuple:
     """What the runner holds of a call's outputs to the end of the job: the objects, digests of their encoded bytes
-    (compared again when the job ends), their storage ranges."""
-    return items, tuple(tools.sha256(e[5]).digest() if e else None for e in encoded), tuple(tools.storages(items))
+    (compared again when the job ends), the byte ranges their elements lie in."""
+    return items, tuple(tools.sha256(e[5]).digest() if e else None for e in encoded), tuple(tools.spans(items))
 
 
 def _op_timed_call(watch: Watch, model: torch.nn.Module, inputs: tuple, perturb: list[tuple[int, int, Any]],
@@ -784,13 +784,13 @@ def _op_profile(watch: Watch, model: torch.nn.Module, inputs: list[Any], held: t
         if found:
             facts["aliasing"].append(f"one of {len(kept) + len(profiled)} repeated calls: {found[0]}")
             break
-        earlier += tools.storages(items)
+        earlier += tools.spans(items)
     picked = {tools.randbelow(len(kept)) for _ in range(CHECKED_SAMPLED)} if kept else set()
     checked = [tools.outputs_of(items, facts) for items in profiled + [kept[k] for k in sorted(picked)]]
     unread = [items for k, items in enumerate(kept) if k not in picked]
     return profile, [encoded for encoded, _ in checked], (
         *held, *(_kept(tools, encoded, items) for encoded, items in checked),
-        *((items, (), tuple(tools.storages(items))) for items in unread))
+        *((items, (), tuple(tools.spans(items))) for items in unread))
 
 
 def _op_final(watch: Watch, held: tuple, quiet: tuple[int, tuple], facts: dict[str, list[str]], windows: int

@@ -75,8 +75,8 @@ POISON_BYTE = 0x7F  # what poisoned allocations hold: float32 3.4e38, float16 Na
 SENTINEL_SHAPE = [5, 3]  # a profiled op of the harness's own, run after the candidate's call
 _SENTINEL = torch.ops.aten.bitwise_xor.Tensor
 _T = torch._C.TensorBase  # its methods cannot be replaced (an immutable type): bound here, used below
-_clone, _equal, _reshape, _view, _detach, _storage_of = _T.clone, torch.equal, _T.reshape, _T.view, _T.detach, \
-    _T.untyped_storage
+_clone, _equal, _reshape, _view, _detach, _data_ptr = _T.clone, torch.equal, _T.reshape, _T.view, _T.detach, \
+    _T.data_ptr
 
 
 def timing_snapshot() -> dict[str, int]:
@@ -195,27 +195,30 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
     return _equal(_view(_reshape(a, (-1,)), torch.uint8), _view(_reshape(b, (-1,)), torch.uint8)) if a.numel() else True
 
 
-def _storage(t: torch.Tensor) -> tuple[int, int]:
-    s = _storage_of(t)
-    return s.data_ptr(), s.data_ptr() + s.nbytes()
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    """The bytes a tensor's elements lie in, [first, past the last): not its whole storage, so two halves of one
+    allocation (two outputs a kernel writes side by side) do not overlap."""
+    first = _data_ptr(t)
+    return first, first + (1 + sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride(), strict=True))) * \
+        t.element_size()
 
 
 def aliasing(outs: list[Any], inputs: list[Any], earlier: Iterable[tuple[int, int]],
              params: Iterable[torch.Tensor] = ()) -> list[str]:
-    """Outputs that share memory with an input, a parameter or buffer, another output of the same call, or any
-    output an earlier call returned (all of which the runner still holds, so their memory cannot have been
-    freed and reused)."""
+    """Outputs whose bytes overlap an input's, a parameter's or buffer's, another output's of the same call, or those
+    of any output an earlier call returned (all of which the runner still holds, so their memory cannot have been
+    freed and reused). Byte ranges, not storages: disjoint views of one allocation share no memory."""
     found = []
     earlier, params = list(earlier), list(params)
     seen: list[tuple[int, int]] = []
     for i, o in enumerate(outs):
         if not isinstance(o, torch.Tensor) or o.numel() == 0:
             continue
-        lo, hi = _storage(o)
+        lo, hi = _span(o)
         for j, x in enumerate(inputs):
-            if isinstance(x, torch.Tensor) and x.numel() and lo < _storage(x)[1] and _storage(x)[0] < hi:
+            if isinstance(x, torch.Tensor) and x.numel() and lo < _span(x)[1] and _span(x)[0] < hi:
                 found.append(f"output {i} shares memory with input {j}")
-        if any(p.numel() and lo < _storage(p)[1] and _storage(p)[0] < hi for p in params):
+        if any(p.numel() and lo < _span(p)[1] and _span(p)[0] < hi for p in params):
             found.append(f"output {i} shares memory with a parameter or buffer")
         if any(lo < s_hi and s_lo < hi for s_lo, s_hi in seen):
             found.append(f"output {i} shares memory with another output of the same call")
@@ -226,8 +229,9 @@ def aliasing(outs: list[Any], inputs: list[Any], earlier: Iterable[tuple[int, in
     return found
 
 
-def storages(outs: list[Any]) -> list[tuple[int, int]]:
-    return [_storage(o) for o in outs if isinstance(o, torch.Tensor) and o.numel()]
+def spans(outs: list[Any]) -> list[tuple[int, int]]:
+    """The byte ranges of the outputs' elements (`_span`)."""
+    return [_span(o) for o in outs if isinstance(o, torch.Tensor) and o.numel()]
 
 
 def op_work(func: Any, args: tuple, kwargs: dict, out: Any) -> float:
@@ -317,6 +321,10 @@ def install(places: Places) -> None:
         base = self._FuncPtr
 
         class Counted(base):  # type: ignore[misc, valid-type]
+            # ctypes' function-pointer type reads these from the class's own namespace (Python 3.11: "class must
+            # define _flags_"), not from its base
+            _flags_, _restype_ = base._flags_, base._restype_
+
             def __call__(self, *call_args):
                 global _ctypes_calls
                 if _counting:
