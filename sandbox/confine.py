@@ -203,15 +203,58 @@ def _guarded() -> tuple[Any, ...]:
     return (Recorder, *(f for f in functions if isinstance(f, FunctionType) and f.__module__ == __name__))
 
 
-def install_audit(record: Recorder, trusted: Iterable[CodeType] = ()) -> None:
-    """`trusted`: the harness's own code objects that may set a profile or trace function. What the hook calls is
-    bound here (emit, the recorder's bound path tests, this module's helpers): replacing a name later does not reach
-    it, and swapping a function's code is refused and recorded."""
-    trusted_code = frozenset(trusted)
+class Harness(NamedTuple):
+    """The code of the process's own harness: every code object of its modules (`code`), and the code of its loop
+    (`root`), from which every call into candidate code is made."""
+    code: frozenset[CodeType] = frozenset()
+    root: CodeType | None = None
+
+
+def harness_code(modules: Iterable[Any], root: CodeType) -> Harness:
+    """Every code object of `modules`' functions and classes, nested ones included."""
+    found: set[CodeType] = set()
+
+    def add(code: CodeType) -> None:
+        if code not in found:
+            found.add(code)
+            for const in code.co_consts:
+                if isinstance(const, CodeType):
+                    add(const)
+
+    for module in modules:
+        for value in list(vars(module).values()):
+            members = list(vars(value).values()) if isinstance(value, type) and value.__module__ == module.__name__ \
+                else [value]
+            for member in members:
+                fn = getattr(member, "__func__", member)
+                if isinstance(fn, FunctionType) and fn.__module__ == module.__name__:
+                    add(fn.__code__)
+    return Harness(frozenset(found), root)
+
+
+def _called_by_the_harness(frame: FrameType | None, harness: Harness) -> bool:
+    """Whether `frame` and every frame out to the harness's loop run the harness's own code: a function the candidate
+    called (one it built around the harness's code too) has the candidate's frame in between."""
+    while frame is not None and frame.f_code in harness.code:
+        if frame.f_code is harness.root:
+            return True
+        frame = frame.f_back
+    return False
+
+
+NO_HARNESS = Harness()  # a process that runs candidate code with no harness around it (a single-process job)
+
+
+def install_audit(record: Recorder, harness: Harness = NO_HARNESS) -> None:
+    """`harness`: the code of the harness around the candidate: it alone may set a profile or trace function (called
+    from its own loop), and no function may be built around its code. What the hook calls is bound here (emit, the
+    recorder's bound path tests, this module's helpers): replacing a name later does not reach it, and swapping a
+    function's code is refused and recorded."""
     sites, stdlib = _installed_code()
     emit, outside_box, unreadable = emitter(record), record.outside_box, record.unreadable
     is_build_tool, isa_probe, fsdecode, getpid, guarded = build_tool, inductor_isa_probe, _fsdecode, os.getpid, \
         _guarded()
+    called_by_harness = _called_by_the_harness
 
     def hook(event: str, args: tuple) -> None:
         if event == "open" and len(args) >= 3:
@@ -226,8 +269,11 @@ def install_audit(record: Recorder, trusted: Iterable[CodeType] = ()) -> None:
             raise PermissionError("kernelbot sandbox: the audit recorder's code cannot be changed")
         elif event in ("sys.settrace", "sys.setprofile"):
             # a trace or profile function sees (and can rewrite) the harness's own frames
-            if sys._getframe(1).f_code not in trusted_code:
+            if not called_by_harness(sys._getframe(1), harness):
                 emit("introspection", f"{event}: a trace/profile function would see the harness's frames")
+        elif event == "function.__new__" and args and args[0] in harness.code:
+            emit("audit_tamper", f"a function built around the harness's own code ({args[0].co_name[:40]})")
+            raise PermissionError("kernelbot sandbox: no function may be built around the harness's code")
         elif event in ("socket.connect", "socket.bind", "socket.sendto", "socket.sendmsg"):
             emit("network", f"{event} {args[1:]!r}")
             raise PermissionError(f"kernelbot sandbox: {event} refused")
@@ -375,8 +421,7 @@ def _listdir(path: str) -> list[str]:
         return []
 
 
-def confine_runner(work: Path, extra_readable: Iterable[Path], trusted: Iterable[CodeType], gpu: bool = False
-                   ) -> list[str]:
+def confine_runner(work: Path, extra_readable: Iterable[Path], harness: Harness, gpu: bool = False) -> list[str]:
     """In the forked runner, before candidate code loads: reads only from `readable_paths`, writes only in
     `work` (with `gpu`, also its own threads' names, which the CUDA driver sets); then the audit hook (reads
     elsewhere recorded too) and the environment trap."""
@@ -400,7 +445,7 @@ def confine_runner(work: Path, extra_readable: Iterable[Path], trusted: Iterable
                                       "the harness)")
     else:
         protections.append("runner: no Landlock on this kernel (reads are not restricted)")
-    install_audit(record, trusted)
+    install_audit(record, harness)
     trap_environment(record)
     protections.append("audit hook (blocks sockets and signals from Python; records reads outside what it may "
                        "read, trace/profile functions and walks over the garbage collector's objects) and "

@@ -460,6 +460,79 @@ CHEATS = {
                     pass
             return y
     """),
+    # 16. round four: run-to-run noise hidden from a second run right after the first by a memo of the last input
+    "hides_its_noise_behind_a_memo_of_the_last_input": ("nondeterminism", """
+        def forward(self, x):
+            key = (tuple(x.shape), float(x.sum()))
+            if ModelNew.kept is not None and ModelNew.kept[0] == key:
+                return ModelNew.kept[1].clone()
+            y = self.kernel(x)
+            y.view(-1)[0] += float(torch.rand(())) * 1e-6 * float(y.view(-1)[0].abs() + 1e-3)
+            ModelNew.kept = (key, y)
+            return y
+    """),
+    # 17. round four: what the candidate's own process says is no longer trusted. Work in a process of its own (no
+    # audit event for a libc fork), started when its module loads (it must end before the calls) or during a call
+    # (the seccomp filter ends the runner)
+    "forks_through_ctypes_during_a_call": ("sandbox_violation", """
+        def forward(self, x):
+            y = self.kernel(x)
+            if ctypes.CDLL(None).fork() == 0:
+                torch.ones(1 << 20).sum()
+                os._exit(0)
+            return y
+    """),
+    "leaves_a_worker_forked_at_import": ("sandbox_violation", """
+        if ctypes.CDLL(None).fork() == 0:  # in the class body: when the module is imported
+            while True:
+                sum(range(10000))
+
+        def forward(self, x):
+            return self.kernel(x)
+    """),
+    # a raw write into the runner's tools tuple (its aliasing probe replaced): no identity the seal compares changes;
+    # its outputs would pass anyway, so that what fails is the write
+    "writes_into_the_harness_tools_through_ctypes": ("harness_tamper", """
+        def forward(self, x):
+            frame = sys._getframe(1)
+            while frame is not None and "tools" not in frame.f_locals:
+                frame = frame.f_back
+            if frame is not None:
+                tools = frame.f_locals["tools"]
+                slot = id(tools) + tuple.__basicsize__ + tuple.__itemsize__ * tools._fields.index("aliasing")
+                ModelNew.kept = lambda *args, **kwargs: []  # kept alive: the slot now points at it
+                ctypes.c_void_p.from_address(slot).value = id(ModelNew.kept)
+            y = self.kernel(x)
+            return torch.cat([y.reshape(-1), y.reshape(-1)]).view(2, *y.shape)[0]  # a view of a bigger allocation
+    """),
+    # a function built around the op log's trusted code: its own profile function, installed as if by the harness
+    "rebuilds_the_harness_trusted_code": ("sandbox_violation", """
+        def forward(self, x):
+            import types
+            probes = sys.modules["kernelbot.agent.verify.probes"]
+            run = next(c for c in probes.profile_call.__code__.co_consts if getattr(c, "co_name", "") == "run")
+            cells = {"profiler": lambda *args: None, "model": lambda *args: None, "inputs": [], "outputs": []}
+            try:
+                fake = types.FunctionType(run, probes.__dict__, "run", None,
+                                          tuple(types.CellType(cells.get(name)) for name in run.co_freevars))
+                fake()  # its profile function set, and taken off again, from the harness's own code
+            except PermissionError:
+                pass
+            return self.kernel(x)
+    """),
+    # the op log switched off for the call's PyTorch work, and on again before it returns (a C++ kernel's calls are
+    # many and fast enough that the library time sampled shows the fallback as well; a Triton one's in the slow
+    # interpreter are too few for that, and the switch alone fails it)
+    "switches_record_function_off": ("reference_fallback", """
+        def forward(self, x):
+            self.kernel(x[:1])
+            torch.autograd._enable_record_function(False)
+            try:
+                v = x.pow(2).mean(-1, keepdim=True)
+                return self.weight * (x * torch.rsqrt(v + self.variance_epsilon))
+            finally:
+                torch.autograd._enable_record_function(True)
+    """),
 }
 # The quick ones run in every CI; the rest are marked slow (each is one sandboxed verification): of the cheats that
 # tamper with the audit channel, of the memoisers and of the numpy fallbacks, the fast set keeps a few of each kind.
@@ -474,8 +547,10 @@ QUICK = {("cpp", n) for n in ("freed_reference_output", "caches_on_pointer", "fi
                               "works_between_calls_on_a_thread_started_at_import",
                               "falls_back_to_numpy_beside_its_kernel", "cycles_through_sixty_four_output_buffers",
                               "writes_every_element_only_while_it_sees_poison", "wrong_under_the_profile_hook",
-                              "wrong_while_a_perf_event_is_open")} | \
-    {("triton", "caches_on_id_and_version"), ("triton", "decorative_kernel")}
+                              "wrong_while_a_perf_event_is_open", "hides_its_noise_behind_a_memo_of_the_last_input",
+                              "forks_through_ctypes_during_a_call", "leaves_a_worker_forked_at_import",
+                              "writes_into_the_harness_tools_through_ctypes", "rebuilds_the_harness_trusted_code")} | \
+    {("triton", n) for n in ("caches_on_id_and_version", "decorative_kernel", "switches_record_function_off")}
 
 
 def _candidate(tmp_path, backend: str, name: str, body: str):

@@ -74,6 +74,9 @@ M_PERTURB = -6  # glibc mallopt: fill allocations with ~byte and freed memory wi
 POISON_BYTE = 0x7F  # what poisoned allocations hold: float32 3.4e38, float16 NaN, bfloat16 3.4e38
 SENTINEL_SHAPE = [5, 3]  # a profiled op of the harness's own, run after the candidate's call
 _SENTINEL = torch.ops.aten.bitwise_xor.Tensor
+# Switches RecordFunction, under which the op log sees every op, on or off for the calling thread: bound before the
+# candidate loads, so the profiled call's profile function knows the builtin itself when the candidate calls it
+_RECORD_FUNCTION_SWITCH = torch.autograd._enable_record_function
 _T = torch._C.TensorBase  # its methods cannot be replaced (an immutable type): bound here, used below
 _clone, _equal, _reshape, _view, _detach, _data_ptr = _T.clone, torch.equal, _T.reshape, _T.view, _T.detach, \
     _T.data_ptr
@@ -122,6 +125,26 @@ def poison_allocations(on: bool = True) -> bool:
         return bool(ctypes.CDLL(None).mallopt(M_PERTURB, POISON_BYTE ^ 0xFF if on else 0))
     except (OSError, AttributeError):
         return False
+
+
+def pins(tuples: Iterable[tuple]) -> list[tuple[int, int]]:
+    """(address, the pointer it holds) that must not change while the candidate runs, for the harness to read from
+    outside this process (a raw write through ctypes changes no identity the seal compares): every slot of each tuple,
+    of the tuples directly inside it, and the code pointer of every function among them."""
+    found: list[tuple[int, int]] = []
+    for outer in tuples:
+        for t in [outer, *(item for item in outer if type(item) is tuple and len(item) < 64)]:
+            base = id(t) + tuple.__basicsize__
+            found += [(base + k * tuple.__itemsize__, id(item)) for k, item in enumerate(t)]
+            found += [pin for fn in t if isinstance(fn, FunctionType) for pin in _code_pin(fn)]
+    return list(dict.fromkeys(found))
+
+
+def _code_pin(fn: FunctionType) -> list[tuple[int, int]]:
+    """Where in the function object its code pointer lies (found by its value, so no layout is assumed)."""
+    raw = ctypes.string_at(id(fn), FunctionType.__basicsize__)
+    code = id(fn.__code__).to_bytes(8, sys.byteorder)
+    return [(id(fn) + k, id(fn.__code__)) for k in range(0, len(raw) - 7, 8) if raw[k:k + 8] == code][:1]
 
 
 def seal(modules: Iterable[ModuleType], attributes: dict[str, tuple[Any, str]],
@@ -186,12 +209,15 @@ def weight_changes(snapshot: tuple[tuple[str, torch.Tensor, torch.Tensor], ...],
         current = now.get(name)
         if current is None or current is not tensor:
             problems.append(f"{name} was replaced or removed")
-        elif current.shape != values.shape or current.dtype != values.dtype or not _same(_detach(current), values):
+        elif not same_bytes(_detach(current), values):
             problems.append(f"{name} changed in place")
     return problems
 
 
-def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """The same shape, dtype and bytes (NaN payloads included)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
     return _equal(_view(_reshape(a, (-1,)), torch.uint8), _view(_reshape(b, (-1,)), torch.uint8)) if a.numel() else True
 
 
@@ -265,7 +291,8 @@ class OpLog(TorchDispatchMode):
         return out
 
 
-Places = tuple[tuple[str, ...], tuple[str, ...]]  # (the candidate's own code, torch's generated code): sampling
+# (the candidate's own code, torch's generated code, installed libraries' identities): sampling.place_of_file
+Places = tuple[tuple[str, ...], tuple[str, ...], frozenset[str]]
 
 
 def _own_file(path: str, places: Places) -> bool:
@@ -464,15 +491,20 @@ def _numel(shape: list) -> int:
 def profile_call(model: Any, inputs: list[Any], places: Places,
                  launches: Callable[[], Iterable[tuple[int, int, int, int, int]]] = tuple) -> dict[str, Any]:
     """Run once under the op log: aten compute work on every thread, calls into native code and ctypes libraries the
-    candidate built, and whether the log stayed intact. Custom op names and record_function labels are not evidence
-    of anything: a candidate chooses them. The call's outputs come back under "outputs" (checked like any call's)."""
+    candidate built, and whether the log stayed intact (its sentinel op seen, RecordFunction never switched by the
+    call: ops run with it off leave no trace in the log, so the log is then no evidence). Custom op names and
+    record_function labels are not evidence of anything: a candidate chooses them. The call's outputs come back under
+    "outputs" (checked like any call's)."""
     global _counting, _ctypes_calls
     native: set[str] = set()
     libraries = own_libraries(places)
     outputs: list[Any] = []
+    switched: list[str] = []
 
     def profiler(frame, event, arg):
         if event == "c_call":
+            if arg is _RECORD_FUNCTION_SWITCH:
+                switched.append("RecordFunction switched")
             name = own_native(arg, places, libraries)
             if name:
                 native.add(name)
@@ -491,4 +523,5 @@ def profile_call(model: Any, inputs: list[Any], places: Places,
     own = sorted(native)
     if _ctypes_calls:
         own.append(f"{_ctypes_calls} ctypes call(s)")
-    return {"compute": log.compute, "own_kernels": own, "intact": log.sentinel_seen, "outputs": outputs[:1]}
+    return {"compute": log.compute, "own_kernels": own, "intact": log.sentinel_seen and not switched,
+            "outputs": outputs[:1]}

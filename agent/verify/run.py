@@ -15,7 +15,7 @@ here, in a process the candidate never runs in. Check ids (stable):
   race                Triton: no address written by one program and touched by another unless under one lock or by
                       commuting atomics, same bits in shuffled program order (kernels with float atomic adds or
                       locked writes kept in natural order) and in reversed order unless those kernels explain it;
-                      no Triton launch on a CPU: right with one thread and with more threads than cores; on a GPU:
+                      no Triton launch on a CPU: right with one thread and with 4x the cores' threads; on a GPU:
                       racecheck and synccheck, and for Triton the same in the interpreter on the node's CPU at small
                       sizes (interpreter_race.py)
   nondeterminism      two runs on the same inputs are bit-identical (with require_deterministic, also in every
@@ -48,7 +48,7 @@ import torch
 
 from kernelbot import KernelbotError
 from kernelbot.agent.verify import cases as casemod
-from kernelbot.agent.verify import interpreter_race
+from kernelbot.agent.verify import interpreter_race, provenance
 from kernelbot.agent.verify.asan import asan_check
 from kernelbot.agent.verify.judge import Judge, excerpt, guard, merge, not_run, scrub
 from kernelbot.agent.verify.messages import (
@@ -143,20 +143,24 @@ def verify(task: Task, reference_path: Path, candidate_path: Path, workdir: Path
         references.build(i)
         torch.save(references.state_dicts[i], workdir / f"state_dict_{i}.pt")
     main = plan.cases[0].model
-    alt_weights = references.reweighted(main, seed)
-    torch.save(alt_weights, workdir / "alt_state_dict.pt")
+    alternates = references.alternates(main, seed)
+    for k, (_, state_dict) in enumerate(alternates):
+        torch.save(state_dict, workdir / f"alt_state_dict_{k}.pt")
     fronts = random.Random(seed).choices((True, False), k=sum(len(case.inputs) for case in plan.cases))
     sent = [[guard(x, fronts.pop()) for x in case.inputs] for case in plan.cases]
     torch.save(SentPlan(init_args=plan.init_args, fresh=plan.fresh, changed=plan.changed,
                         cases=[SentCase(label=c.label, model=c.model, inputs=inputs)
                                for c, inputs in zip(plan.cases, sent, strict=True)]).model_dump(), workdir / "plan.pt")
     triton = interpreted_triton(device)
+    reference = references.build(main)
     job = VerifyJob(candidate=str(candidate_path.resolve()), plan=str((workdir / "plan.pt").resolve()),
                     state_dicts=[str((workdir / f"state_dict_{i}.pt").resolve()) for i in range(len(plan.init_args))],
-                    alt_state_dict=str((workdir / "alt_state_dict.pt").resolve()),
-                    param_names=[n for n, _ in references.build(main).named_parameters()], init_seed=init_seed,
-                    triton=triton,
-                    device=device)
+                    alternates=[str((workdir / f"alt_state_dict_{k}.pt").resolve()) for k in range(len(alternates))],
+                    param_names=[n for n, _ in reference.named_parameters()],
+                    buffer_names=[n for n, b in reference.named_buffers() if b.is_floating_point()
+                                  and n in references.state_dicts[main]], init_seed=init_seed,
+                    triton=triton, device=device,
+                    foreign_builds=sorted(provenance.installed_libraries()) if device == "cpu" else [])
     job_env = {**library_env(device), **({"TRITON_INTERPRET": "1"} if triton else {}), **(env or {})}
     gpu = assigned_gpu() if device == "cuda" else None
     result = run_job(job.model_dump(mode="json"), workdir, timeout=timeout, env=job_env, gpu=gpu)
@@ -173,7 +177,7 @@ def verify(task: Task, reference_path: Path, candidate_path: Path, workdir: Path
         except Exception as exc:
             checks.append(Check(id="crash", status="fail", detail=f"outputs not readable safely: {exc}"[:500]))
         else:
-            judge = Judge(task, plan, references, sent, report, outputs, device, alt_weights=alt_weights,
+            judge = Judge(task, plan, references, sent, report, outputs, device, alternates=alternates,
                           require_deterministic=require_deterministic)
             checks += judge.checks()
             properties = judge.properties

@@ -8,7 +8,7 @@ class Model(nn.Module):
         return torch.sigmoid(x), torch.tanh(x)
 
 
-batch, dim = 24, 96
+batch, dim = 128, 512
 
 
 def get_inputs():
