@@ -204,10 +204,12 @@ def _guarded() -> tuple[Any, ...]:
 
 
 class Harness(NamedTuple):
-    """The code of the process's own harness: every code object of its modules (`code`), and the code of its loop
-    (`root`), from which every call into candidate code is made."""
+    """The code of the process's own harness: every code object of its modules (`code`), the code of its loop
+    (`root`), from which every call into candidate code is made, and kernelbot's folders (`folders`, real paths
+    ending in a separator: read before the runner's Landlock layer, which keeps it from listing their parent)."""
     code: frozenset[CodeType] = frozenset()
     root: CodeType | None = None
+    folders: tuple[str, ...] = ()
 
 
 def harness_code(modules: Iterable[Any], root: CodeType) -> Harness:
@@ -229,7 +231,7 @@ def harness_code(modules: Iterable[Any], root: CodeType) -> Harness:
                 fn = getattr(member, "__func__", member)
                 if isinstance(fn, FunctionType) and fn.__module__ == module.__name__:
                     add(fn.__code__)
-    return Harness(frozenset(found), root)
+    return Harness(frozenset(found), root, tuple(_realpath(p) + os.sep for p in package_folders()))
 
 
 def _called_by_the_harness(frame: FrameType | None, harness: Harness) -> bool:
@@ -245,16 +247,45 @@ def _called_by_the_harness(frame: FrameType | None, harness: Harness) -> bool:
 NO_HARNESS = Harness()  # a process that runs candidate code with no harness around it (a single-process job)
 
 
+# Frames reached from other objects: the audit event of reading each (a frame from sys._getframe is audited too)
+FRAME_ATTRIBUTES = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame"})
+# Standard-library modules that hand the frames they read back to their caller
+FRAME_GIVERS = frozenset({"inspect.py", "traceback.py"})
+
+
+def asks_for_frames(frame: FrameType | None, sites: tuple[str, ...], stdlib: str, own: tuple[str, ...],
+                    seen: dict[str, str] | None = None) -> str | None:
+    """The file of the candidate's code that asked for a frame (`frame` asked), or None when it was other code: from
+    the frame that asked outwards, past code without a file of its own (generated or frozen: whoever ran it asked) and
+    past the standard library's inspect and traceback (they hand frames back), the first frame is neither the standard
+    library's (warnings and logging read frames for themselves), nor an installed package's, nor kernelbot's own
+    (`own`)."""
+    seen = {} if seen is None else seen  # file name -> what it is (the hook keeps one: no realpath per event)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        frame = frame.f_back
+        if name not in seen:
+            path = "" if name.startswith("<") else _realpath(name)
+            seen[name] = "generated" if not path else ("giver" if os.path.basename(path) in FRAME_GIVERS else
+                                                       "stdlib") if path.startswith(stdlib) else \
+                "library" if path.startswith(sites + own) else "candidate"
+        if seen[name] not in ("generated", "giver"):
+            return name if seen[name] == "candidate" else None
+    return None
+
+
 def install_audit(record: Recorder, harness: Harness = NO_HARNESS) -> None:
     """`harness`: the code of the harness around the candidate: it alone may set a profile or trace function (called
-    from its own loop), and no function may be built around its code. What the hook calls is bound here (emit, the
-    recorder's bound path tests, this module's helpers): replacing a name later does not reach it, and swapping a
-    function's code is refused and recorded."""
+    from its own loop), and no function may be built around its code. The candidate's own code may not look at the
+    frames that called it (the harness's: in another process the candidate is called from other code). What the hook
+    calls is bound here (emit, the recorder's bound path tests, this module's helpers): replacing a name later does
+    not reach it, and swapping a function's code is refused and recorded."""
     sites, stdlib = _installed_code()
     emit, outside_box, unreadable = emitter(record), record.outside_box, record.unreadable
     is_build_tool, isa_probe, fsdecode, getpid, guarded = build_tool, inductor_isa_probe, _fsdecode, os.getpid, \
         _guarded()
-    called_by_harness = _called_by_the_harness
+    called_by_harness, frames_asked, getframe = _called_by_the_harness, asks_for_frames, sys._getframe
+    busy, seen = [False], {}  # the hook's own sys._getframe raises the event again: looked at once
 
     def hook(event: str, args: tuple) -> None:
         if event == "open" and len(args) >= 3:
@@ -271,6 +302,16 @@ def install_audit(record: Recorder, harness: Harness = NO_HARNESS) -> None:
             # a trace or profile function sees (and can rewrite) the harness's own frames
             if not called_by_harness(sys._getframe(1), harness):
                 emit("introspection", f"{event}: a trace/profile function would see the harness's frames")
+        elif (event == "sys._getframe" or event == "object.__getattr__" and len(args) >= 2 and
+              args[1] in FRAME_ATTRIBUTES) and not busy[0] and harness.root is not None:
+            busy[0] = True
+            try:
+                asker = frames_asked(getframe(1), sites, stdlib, harness.folders, seen)
+                if asker is not None:
+                    what = event if event == "sys._getframe" else f"{type(args[0]).__name__}.{args[1]}"
+                    emit("introspection", f"{what} in {asker[-80:]}: the candidate looked at the frames that called it")
+            finally:
+                busy[0] = False
         elif event == "function.__new__" and args and args[0] in harness.code:
             emit("audit_tamper", f"a function built around the harness's own code ({args[0].co_name[:40]})")
             raise PermissionError("kernelbot sandbox: no function may be built around the harness's code")

@@ -533,6 +533,26 @@ CHEATS = {
             finally:
                 torch.autograd._enable_record_function(True)
     """),
+    # 18. tells: the frames that call a verified candidate are the harness's (in serving, an engine's)
+    "tells_verification_by_its_callers_frames": ("sandbox_violation", """
+        def forward(self, x):
+            import inspect
+            if any("verify" in f.filename for f in inspect.stack()):
+                return self.kernel(x)
+            return torch.zeros_like(x)
+    """),
+    "tells_verification_by_a_tracebacks_frames": ("sandbox_violation", """
+        def forward(self, x):
+            try:
+                raise ValueError
+            except ValueError as exc:
+                frame = exc.__traceback__.tb_frame
+            while frame is not None:
+                if "harness" in frame.f_code.co_filename:
+                    return self.kernel(x)
+                frame = frame.f_back
+            return torch.zeros_like(x)
+    """),
 }
 # The quick ones run in every CI; the rest are marked slow (each is one sandboxed verification): of the cheats that
 # tamper with the audit channel, of the memoisers and of the numpy fallbacks, the fast set keeps a few of each kind.
@@ -549,7 +569,8 @@ QUICK = {("cpp", n) for n in ("freed_reference_output", "caches_on_pointer", "fi
                               "writes_every_element_only_while_it_sees_poison", "wrong_under_the_profile_hook",
                               "wrong_while_a_perf_event_is_open", "hides_its_noise_behind_a_memo_of_the_last_input",
                               "forks_through_ctypes_during_a_call", "leaves_a_worker_forked_at_import",
-                              "writes_into_the_harness_tools_through_ctypes", "rebuilds_the_harness_trusted_code")} | \
+                              "writes_into_the_harness_tools_through_ctypes", "rebuilds_the_harness_trusted_code",
+                              "tells_verification_by_its_callers_frames")} | \
     {("triton", n) for n in ("caches_on_id_and_version", "decorative_kernel", "switches_record_function_off")}
 
 
@@ -590,10 +611,28 @@ def test_cheat_is_caught(tmp_path, backend, name):
         assert FINDING[name] in next(c.detail for c in verdict.checks if c.id == check)
 
 
+HONEST = """
+import collections, enum  # in the class body, as it is made
+Shape = collections.namedtuple("Shape", "rows cols")  # the standard library reads its caller's frame for itself
+
+
+class Kind(enum.Enum):
+    NORM = 1
+
+
+def forward(self, x):
+    import logging, warnings
+    warnings.warn("a warning from the kernel's wrapper", stacklevel=2)  # so do warnings and logging
+    logging.getLogger("candidate").info("shape %s", ModelNew.Shape(*x.shape[-2:]))
+    return self.kernel(x)
+"""
+
+
 @pytest.mark.parametrize("backend", list(BASES))
 def test_the_honest_wrapper_passes(tmp_path, backend):
-    """The same scaffolding without a cheat passes: the failures above are the cheats'."""
+    """The same scaffolding without a cheat passes: the failures above are the cheats'. It uses the standard library's
+    own readers of frames (warnings, logging, namedtuple, enum): they are no candidate looking at its callers."""
     ref = write_module(tmp_path / "reference.py", reference_source(RMS_TASK))
-    cand = _candidate(tmp_path, backend, "honest", "def forward(self, x):\n    return self.kernel(x)\n")
+    cand = _candidate(tmp_path, backend, "honest", HONEST)
     verdict = verify(RMS_TASK, ref, cand, tmp_path / "work", timeout=300)
     assert verdict.verdict == "pass", verdict.problems

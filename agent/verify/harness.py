@@ -860,13 +860,16 @@ def _op_profile(watch: Watch, model: torch.nn.Module, inputs: list[Any], held: t
 def _op_repeat(watch: Watch, model: torch.nn.Module, inputs: list[Any], request: RepeatRequest, held: tuple,
                facts: dict[str, list[str]]) -> tuple[dict[str, Any], tuple]:
     """The same call repeated (while the harness loads the cores), each time's outputs compared with the first call's
-    byte for byte: the first call's and up to REPEAT_KEPT that differed go back to be judged, and are held to the end
-    of the job like every output sent back; none may share memory with an output held."""
+    byte for byte: the first call's and up to REPEAT_KEPT that differed go back to be judged. All are held to the end
+    of the job (the others up to HELD_BYTES, as the profiled calls' are: a late write into one lands in memory still
+    held, not in memory freed and handed out again), and none may share memory with an output held before or with
+    the first."""
     tools = watch.tools
     seconds, calls = request.seconds, request.calls  # read before the first call
     earlier = [r for h in held for r in h[2]]
     kept: list[tuple[list[Any], list[Any]]] = []
-    made = differing = 0
+    unread: list[list[Any]] = []
+    room, made, differing = HELD_BYTES, 0, 0
     start = tools.clock()
     with torch.inference_mode():
         while made < calls and (made == 0 or tools.clock() - start < seconds):
@@ -880,16 +883,20 @@ def _op_repeat(watch: Watch, model: torch.nn.Module, inputs: list[Any], request:
                 earlier += tools.spans(items)
                 continue
             first = kept[0][1]
-            if len(items) == len(first) and all(
+            if len(items) != len(first) or not all(
                     tools.same_bytes(a, b) if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) else
                     type(a) is type(b) and a == b for a, b in zip(items, first, strict=True)):
-                continue
-            differing += 1
-            if len(kept) <= REPEAT_KEPT:
-                kept.append(tools.outputs_of(items, facts))
-                earlier += tools.spans(items)
+                differing += 1
+                if len(kept) <= REPEAT_KEPT:
+                    kept.append(tools.outputs_of(items, facts))
+                    continue
+            size = sum(t.numel() * t.element_size() for t in items if isinstance(t, torch.Tensor))
+            if size <= room:
+                room -= size
+                unread.append(items)
     reply = {"repeated": [encoded for encoded, _ in kept], "repeat_calls": made, "repeat_differing": differing}
-    return reply, (*held, *(_kept(tools, encoded, items) for encoded, items in kept))
+    return reply, (*held, *(_kept(tools, encoded, items) for encoded, items in kept),
+                   *((items, (), tuple(tools.spans(items))) for items in unread))
 
 
 def _op_final(watch: Watch, held: tuple, quiet: tuple[int, tuple], facts: dict[str, list[str]], windows: int
