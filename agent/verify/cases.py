@@ -6,19 +6,23 @@ scaled down until the problem fits `SCALED_BYTES` (KernelBench ships inputs of s
 weights and the intermediates alive at once at their peak (measured on the meta device: an attention whose
 scores need gigabytes is judged at a size that fits); the original sizes are kept as well when they fit
 `ORIGINAL_BYTES`, else sizes scaled to `LARGE_BYTES`; fuzzed sizes — 1, primes, non-multiples of any block
-size, and one group past the scaled value — are set through the same constants, so shapes that must agree keep
+size, and one group well past the scaled value (`past`: 257 for 32 or 64 rows) — are set through the same constants,
+so shapes that must agree keep
 agreeing (a `SizeBudget` holds those three byte counts; `SMALL`'s, which also halve an optimize task's free dims, are
 for the interpreter's race check on a GPU node). Tasks made by `kernelbot optimize` carry `INPUT_SHAPES` with their
 observed shapes and free (batch/token) dims; those dims are fuzzed instead. Input values come from the reference's
 own `get_inputs()` under a seed the candidate never sees (so value ranges the op needs are kept), in the layout it
-gives (a transposed view stays one), then rescaled: tiny, large, and with signed zeros and subnormals sprinkled in.
+gives (a transposed view stays one), then rescaled: tiny, large, with signed zeros and subnormals sprinkled in, past
+float16's range and near the largest values the reference keeps finite.
 Special values follow: ±inf and NaN sprinkled into float inputs that are not masks, and, where the reference
 takes a mask (bool, 0/1, or additive -inf), rows fully masked and left-padded in both polarities; then the main
-inputs in a non-contiguous layout and with their rows permuted, and a draw moved by a mean far beyond its spread;
+inputs in a non-contiguous layout, in the other memory order (transposed, whatever the reference's own) and with
+their rows permuted, and a draw moved by a mean far beyond its spread;
 each is kept only where the reference itself runs on it. Integer and boolean inputs that are not masks (token
 ids, positions) always stay as drawn. For the caching check, the fresh draw is also changed one element at a time
-(copied from another element, so it stays in range). `References` builds the reference model afresh wherever one
-is needed (a deepcopy would keep what its functions close over).
+(copied from another element, so it stays in range), and new weights are drawn afresh for the parameters, the float
+buffers and both (`References.alternates`). `References` builds the reference model afresh wherever one is needed (a
+deepcopy would keep what its functions close over).
 """
 
 from __future__ import annotations

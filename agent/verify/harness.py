@@ -17,7 +17,11 @@ inputs reach it only with the call that uses them. What it sends back is decoded
 runs in the harness) and must fit messages.Reply; only the harness writes result.json and outputs.pt (a
 messages.Result, VerifyOutputs or BenchOutputs), in the box directory the runner cannot write to. A runner binds
 what it uses before the candidate loads and compares a seal over the harness's modules (the messages' included)
-after every request, so patching the harness is reported, not obeyed.
+after every request, so patching the harness is reported, not obeyed. What the harness reads itself, from outside the
+candidate's process: the runner's pinned state in its memory after every reply (a raw write through ctypes), whether
+the seccomp filter a candidate's CPU runner installs once the candidate loaded is in force on every thread
+(sandbox/seccomp.py: no new process), any process the candidate left running, and a runner ended by a refused system
+call. For the contention runs it starts processes of its own that load the cores.
 """
 
 from __future__ import annotations

@@ -3,7 +3,9 @@ them into checks.
 
 They run in the candidate's process, so each is built to be hard to blind and to leave a trace when
 attacked: the runner binds what it uses before the candidate is imported, and a seal over the harness's
-own modules, functions and patched attributes is compared after every call (`seal`, `seal_changes`). What
+own modules, functions and patched attributes is compared after every call (`seal`, `seal_changes`), and the
+pointers of the runner's own state are read by the harness, from outside this process, after every reply (`pins`).
+What
 they guard against: patched timers, work left running after the call returns (any OS thread, native ones
 included), outputs aliasing inputs, parameters or earlier outputs, parameters changed in place, and
 PyTorch doing the work behind a decorative kernel (the op log is PyTorch's profiler on every thread, under

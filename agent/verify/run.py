@@ -6,8 +6,9 @@ here, in a process the candidate never runs in. Check ids (stable):
 
   compile             the candidate imports, builds (CUDA: nvcc -Xptxas -v report) and constructs
   correctness         every input set within the dtype's tolerance of a float64 reference (numerics.py),
-                      special values (±inf, NaN, masked rows), non-contiguous layouts, a large mean offset, rows
-                      permuted and sizes past the scaled ones included, every Triton program order included
+                      special values (±inf, NaN, masked rows), non-contiguous and transposed layouts, a large mean
+                      offset, values past float16's range and near the largest the reference keeps finite, rows
+                      permuted and sizes well past the scaled ones included, every Triton program order included
   unwritten_output    CPU allocations are poisoned (GPU: NaN-filled); no poison may remain in an output
   out_of_bounds       guard regions around every input buffer (and in a strided one's gaps) intact; Triton: every
                       access inside an argument (interpreter instrumentation); generated C++ on a CPU: its
@@ -17,22 +18,27 @@ here, in a process the candidate never runs in. Check ids (stable):
                       locked writes kept in natural order) and in reversed order unless those kernels explain it;
                       no Triton launch on a CPU: right with one thread and with 4x the cores' threads; on a GPU:
                       racecheck and synccheck, and for Triton the same in the interpreter on the node's CPU at small
-                      sizes (interpreter_race.py)
-  nondeterminism      two runs on the same inputs are bit-identical (with require_deterministic, also in every
-                      program order)
+                      sizes (interpreter_race.py); every candidate: right in every call repeated while other processes
+                      load the cores
+  nondeterminism      runs on the same inputs are bit-identical, right after each other and with other calls between
+                      them (with require_deterministic, also in every program order)
   input_mutation      inputs, parameters and buffers unchanged afterwards
-  output_aliasing     outputs share memory with no input, parameter or output held from an earlier call
-  reference_fallback  the candidate runs code of its own (where the code lives decides, not names), PyTorch ops
+  output_aliasing     outputs' bytes overlap no input's, parameter's or held earlier output's
+  reference_fallback  the candidate runs code of its own (where the code lives and what it is decide: a copy of an
+                      installed library is that library, provenance.py; names decide nothing), PyTorch ops
                       (profiled on every thread) do under half the reference's work, and on a CPU the libraries'
-                      sampled CPU time per call is under half the reference's; a disturbed op log fails
-  result_caching      new values in the same tensors, one element at a time too, and new weights in the same
-                      parameters (by name, else in registration order) give new results
+                      sampled CPU time per call is under half the reference's; a disturbed or switched-off op log fails
+  result_caching      new values in the same tensors, one element at a time too, and new weights drawn afresh for
+                      the parameters, the buffers and both, copied into the same ones (by name, else in order), give
+                      new results
   precision_downcast  float32 results not at bfloat16/float16 accuracy
   side_stream         no output changes after the call returns or before the job ends; the candidate's threads use
                       no CPU after a call returns or between calls
   timing_tamper       clocks, synchronisation and comparison functions unpatched; no lazy tensor subclasses
-  harness_tamper      the harness's modules, functions, patched attributes, channel and audit channel untouched
-  timeout, crash, sandbox_violation   from the sandbox
+  harness_tamper      the harness's modules, functions, patched attributes, channel and audit channel untouched; the
+                      runner's own state as the harness reads it in the runner's memory, and its seccomp filter
+  timeout, crash, sandbox_violation   from the sandbox, and from the harness: a process the candidate started still
+                      running once it loaded, or a system call its seccomp filter refuses (seccomp.py)
 """
 
 from __future__ import annotations
