@@ -568,8 +568,7 @@ QUICK = {("cpp", n) for n in ("freed_reference_output", "caches_on_pointer", "fi
                               "falls_back_to_numpy_beside_its_kernel", "cycles_through_sixty_four_output_buffers",
                               "writes_every_element_only_while_it_sees_poison", "wrong_under_the_profile_hook",
                               "wrong_while_a_perf_event_is_open", "hides_its_noise_behind_a_memo_of_the_last_input",
-                              "forks_through_ctypes_during_a_call", "leaves_a_worker_forked_at_import",
-                              "writes_into_the_harness_tools_through_ctypes", "rebuilds_the_harness_trusted_code",
+                              "forks_through_ctypes_during_a_call", "writes_into_the_harness_tools_through_ctypes",
                               "tells_verification_by_its_callers_frames")} | \
     {("triton", n) for n in ("caches_on_id_and_version", "decorative_kernel", "switches_record_function_off")}
 

@@ -118,8 +118,8 @@ THREAD_FACTOR = 4
 # The fresh values' call repeated while processes of the harness's own load the cores, each busy for LOAD_BURST_S and
 # asleep as long (their wake-ups take the runner's threads off their cores at any point of their work: a publication
 # race wrong once in thousands of quiet calls shows within hundreds), for CONTENTION_S or CONTENTION_CALLS calls
-CONTENTION_S = 0.3
-CONTENTION_CALLS = 2000
+CONTENTION_S = 0.2
+CONTENTION_CALLS = 4000
 LOAD_BURST_S = 5e-5
 PR_SET_PDEATHSIG = 1
 REPEAT_KEPT = 2  # outputs of repeated calls that differed from the first, sent back to be judged
@@ -1175,12 +1175,16 @@ def _later_calls(runner: Runner, plan: SentPlan, main: int, facts: Facts, job: V
     if launches and reply.profile is not None:
         profile.own_kernels.append(f"{launches} Triton launch(es)")
     outputs.later_outs = [_decoded(out) for out in reply.later or []]
-    with _loaded_cores(HOST_THREADS):
-        reply = runner.ask(RepeatRequest(model=main, inputs=plan.fresh, seconds=CONTENTION_S, calls=CONTENTION_CALLS))
-    _facts(reply, "repeated under contention", facts)
-    outputs.repeated = Repeated(error=reply.error[:300]) if reply.error is not None else \
-        Repeated(calls=reply.repeat_calls or 0, differing=reply.repeat_differing or 0,
-                 outs=[_decoded(out) for out in reply.repeated or []])
+    # threads of its own that the cores' load can interleave otherwise: a candidate on a CPU that launched no Triton
+    # kernel (the interpreter runs one program at a time; on a GPU the cores' load is not the kernel's)
+    if job.device == "cpu" and not any(isinstance(e, TritonLaunch) for e in runner.events):
+        with _loaded_cores(HOST_THREADS):
+            reply = runner.ask(RepeatRequest(model=main, inputs=plan.fresh, seconds=CONTENTION_S,
+                                             calls=CONTENTION_CALLS))
+        _facts(reply, "repeated under contention", facts)
+        outputs.repeated = Repeated(error=reply.error[:300]) if reply.error is not None else \
+            Repeated(calls=reply.repeat_calls or 0, differing=reply.repeat_differing or 0,
+                     outs=[_decoded(out) for out in reply.repeated or []])
     reply = runner.ask(CaseRequest(model=main, inputs=plan.cases[0].inputs))
     _facts(reply, "the main input set once more", facts)
     outputs.main_again = _call_result(reply)

@@ -404,8 +404,10 @@ class Judge:
 
     def contention_done(self) -> str:
         repeated = self.outputs.repeated
-        calls = repeated.calls if repeated is not None else 0
-        return f"the same bits in {calls} repeated calls while other processes loaded the cores"
+        if repeated is None:
+            return "not repeated under contention (Triton's interpreter runs one program at a time; on a GPU the " \
+                   "cores' load is not the kernel's)"
+        return f"the same bits in {repeated.calls} repeated calls while other processes loaded the cores"
 
     def caching(self) -> Check:
         """New values in the same tensors (same pointers, ids, version counters): all of them, then one element at
