@@ -36,6 +36,7 @@ from kernelbot.paths import CACHE_ENV, cache_dir
 
 MS_RDONLY, MS_NOSUID, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 32, 4096, 16384, 1 << 18
 PR_CAPBSET_DROP = 24
+PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER = 1, 36
 SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL|AUTH", re.IGNORECASE)
 # Compilers a kernel's build runs; on a GPU, Triton's first compile also runs ptxas, `ldconfig -p` (to find
 # libcuda) and `file` (platform.architecture), and builds its launcher with gcc or clang; torch.compile's CPU
@@ -213,7 +214,8 @@ class Harness(NamedTuple):
 
 
 def harness_code(modules: Iterable[Any], root: CodeType) -> Harness:
-    """Every code object of `modules`' functions and classes, nested ones included."""
+    """The Harness of `modules` (every code object of their functions and classes, nested ones included) run from the
+    loop whose code is `root`."""
     found: set[CodeType] = set()
 
     def add(code: CodeType) -> None:
@@ -260,18 +262,26 @@ def asks_for_frames(frame: FrameType | None, sites: tuple[str, ...], stdlib: str
     past the standard library's inspect and traceback (they hand frames back), the first frame is neither the standard
     library's (warnings and logging read frames for themselves), nor an installed package's, nor kernelbot's own
     (`own`)."""
-    seen = {} if seen is None else seen  # file name -> what it is (the hook keeps one: no realpath per event)
+    seen = {} if seen is None else seen  # file name -> its kind (the hook keeps one: no realpath per event)
     while frame is not None:
         name = frame.f_code.co_filename
         frame = frame.f_back
         if name not in seen:
-            path = "" if name.startswith("<") else _realpath(name)
-            seen[name] = "generated" if not path else ("giver" if os.path.basename(path) in FRAME_GIVERS else
-                                                       "stdlib") if path.startswith(stdlib) else \
-                "library" if path.startswith(sites + own) else "candidate"
+            seen[name] = _kind_of_file(name, sites, stdlib, own)
         if seen[name] not in ("generated", "giver"):
             return name if seen[name] == "candidate" else None
     return None
+
+
+def _kind_of_file(name: str, sites: tuple[str, ...], stdlib: str, own: tuple[str, ...]) -> str:
+    """generated (no file of its own), giver (inspect, traceback), stdlib, library (installed or kernelbot's) or
+    candidate."""
+    if name.startswith("<"):
+        return "generated"
+    path = _realpath(name)
+    if path.startswith(stdlib):
+        return "giver" if os.path.basename(path) in FRAME_GIVERS else "stdlib"
+    return "library" if path.startswith(sites + own) else "candidate"
 
 
 def install_audit(record: Recorder, harness: Harness = NO_HARNESS) -> None:

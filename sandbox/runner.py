@@ -44,12 +44,11 @@ from kernelbot.sandbox.box import (
     open_box,
     outcome,
 )
-from kernelbot.sandbox.confine import libc
+from kernelbot.sandbox.confine import PR_SET_PDEATHSIG, libc
 from kernelbot.sandbox.gpu import check_health, ecc_errors
 from kernelbot.sandbox.gpu import isolation_env as gpu_env
 
 __all__ = ["PIDS_CGROUP", "SandboxResult", "child_env", "namespaces_available", "run_job"]
-PR_SET_PDEATHSIG = 1
 CLONE_NEWNET = 0x40000000
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
 PIDS_CGROUP = Path("/sys/fs/cgroup/pids")

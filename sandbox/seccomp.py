@@ -18,8 +18,8 @@ import platform
 from dataclasses import dataclass, field
 
 from kernelbot.sandbox.confine import libc
+from kernelbot.sandbox.landlock import PR_SET_NO_NEW_PRIVS
 
-PR_SET_NO_NEW_PRIVS = 38
 SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_TSYNC = 1, 1
 RET_KILL_PROCESS, RET_ALLOW, RET_ERRNO = 0x80000000, 0x7FFF0000, 0x00050000
 CLONE_THREAD = 0x00010000

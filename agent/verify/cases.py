@@ -54,11 +54,11 @@ VALUE_VARIANTS = {"tiny": 1e-3, "large": 1e3}
 # buffer or grid sized for "enough" rows is often 256)
 PAST_FACTOR, PAST_ROWS = 4, 256
 # Values scaled to these largest magnitudes: past float16's largest finite value (65504: a kernel computing through
-# float16 overflows there, where bfloat16 and float32 do not), and near the task's dtype's own largest (for float32,
-# past bfloat16's, 3.39e38)
+# float16 overflows there, where bfloat16 and float32 do not), and near the largest the reference keeps finite: tried
+# from NEAR_MAX of the dtype's largest value down by RANGE_STEP (2^128 for float32: 32 steps), then one step lower
 PAST_FLOAT16 = 2.0 ** 18
 NEAR_MAX = 0.999
-RANGE_STEP, RANGE_STEPS = 16.0, 32  # tried down from near the dtype's largest value (2^128 for float32: 32 steps)
+RANGE_STEP, RANGE_STEPS = 16.0, 32
 STRENGTH_DRAWS = 5  # independent input draws a reference's output is compared across
 SPECIAL_SHARE = 0.01  # of a float input's elements set to +inf, -inf or NaN (at least one of each)
 ELEMENT_CHANGES = 3  # calls on the same tensors with one element changed

@@ -121,7 +121,6 @@ THREAD_FACTOR = 4
 CONTENTION_S = 0.2
 CONTENTION_CALLS = 4000
 LOAD_BURST_S = 5e-5
-PR_SET_PDEATHSIG = 1
 REPEAT_KEPT = 2  # outputs of repeated calls that differed from the first, sent back to be judged
 CHECKS_PER_ROUND = 4  # timed candidate calls per round whose outputs go back to be checked
 # CPU a candidate's own threads may use while no call runs: in the second half of the settle window after a call
@@ -985,9 +984,6 @@ def _threads_after(used_ns: int, when: str, known: frozenset[int], allowed_ns: i
 
 # ---------------------------------------------------------------- the harness's jobs
 
-PR_SET_CHILD_SUBREAPER = 36
-
-
 def _processes() -> dict[int, int]:
     """pid -> parent pid of every process this process can see."""
     found = {}
@@ -1214,7 +1210,7 @@ def _loaded_cores(count: int) -> Iterator[None]:
             pid = os.fork()
             if pid == 0:
                 try:
-                    confine_mod.libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+                    confine_mod.libc.prctl(confine_mod.PR_SET_PDEATHSIG, signal.SIGKILL)
                     while True:
                         start = time.perf_counter()
                         while time.perf_counter() - start < LOAD_BURST_S:
@@ -1377,7 +1373,8 @@ def main() -> None:
     # parallel op (and runners forked from it would inherit the pool's state), taking the core a timed call needs.
     # On 2 cores that made a 60 µs op time at 2.4 ms. Runners restore the host's thread count (RunnerSetup.threads).
     torch.set_num_threads(1)
-    confine_mod.libc.prctl(PR_SET_CHILD_SUBREAPER, 1)  # a process a runner started and left is reparented here
+    # a process a runner started and left is reparented here (its parent gone), where _strays finds it
+    confine_mod.libc.prctl(confine_mod.PR_SET_CHILD_SUBREAPER, 1)
     job = JOB.validate_json(Path(sys.argv[1]).read_bytes())
     forks = isinstance(job, (VerifyJob, BenchJob))
     # a harness that forks runners leaves the audit hook to them: it runs no candidate code itself

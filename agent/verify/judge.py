@@ -178,7 +178,6 @@ class Judge:
         main = plan.cases[0].model
         self.alternates = {label: (references.build(main, weights), references.twin(main, weights))
                            for label, weights in alternates}  # the main model with new weights, by what changed
-        self.contention_races: list[str] = []  # wrong only in some repeated calls under contention (checks() fills it)
 
     def reference(self, model: int | str, inputs: list[Any]) -> tuple[list[Any], list[Any]]:
         """(in the task's dtype, in float64) outputs of the reference: model `model`, or the main one with new weights
@@ -256,9 +255,10 @@ class Judge:
                         mutated.append(where)
                     if isinstance(before, torch.Tensor) and not guards_intact(after, before):
                         guards.append(f"{where}: a write landed in the guard region around an input")
-        nondet += self.fresh_nondeterminism()
+        contention_races, contention_bits = self.contention()
+        nondet += self.fresh_nondeterminism() + contention_bits
         n_inputs = sum(isinstance(x, torch.Tensor) for x in self.plan.cases[0].inputs)
-        race = self.race()
+        race = self.race(contention_races)
         checks = [
             check("crash", crashed, "no exception on any input set"),
             check("correctness", wrong, f"{compared} input sets within {self.task.dtype} tolerance of a float64 "
@@ -288,8 +288,7 @@ class Judge:
     def fresh_nondeterminism(self) -> list[str]:
         """Bits that changed between calls on the same values with other calls between them (not only right after each
         other: a memo of the previous call's input hides that): the main input set once more at the end, and the fresh
-        values' calls (in the same tensors, profiled, sampled, repeated under contention). Repeated calls that differed
-        and are wrong go to `contention_races`; those that differed within tolerance are nondeterminism."""
+        values' calls (in the same tensors, profiled, sampled, the first repeated under contention)."""
         found = []
         main, first = self.plan.cases[0], self.runs[0]
         again = self.outputs.main_again
@@ -305,16 +304,18 @@ class Judge:
         if fresh is not None:
             found += [f"new values: {who} on the same values gave other bits than the first call on them"
                       for who, out in later if not _same_outputs(fresh, out)][:2]
+        return found
+
+    def contention(self) -> tuple[list[str], list[str]]:
+        """(race problems, nondeterminism problems) of the fresh values' call repeated under contention: repeats that
+        gave other bits and are wrong are a race; other bits within tolerance are nondeterminism."""
+        repeated = self.outputs.repeated
         if repeated is None or not repeated.differing:
-            return found
-        wrong = [p for out in repeated.outs[1:] for p in self.wrong(main.model, self.plan.fresh, out)]
+            return [], []
         what = (f"{repeated.differing} of {repeated.calls} calls on the same values, repeated while other processes "
                 "loaded the cores, gave other bits than the first")
-        if wrong:
-            self.contention_races.append(f"{what}: {wrong[0]}")
-        else:
-            found.append(what)
-        return found
+        wrong = [p for out in repeated.outs[1:] for p in self.wrong(self.plan.cases[0].model, self.plan.fresh, out)]
+        return ([f"{what}: {wrong[0]}"], []) if wrong else ([], [what])
 
     def holes(self, case: casemod.Case, where: str, out: Any, native: Any) -> list[str]:
         """Output elements never written: still the allocation poison, or NaN where the reference is finite."""
@@ -360,15 +361,15 @@ class Judge:
                       "compute-sanitizer on a GPU")
         return check("out_of_bounds", problems, scope)
 
-    def race(self) -> Check:
-        """Other program orders (Triton) or thread counts (anything else on a CPU), and the fresh values' call repeated
-        under contention."""
-        found = self._race()
-        if not self.contention_races:
+    def race(self, contention: list[str]) -> Check:
+        """Other program orders (Triton) or thread counts (anything else on a CPU), and the `contention` problems of
+        the fresh values' call repeated under contention."""
+        found = self.schedule_race()
+        if not contention:
             return found
-        return check("race", self.contention_races + ([found.detail] if found.status == "fail" else []), "")
+        return check("race", contention + ([found.detail] if found.status == "fail" else []), "")
 
-    def _race(self) -> Check:
+    def schedule_race(self) -> Check:
         report = self.report
         threaded = [run for run in self.runs if run.schedule == "thread count"]
         if not report.launches and threaded:
