@@ -11,9 +11,11 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import select
 import shutil
 import signal
 import tempfile
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -112,6 +114,24 @@ def close_box(box: Path, workdir: Path) -> None:
         if (box / name).is_file() and not (box / name).is_symlink():
             shutil.move(box / name, workdir / name)
     shutil.rmtree(box, ignore_errors=True)
+
+
+def drain_records(fd: int, stop: threading.Event, sink: bytearray) -> None:
+    """Read audit records while the job runs (up to AUDIT_LIMIT kept), so that a flood of them cannot fill the pipe and
+    block the process writing them; until the channel ends, or `stop` once nothing more is there."""
+    while True:
+        ready, _, _ = select.select([fd], [], [], 0.1)
+        if not ready:
+            if stop.is_set():
+                return
+            continue
+        try:
+            chunk = os.read(fd, 1 << 16)
+        except BlockingIOError:
+            continue
+        if not chunk:
+            return  # every writer has ended
+        sink += chunk[:max(0, AUDIT_LIMIT - len(sink))]
 
 
 def parse_violations(records: bytes) -> list[dict[str, str]]:

@@ -36,6 +36,7 @@ from kernelbot.paths import CACHE_ENV, cache_dir
 
 MS_RDONLY, MS_NOSUID, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 32, 4096, 16384, 1 << 18
 PR_CAPBSET_DROP = 24
+PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER = 1, 36
 SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL|AUTH", re.IGNORECASE)
 # Compilers a kernel's build runs; on a GPU, Triton's first compile also runs ptxas, `ldconfig -p` (to find
 # libcuda) and `file` (platform.architecture), and builds its launcher with gcc or clang; torch.compile's CPU
@@ -203,15 +204,98 @@ def _guarded() -> tuple[Any, ...]:
     return (Recorder, *(f for f in functions if isinstance(f, FunctionType) and f.__module__ == __name__))
 
 
-def install_audit(record: Recorder, trusted: Iterable[CodeType] = ()) -> None:
-    """`trusted`: the harness's own code objects that may set a profile or trace function. What the hook calls is
-    bound here (emit, the recorder's bound path tests, this module's helpers): replacing a name later does not reach
-    it, and swapping a function's code is refused and recorded."""
-    trusted_code = frozenset(trusted)
+class Harness(NamedTuple):
+    """The code of the process's own harness: every code object of its modules (`code`), the code of its loop
+    (`root`), from which every call into candidate code is made, and kernelbot's folders (`folders`, real paths
+    ending in a separator: read before the runner's Landlock layer, which keeps it from listing their parent)."""
+    code: frozenset[CodeType] = frozenset()
+    root: CodeType | None = None
+    folders: tuple[str, ...] = ()
+
+
+def harness_code(modules: Iterable[Any], root: CodeType) -> Harness:
+    """The Harness of `modules` (every code object of their functions and classes, nested ones included) run from the
+    loop whose code is `root`."""
+    found: set[CodeType] = set()
+
+    def add(code: CodeType) -> None:
+        if code not in found:
+            found.add(code)
+            for const in code.co_consts:
+                if isinstance(const, CodeType):
+                    add(const)
+
+    for module in modules:
+        for value in list(vars(module).values()):
+            members = list(vars(value).values()) if isinstance(value, type) and value.__module__ == module.__name__ \
+                else [value]
+            for member in members:
+                fn = getattr(member, "__func__", member)
+                if isinstance(fn, FunctionType) and fn.__module__ == module.__name__:
+                    add(fn.__code__)
+    return Harness(frozenset(found), root, tuple(_realpath(p) + os.sep for p in package_folders()))
+
+
+def _called_by_the_harness(frame: FrameType | None, harness: Harness) -> bool:
+    """Whether `frame` and every frame out to the harness's loop run the harness's own code: a function the candidate
+    called (one it built around the harness's code too) has the candidate's frame in between."""
+    while frame is not None and frame.f_code in harness.code:
+        if frame.f_code is harness.root:
+            return True
+        frame = frame.f_back
+    return False
+
+
+NO_HARNESS = Harness()  # a process that runs candidate code with no harness around it (a single-process job)
+
+
+# Frames reached from other objects: the audit event of reading each (a frame from sys._getframe is audited too)
+FRAME_ATTRIBUTES = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame"})
+# Standard-library modules that hand the frames they read back to their caller
+FRAME_GIVERS = frozenset({"inspect.py", "traceback.py"})
+
+
+def asks_for_frames(frame: FrameType | None, sites: tuple[str, ...], stdlib: str, own: tuple[str, ...],
+                    seen: dict[str, str] | None = None) -> str | None:
+    """The file of the candidate's code that asked for a frame (`frame` asked), or None when it was other code: from
+    the frame that asked outwards, past code without a file of its own (generated or frozen: whoever ran it asked) and
+    past the standard library's inspect and traceback (they hand frames back), the first frame is neither the standard
+    library's (warnings and logging read frames for themselves), nor an installed package's, nor kernelbot's own
+    (`own`)."""
+    seen = {} if seen is None else seen  # file name -> its kind (the hook keeps one: no realpath per event)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        frame = frame.f_back
+        if name not in seen:
+            seen[name] = _kind_of_file(name, sites, stdlib, own)
+        if seen[name] not in ("generated", "giver"):
+            return name if seen[name] == "candidate" else None
+    return None
+
+
+def _kind_of_file(name: str, sites: tuple[str, ...], stdlib: str, own: tuple[str, ...]) -> str:
+    """generated (no file of its own), giver (inspect, traceback), stdlib, library (installed or kernelbot's) or
+    candidate."""
+    if name.startswith("<"):
+        return "generated"
+    path = _realpath(name)
+    if path.startswith(stdlib):
+        return "giver" if os.path.basename(path) in FRAME_GIVERS else "stdlib"
+    return "library" if path.startswith(sites + own) else "candidate"
+
+
+def install_audit(record: Recorder, harness: Harness = NO_HARNESS) -> None:
+    """`harness`: the code of the harness around the candidate: it alone may set a profile or trace function (called
+    from its own loop), and no function may be built around its code. The candidate's own code may not look at the
+    frames that called it (the harness's: in another process the candidate is called from other code). What the hook
+    calls is bound here (emit, the recorder's bound path tests, this module's helpers): replacing a name later does
+    not reach it, and swapping a function's code is refused and recorded."""
     sites, stdlib = _installed_code()
     emit, outside_box, unreadable = emitter(record), record.outside_box, record.unreadable
     is_build_tool, isa_probe, fsdecode, getpid, guarded = build_tool, inductor_isa_probe, _fsdecode, os.getpid, \
         _guarded()
+    called_by_harness, frames_asked, getframe = _called_by_the_harness, asks_for_frames, sys._getframe
+    busy, seen = [False], {}  # the hook's own sys._getframe raises the event again: looked at once
 
     def hook(event: str, args: tuple) -> None:
         if event == "open" and len(args) >= 3:
@@ -226,8 +310,21 @@ def install_audit(record: Recorder, trusted: Iterable[CodeType] = ()) -> None:
             raise PermissionError("kernelbot sandbox: the audit recorder's code cannot be changed")
         elif event in ("sys.settrace", "sys.setprofile"):
             # a trace or profile function sees (and can rewrite) the harness's own frames
-            if sys._getframe(1).f_code not in trusted_code:
+            if not called_by_harness(sys._getframe(1), harness):
                 emit("introspection", f"{event}: a trace/profile function would see the harness's frames")
+        elif (event == "sys._getframe" or event == "object.__getattr__" and len(args) >= 2 and
+              args[1] in FRAME_ATTRIBUTES) and not busy[0] and harness.root is not None:
+            busy[0] = True
+            try:
+                asker = frames_asked(getframe(1), sites, stdlib, harness.folders, seen)
+                if asker is not None:
+                    what = event if event == "sys._getframe" else f"{type(args[0]).__name__}.{args[1]}"
+                    emit("introspection", f"{what} in {asker[-80:]}: the candidate looked at the frames that called it")
+            finally:
+                busy[0] = False
+        elif event == "function.__new__" and args and args[0] in harness.code:
+            emit("audit_tamper", f"a function built around the harness's own code ({args[0].co_name[:40]})")
+            raise PermissionError("kernelbot sandbox: no function may be built around the harness's code")
         elif event in ("socket.connect", "socket.bind", "socket.sendto", "socket.sendmsg"):
             emit("network", f"{event} {args[1:]!r}")
             raise PermissionError(f"kernelbot sandbox: {event} refused")
@@ -375,8 +472,7 @@ def _listdir(path: str) -> list[str]:
         return []
 
 
-def confine_runner(work: Path, extra_readable: Iterable[Path], trusted: Iterable[CodeType], gpu: bool = False
-                   ) -> list[str]:
+def confine_runner(work: Path, extra_readable: Iterable[Path], harness: Harness, gpu: bool = False) -> list[str]:
     """In the forked runner, before candidate code loads: reads only from `readable_paths`, writes only in
     `work` (with `gpu`, also its own threads' names, which the CUDA driver sets); then the audit hook (reads
     elsewhere recorded too) and the environment trap."""
@@ -400,7 +496,7 @@ def confine_runner(work: Path, extra_readable: Iterable[Path], trusted: Iterable
                                       "the harness)")
     else:
         protections.append("runner: no Landlock on this kernel (reads are not restricted)")
-    install_audit(record, trusted)
+    install_audit(record, harness)
     trap_environment(record)
     protections.append("audit hook (blocks sockets and signals from Python; records reads outside what it may "
                        "read, trace/profile functions and walks over the garbage collector's objects) and "

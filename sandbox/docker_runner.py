@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import io
 import os
-import select
 import socket
 import sys
 import tarfile
@@ -141,21 +140,6 @@ def _mounts(job: dict[str, Any], env: dict[str, str], folder: Path, audit: Path)
     return mounts
 
 
-def _drain(fd: int, stop: threading.Event, sink: bytearray) -> None:
-    """Read audit records while the job runs, so that a flood of them cannot block the candidate."""
-    while True:
-        ready, _, _ = select.select([fd], [], [], 0.1)
-        if not ready:
-            if stop.is_set():
-                return
-            continue
-        try:
-            chunk = os.read(fd, 1 << 16)
-        except BlockingIOError:
-            continue
-        sink += chunk[:max(0, box.AUDIT_LIMIT - len(sink))]
-
-
 def run_job(job: dict[str, Any], workdir: Path, timeout: float, env: dict[str, str] | None = None,
             wrapper: list[str] | None = None, gpu: int | None = None, address_limit: bool = True) -> box.SandboxResult:
     """runner.run_job, in a container: same box, same result files, same statuses, same GPU health check."""
@@ -181,7 +165,7 @@ def run_job(job: dict[str, Any], workdir: Path, timeout: float, env: dict[str, s
     command = [sys.executable, "-c", LAUNCH, AUDIT_TARGET, *(wrapper or []), sys.executable, "-m",
                box.HARNESS, "job.json"]
     records, stop = bytearray(), threading.Event()
-    reader = threading.Thread(target=_drain, args=(audit_fd, stop, records), daemon=True)
+    reader = threading.Thread(target=box.drain_records, args=(audit_fd, stop, records), daemon=True)
     reader.start()
     # no address-space limit on a GPU job or an AddressSanitizer one: the CUDA driver and ASan reserve virtual ranges
     # far beyond any memory limit (the cgroup's memory limit still holds)

@@ -16,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -23,7 +24,6 @@ from typing import Any
 
 from kernelbot.sandbox import docker_runner
 from kernelbot.sandbox.box import (
-    AUDIT_LIMIT,
     HARNESS,
     LOOPBACK_PORTS_ENV,
     MAX_FILE_BYTES,
@@ -34,6 +34,7 @@ from kernelbot.sandbox.box import (
     box_env,
     child_env,
     close_box,
+    drain_records,
     loopback_ports,
     memory_limit,
     open_box,
@@ -158,12 +159,15 @@ def run_job(job: dict[str, Any], workdir: Path, timeout: float, env: dict[str, s
                    "--kill-child", *command]
         protections += ["own network namespace with loopback only (for compute-sanitizer)"] if loopback else []
     ecc_before = ecc_errors(gpu) if gpu is not None else None
+    records, stop = bytearray(), threading.Event()
+    reader = threading.Thread(target=drain_records, args=(read_fd, stop, records), daemon=True)
     t0 = time.perf_counter()
     with open(workdir / STDERR, "wb") as err:
         proc = subprocess.Popen(launched(command, group, timeout, limited, isolated and loopback), cwd=box,
                                 stdin=subprocess.DEVNULL, stdout=err, stderr=err, env=child_env(extra),
                                 start_new_session=True, pass_fds=(write_fd,))
         os.close(write_fd)
+        reader.start()
         try:
             proc.wait(timeout=timeout)
             timed_out = False
@@ -173,14 +177,15 @@ def run_job(job: dict[str, Any], workdir: Path, timeout: float, env: dict[str, s
             pids = _end_everything(proc, group)
             proc.wait()
     seconds = time.perf_counter() - t0
-    with os.fdopen(read_fd, "rb") as pipe:
-        records = pipe.read(AUDIT_LIMIT)
+    stop.set()
+    reader.join()
+    os.close(read_fd)
     close_box(box, workdir)
     if gpu is not None:
         protections.append(f"GPU {gpu} only (CUDA_VISIBLE_DEVICES)")
         if timed_out or proc.returncode != 0:
             protections.append(check_health(gpu, pids, ecc_before))
-    return outcome(workdir, timeout, Ending(timed_out, proc.returncode, seconds, records), protections)
+    return outcome(workdir, timeout, Ending(timed_out, proc.returncode, seconds, bytes(records)), protections)
 
 
 def _protections(timeout: float, group: Path | None, isolated: bool, address_limited: bool) -> list[str]:

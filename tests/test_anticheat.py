@@ -460,6 +460,99 @@ CHEATS = {
                     pass
             return y
     """),
+    # 16. round four: run-to-run noise hidden from a second run right after the first by a memo of the last input
+    "hides_its_noise_behind_a_memo_of_the_last_input": ("nondeterminism", """
+        def forward(self, x):
+            key = (tuple(x.shape), float(x.sum()))
+            if ModelNew.kept is not None and ModelNew.kept[0] == key:
+                return ModelNew.kept[1].clone()
+            y = self.kernel(x)
+            y.view(-1)[0] += float(torch.rand(())) * 1e-6 * float(y.view(-1)[0].abs() + 1e-3)
+            ModelNew.kept = (key, y)
+            return y
+    """),
+    # 17. round four: what the candidate's own process says is no longer trusted. Work in a process of its own (no
+    # audit event for a libc fork), started when its module loads (it must end before the calls) or during a call
+    # (the seccomp filter ends the runner)
+    "forks_through_ctypes_during_a_call": ("sandbox_violation", """
+        def forward(self, x):
+            y = self.kernel(x)
+            if ctypes.CDLL(None).fork() == 0:
+                torch.ones(1 << 20).sum()
+                os._exit(0)
+            return y
+    """),
+    "leaves_a_worker_forked_at_import": ("sandbox_violation", """
+        if ctypes.CDLL(None).fork() == 0:  # in the class body: when the module is imported
+            while True:
+                sum(range(10000))
+
+        def forward(self, x):
+            return self.kernel(x)
+    """),
+    # a raw write into the runner's tools tuple (its aliasing probe replaced): no identity the seal compares changes;
+    # its outputs would pass anyway, so that what fails is the write
+    "writes_into_the_harness_tools_through_ctypes": ("harness_tamper", """
+        def forward(self, x):
+            frame = sys._getframe(1)
+            while frame is not None and "tools" not in frame.f_locals:
+                frame = frame.f_back
+            if frame is not None:
+                tools = frame.f_locals["tools"]
+                slot = id(tools) + tuple.__basicsize__ + tuple.__itemsize__ * tools._fields.index("aliasing")
+                ModelNew.kept = lambda *args, **kwargs: []  # kept alive: the slot now points at it
+                ctypes.c_void_p.from_address(slot).value = id(ModelNew.kept)
+            y = self.kernel(x)
+            return torch.cat([y.reshape(-1), y.reshape(-1)]).view(2, *y.shape)[0]  # a view of a bigger allocation
+    """),
+    # a function built around the op log's trusted code: its own profile function, installed as if by the harness
+    "rebuilds_the_harness_trusted_code": ("sandbox_violation", """
+        def forward(self, x):
+            import types
+            probes = sys.modules["kernelbot.agent.verify.probes"]
+            run = next(c for c in probes.profile_call.__code__.co_consts if getattr(c, "co_name", "") == "run")
+            cells = {"profiler": lambda *args: None, "model": lambda *args: None, "inputs": [], "outputs": []}
+            try:
+                fake = types.FunctionType(run, probes.__dict__, "run", None,
+                                          tuple(types.CellType(cells.get(name)) for name in run.co_freevars))
+                fake()  # its profile function set, and taken off again, from the harness's own code
+            except PermissionError:
+                pass
+            return self.kernel(x)
+    """),
+    # the op log switched off for the call's PyTorch work, and on again before it returns (a C++ kernel's calls are
+    # many and fast enough that the library time sampled shows the fallback as well; a Triton one's in the slow
+    # interpreter are too few for that, and the switch alone fails it)
+    "switches_record_function_off": ("reference_fallback", """
+        def forward(self, x):
+            self.kernel(x[:1])
+            torch.autograd._enable_record_function(False)
+            try:
+                v = x.pow(2).mean(-1, keepdim=True)
+                return self.weight * (x * torch.rsqrt(v + self.variance_epsilon))
+            finally:
+                torch.autograd._enable_record_function(True)
+    """),
+    # 18. tells: the frames that call a verified candidate are the harness's (in serving, an engine's)
+    "tells_verification_by_its_callers_frames": ("sandbox_violation", """
+        def forward(self, x):
+            import inspect
+            if any("verify" in f.filename for f in inspect.stack()):
+                return self.kernel(x)
+            return torch.zeros_like(x)
+    """),
+    "tells_verification_by_a_tracebacks_frames": ("sandbox_violation", """
+        def forward(self, x):
+            try:
+                raise ValueError
+            except ValueError as exc:
+                frame = exc.__traceback__.tb_frame
+            while frame is not None:
+                if "harness" in frame.f_code.co_filename:
+                    return self.kernel(x)
+                frame = frame.f_back
+            return torch.zeros_like(x)
+    """),
 }
 # The quick ones run in every CI; the rest are marked slow (each is one sandboxed verification): of the cheats that
 # tamper with the audit channel, of the memoisers and of the numpy fallbacks, the fast set keeps a few of each kind.
@@ -474,8 +567,10 @@ QUICK = {("cpp", n) for n in ("freed_reference_output", "caches_on_pointer", "fi
                               "works_between_calls_on_a_thread_started_at_import",
                               "falls_back_to_numpy_beside_its_kernel", "cycles_through_sixty_four_output_buffers",
                               "writes_every_element_only_while_it_sees_poison", "wrong_under_the_profile_hook",
-                              "wrong_while_a_perf_event_is_open")} | \
-    {("triton", "caches_on_id_and_version"), ("triton", "decorative_kernel")}
+                              "wrong_while_a_perf_event_is_open", "hides_its_noise_behind_a_memo_of_the_last_input",
+                              "forks_through_ctypes_during_a_call", "writes_into_the_harness_tools_through_ctypes",
+                              "tells_verification_by_its_callers_frames")} | \
+    {("triton", n) for n in ("caches_on_id_and_version", "decorative_kernel", "switches_record_function_off")}
 
 
 def _candidate(tmp_path, backend: str, name: str, body: str):
@@ -510,15 +605,37 @@ def test_cheat_is_caught(tmp_path, backend, name):
     expected = {check}
     if backend == "triton" and name == "finishes_on_a_side_thread":
         expected.add("crash")  # Triton's interpreter is not thread-safe: two threads in it can bring the process down
+    if name == "overwrites_its_output_from_a_native_thread":
+        # a thread per call, each alive 60 ms: the calls repeated under contention (thousands in 0.2 s on a quiet host)
+        # reach the job's cap on tasks, and the cheat detaches the thread pthread_create could not make
+        expected.add("crash")
     assert expected & set(verdict.failed), verdict.checks
     if name in FINDING:
         assert FINDING[name] in next(c.detail for c in verdict.checks if c.id == check)
 
 
+HONEST = """
+import collections, enum  # in the class body, as it is made
+Shape = collections.namedtuple("Shape", "rows cols")  # the standard library reads its caller's frame for itself
+
+
+class Kind(enum.Enum):
+    NORM = 1
+
+
+def forward(self, x):
+    import logging, warnings
+    warnings.warn("a warning from the kernel's wrapper", stacklevel=2)  # so do warnings and logging
+    logging.getLogger("candidate").info("shape %s", ModelNew.Shape(*x.shape[-2:]))
+    return self.kernel(x)
+"""
+
+
 @pytest.mark.parametrize("backend", list(BASES))
 def test_the_honest_wrapper_passes(tmp_path, backend):
-    """The same scaffolding without a cheat passes: the failures above are the cheats'."""
+    """The same scaffolding without a cheat passes: the failures above are the cheats'. It uses the standard library's
+    own readers of frames (warnings, logging, namedtuple, enum): they are no candidate looking at its callers."""
     ref = write_module(tmp_path / "reference.py", reference_source(RMS_TASK))
-    cand = _candidate(tmp_path, backend, "honest", "def forward(self, x):\n    return self.kernel(x)\n")
+    cand = _candidate(tmp_path, backend, "honest", HONEST)
     verdict = verify(RMS_TASK, ref, cand, tmp_path / "work", timeout=300)
     assert verdict.verdict == "pass", verdict.problems

@@ -13,8 +13,8 @@ from kernelbot.sandbox import docker_runner
 from kernelbot.sandbox.docker_runner import LABEL
 from kernelbot.sandbox.runner import run_job
 
-WORKDIR_FILES = {"plan.pt", "state_dict_0.pt", "state_dict_1.pt", "alt_state_dict.pt", "stderr.txt", "result.json",
-                 "outputs.pt"}
+WORKDIR_FILES = {"plan.pt", "state_dict_0.pt", "state_dict_1.pt", "alt_state_dict_0.pt", "alt_state_dict_1.pt",
+                 "alt_state_dict_2.pt", "stderr.txt", "result.json", "outputs.pt"}
 
 
 @pytest.fixture

@@ -26,7 +26,7 @@ from kernelbot.sandbox.runner import launched, memory_limit, namespaces_availabl
 LAYERS = textwrap.dedent("""
     import json, os, sys, threading
     from pathlib import Path
-    from kernelbot.sandbox.confine import confine_runner
+    from kernelbot.sandbox.confine import Harness, confine_runner
     from kernelbot.sandbox.landlock import restrict
     box, outside, mode = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
     gpu, forks = mode != "cpu", mode != "gpu-no-runner"
@@ -55,7 +55,7 @@ LAYERS = textwrap.dedent("""
     if pid == 0:
         work = box / "work"
         work.mkdir()
-        confine_runner(work, [], [], gpu=gpu)
+        confine_runner(work, [], Harness(), gpu=gpu)
         os.write(write, attempts().encode())
         os._exit(0)
     os.waitpid(pid, 0)

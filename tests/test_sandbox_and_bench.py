@@ -85,16 +85,18 @@ def processes_running(marker: str) -> list[int]:
 def test_timeout_ends_the_candidate_and_everything_it_started(tmp_path):
     marker = f"{600 + os.getpid() % 1000}.{time.time_ns() % 10**6}"
     ref = write_module(tmp_path / "reference.py", REFERENCE.replace("SLEEP", "0"))
+    # started as the module loads: once it has, the runner can start no process (its seccomp filter)
     cand = write_module(tmp_path / "c" / "candidate.py", f"""
 import os, subprocess
 from torch import nn
 
+subprocess.Popen(["sleep", "{marker}"])  # a child in the candidate's group
+if os.fork() == 0:  # and a daemon that leaves the group
+    os.setsid()
+    os.execvp("sleep", ["sleep", "{marker}"])
+
 class ModelNew(nn.Module):
     def forward(self, x):
-        subprocess.Popen(["sleep", "{marker}"])  # a child in the candidate's group
-        if os.fork() == 0:  # and a daemon that leaves the group
-            os.setsid()
-            os.execvp("sleep", ["sleep", "{marker}"])
         while True:
             pass
 """)

@@ -45,6 +45,7 @@ def _rms_norm_forward_kernel(Y_ptr, Y_row_stride, X_ptr, X_row_stride, W_ptr, RS
 
 class ModelNew(Model):
     def forward(self, hidden_states):
+        hidden_states = hidden_states.contiguous()  # Liger's autograd function does this (@ensure_contiguous)
         shape = hidden_states.shape
         X = hidden_states.view(-1, shape[-1])
         n_rows, n_cols = X.shape

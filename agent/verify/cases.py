@@ -6,24 +6,29 @@ scaled down until the problem fits `SCALED_BYTES` (KernelBench ships inputs of s
 weights and the intermediates alive at once at their peak (measured on the meta device: an attention whose
 scores need gigabytes is judged at a size that fits); the original sizes are kept as well when they fit
 `ORIGINAL_BYTES`, else sizes scaled to `LARGE_BYTES`; fuzzed sizes — 1, primes, non-multiples of any block
-size, and one group past the scaled value — are set through the same constants, so shapes that must agree keep
+size, and one group well past the scaled value (`past`: 257 for 32 or 64 rows) — are set through the same constants,
+so shapes that must agree keep
 agreeing (a `SizeBudget` holds those three byte counts; `SMALL`'s, which also halve an optimize task's free dims, are
 for the interpreter's race check on a GPU node). Tasks made by `kernelbot optimize` carry `INPUT_SHAPES` with their
 observed shapes and free (batch/token) dims; those dims are fuzzed instead. Input values come from the reference's
 own `get_inputs()` under a seed the candidate never sees (so value ranges the op needs are kept), in the layout it
-gives (a transposed view stays one), then rescaled: tiny, large, and with signed zeros and subnormals sprinkled in.
+gives (a transposed view stays one), then rescaled: tiny, large, with signed zeros and subnormals sprinkled in, past
+float16's range and near the largest values the reference keeps finite.
 Special values follow: ±inf and NaN sprinkled into float inputs that are not masks, and, where the reference
 takes a mask (bool, 0/1, or additive -inf), rows fully masked and left-padded in both polarities; then the main
-inputs in a non-contiguous layout and with their rows permuted, and a draw moved by a mean far beyond its spread;
+inputs in a non-contiguous layout, in the other memory order (transposed, whatever the reference's own) and with
+their rows permuted, and a draw moved by a mean far beyond its spread;
 each is kept only where the reference itself runs on it. Integer and boolean inputs that are not masks (token
 ids, positions) always stay as drawn. For the caching check, the fresh draw is also changed one element at a time
-(copied from another element, so it stays in range). `References` builds the reference model afresh wherever one
-is needed (a deepcopy would keep what its functions close over).
+(copied from another element, so it stays in range), and new weights are drawn afresh for the parameters, the float
+buffers and both (`References.alternates`). `References` builds the reference model afresh wherever one is needed (a
+deepcopy would keep what its functions close over).
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import statistics
 import weakref
 from collections.abc import Callable, Iterator
@@ -45,6 +50,15 @@ FUZZ_SIZES = (1, 3, 7, 13, 31)  # 1, primes, non-multiples of every block size
 PRIMES = (61, 53, 47, 43, 41, 37, 31, 29, 23, 19, 17, 13, 11, 7, 5, 3)
 MIN_SCALED = 16  # constants are never scaled below this (kernel sizes, groups and the like stay put)
 VALUE_VARIANTS = {"tiny": 1e-3, "large": 1e3}
+# Past the scaled sizes: at least this many times a size, and past a power of two no smaller than PAST_ROWS (a table,
+# buffer or grid sized for "enough" rows is often 256)
+PAST_FACTOR, PAST_ROWS = 4, 256
+# Values scaled to these largest magnitudes: past float16's largest finite value (65504: a kernel computing through
+# float16 overflows there, where bfloat16 and float32 do not), and near the largest the reference keeps finite: tried
+# from NEAR_MAX of the dtype's largest value down by RANGE_STEP (2^128 for float32: 32 steps), then one step lower
+PAST_FLOAT16 = 2.0 ** 18
+NEAR_MAX = 0.999
+RANGE_STEP, RANGE_STEPS = 16.0, 32
 STRENGTH_DRAWS = 5  # independent input draws a reference's output is compared across
 SPECIAL_SHARE = 0.01  # of a float input's elements set to +inf, -inf or NaN (at least one of each)
 ELEMENT_CHANGES = 3  # calls on the same tensors with one element changed
@@ -122,16 +136,40 @@ class References:
         except Exception:
             return None
 
-    def reweighted(self, model: int, seed: int) -> dict[str, Any]:
-        """The state dict with every float parameter scaled elementwise by a random factor in [0.5, 1.5): the weights
-        the candidate gets copied into its own parameters for the result_caching check (buffers stay as they are)."""
+    def alternates(self, model: int, seed: int) -> list[tuple[str, dict[str, Any]]]:
+        """(what changed, a whole state dict) of new weights for the result_caching check, drawn afresh from the loaded
+        ones (`redrawn`): every float parameter, every float buffer (running statistics and the like), and both
+        together, each copied into the candidate's own parameters and buffers; only those that change something."""
         instance = self.build(model)
+        base = instance.state_dict()
+        parameters = {name for name, _ in instance.named_parameters()}
         gen = torch.Generator().manual_seed(seed + 7)
-        with torch.no_grad():
-            for param in instance.parameters():
-                if param.is_floating_point():
-                    param.mul_((0.5 + torch.rand(param.shape, generator=gen, dtype=torch.float32)).to(param.dtype))
-        return instance.state_dict()
+        moved = {name: redrawn(t, gen) for name, t in base.items() if isinstance(t, torch.Tensor) and
+                 t.is_floating_point() and t.numel() and bool(torch.isfinite(t).all()) and
+                 (name in parameters or not _mask_buffer(t))}
+        kinds = [("parameters", {n: t for n, t in moved.items() if n in parameters}),
+                 ("buffers (running statistics and the like)", {n: t for n, t in moved.items() if n not in parameters})]
+        found = [(label, {**base, **changed}) for label, changed in kinds if changed]
+        if len(found) == 2:
+            found.append(("parameters and buffers", {**base, **moved}))
+        return found
+
+
+def _mask_buffer(t: torch.Tensor) -> bool:
+    """A float buffer that is a mask (a causal pattern of 0s and 1s, both present): part of the architecture, not a
+    state the model learned; all zeros or all ones are statistics at their start (a running mean or variance)."""
+    return bool(((t == 0) | (t == 1)).all()) and bool((t == 0).any()) and bool((t == 1).any())
+
+
+def redrawn(t: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """`t` scaled elementwise by a factor in [0.5, 1.5) and moved by an offset of about half its spread (its mean
+    magnitude where it has no spread, else 1): zeros (a bias, a running mean) become non-zero, ones (a norm's weight,
+    a running variance) vary, and a tensor whose values are all positive stays positive (a variance or a scale must)."""
+    x = t.double()
+    size = (float(x.std()) if x.numel() > 1 else 0.0) or float(x.abs().mean()) or 1.0
+    offset = torch.randn(x.shape, generator=gen, dtype=torch.float64) * 0.5 * size
+    factor = 0.5 + torch.rand(x.shape, generator=gen, dtype=torch.float64)
+    return (x * factor + (offset.abs() if bool((x > 0).all()) else offset)).to(t.dtype)
 
 
 @contextlib.contextmanager
@@ -280,16 +318,23 @@ def fuzz_constants(scaled: dict[str, int], originals: dict[str, int]) -> list[tu
             (label("independent primes", small), small), (label("non-multiples", odd), odd)]
 
 
-def shape_sets(task: Task) -> list[list[list[int]]]:
+def past(n: int) -> int:
+    """A size well past `n`: one past the smallest power of two no smaller than PAST_FACTOR·n and PAST_ROWS (n = 32 or
+    64: 257; 100: 513), a size no table, buffer or grid made for `n` or for "enough" rows covers."""
+    power = 1 << max(PAST_FACTOR * n - 1, PAST_ROWS - 1).bit_length()
+    return power + 1
+
+
+def shape_sets(task: Task, grow: Callable[[int], int] = past) -> list[list[list[int]]]:
     """For optimize's tasks: the observed shapes, each fuzz size in the first free dim (other free dims
-    at 1), then a mix."""
+    at 1), a mix, then the first free dim grown well past the observed size (`grow`)."""
     sets = [task.input_shapes]
     for size in FUZZ_SIZES:
         sets.append([[size if i == free[0] else (1 if i in free else d) for i, d in enumerate(shape)] if free
                      else list(shape) for shape, free in zip(task.input_shapes, task.free_dims, strict=True)])
     mixed = [[(5 if i == free[-1] else 3) if i in free else d for i, d in enumerate(shape)]
              for shape, free in zip(task.input_shapes, task.free_dims, strict=True)]
-    beyond = [[2 * d + 1 if free and i == free[0] else d for i, d in enumerate(shape)]
+    beyond = [[grow(d) if free and i == free[0] else d for i, d in enumerate(shape)]
               for shape, free in zip(task.input_shapes, task.free_dims, strict=True)]
     sets += [s for s in (mixed, beyond) if s not in sets]
     return sets
@@ -313,7 +358,11 @@ def _size_variants(module: ModuleType, task: Task, plan: Plan, budget: SizeBudge
     if task.free_dims and any(task.free_dims) and hasattr(module, "INPUT_SHAPES"):
         if budget.observed is not None:
             task = observed_within(module, task, budget.observed)
-        return [("observed" if i == 0 else f"fuzz {s}", {"INPUT_SHAPES": s}) for i, s in enumerate(shape_sets(task))]
+        sets = shape_sets(task)
+        if not _fits(module, {"INPUT_SHAPES": sets[-1]}, budget.original):  # grown well past the observed, else 2n + 1
+            sets = shape_sets(task, lambda n: 2 * n + 1)
+            sets = sets if _fits(module, {"INPUT_SHAPES": sets[-1]}, budget.original) else sets[:-1]
+        return [("observed" if i == 0 else f"fuzz {s}", {"INPUT_SHAPES": s}) for i, s in enumerate(sets)]
     names = size_constants(module)
     scaled = scale_down(module, names, budget.scaled)
     original = footprint(module, {})
@@ -337,14 +386,19 @@ def _size_variants(module: ModuleType, task: Task, plan: Plan, budget: SizeBudge
     return variants + [(f"fuzz {label}", materialize(module, values)) for label, values in fuzzed]
 
 
+def _fits(module: ModuleType, values: dict[str, Any], budget: int) -> bool:
+    size = footprint(module, values)
+    return size is not None and size <= budget
+
+
 def _beyond(module: ModuleType, scaled: dict[str, int], budget: int) -> list[tuple[str, dict[str, int]]]:
-    """One group of size constants past the scaled value (2n + 1: a size no table or buffer made for the scaled
-    sizes covers), the first group for which the problem still fits `budget` bytes."""
+    """One group of size constants well past the scaled value (`past`; where that does not fit, 2n + 1), the first
+    group for which the problem still fits `budget` bytes."""
     for group in _groups(scaled):
-        values = {**scaled, **{k: 2 * scaled[k] + 1 for k in group}}
-        size = footprint(module, materialize(module, values))
-        if size is not None and size <= budget:
-            return [("beyond the scaled sizes: " + ",".join(f"{k}={values[k]}" for k in group), values)]
+        for grow in (past, lambda n: 2 * n + 1):
+            values = {**scaled, **{k: grow(scaled[k]) for k in group}}
+            if _fits(module, materialize(module, values), budget):
+                return [("beyond the scaled sizes: " + ",".join(f"{k}={values[k]}" for k in group), values)]
     return []
 
 
@@ -362,6 +416,61 @@ def _rescaled(inputs: list[Any], kind: str, gen: torch.Generator) -> list[Any]:
             y[(u >= 0.02) & (u < 0.04)] = torch.finfo(y.dtype).tiny / 4
             out.append(y)
     return out
+
+
+def _ranged(inputs: list[Any], top: float) -> list[Any]:
+    """Float inputs that are not masks scaled so their largest magnitude is `top`, or NEAR_MAX of their dtype's largest
+    finite value where that is less."""
+    out = []
+    for x in inputs:
+        peak = float(x.double().abs().max()) if isinstance(x, torch.Tensor) and x.is_floating_point() and \
+            x.numel() and not is_mask(x) else 0.0
+        if not peak or not math.isfinite(peak):
+            out.append(x)
+            continue
+        limit = min(top, NEAR_MAX * float(torch.finfo(x.dtype).max))
+        out.append((x.double() * (limit / peak)).to(x.dtype))
+    return out
+
+
+def _range_cases(module: ModuleType, init: list[Any], inputs: list[Any], main_label: str, model: int) -> list[Case]:
+    """Values up to the dtype's range: past float16's largest (where the dtype reaches past it), and near the largest
+    the reference keeps finite (`_near_range`)."""
+    dtypes = {x.dtype for x in inputs if isinstance(x, torch.Tensor) and x.is_floating_point() and not is_mask(x)}
+    cases = []
+    if any(torch.finfo(d).max > PAST_FLOAT16 for d in dtypes):
+        cases.append(Case(f"inputs past float16's range (up to {PAST_FLOAT16:.3g}) at {main_label} sizes", model,
+                          _ranged(inputs, PAST_FLOAT16), rescaled=True))
+    top = _near_range(module, init, inputs, dtypes)
+    if top is not None:
+        cases.append(Case(f"inputs near the largest values the reference keeps finite (up to {top:.3g}) at "
+                          f"{main_label} sizes", model, _ranged(inputs, top), rescaled=True))
+    return cases
+
+
+def _near_range(module: ModuleType, init: list[Any], inputs: list[Any], dtypes: set[torch.dtype]) -> float | None:
+    """The largest magnitude, from near the dtype's largest value down by factors of RANGE_STEP, at which the reference
+    gives no more NaN/Inf than on its own draw, divided by RANGE_STEP once more: room for another order of the same
+    sums (a reduction's partial sums overflow by the order they are added in). None where no dtype or no scale fits."""
+    if not dtypes:
+        return None
+    baseline = _nonfinite(module, init, inputs)
+    top = NEAR_MAX * min(float(torch.finfo(d).max) for d in dtypes)
+    for _ in range(RANGE_STEPS):
+        if baseline is not None and _nonfinite(module, init, _ranged(inputs, top)) == baseline:
+            return top / RANGE_STEP
+        top /= RANGE_STEP
+    return None
+
+
+def _nonfinite(module: ModuleType, init: list[Any], inputs: list[Any]) -> int | None:
+    """NaN/Inf elements in the reference's float outputs on `inputs`; None where it raises."""
+    try:
+        with torch.inference_mode(), torch.random.fork_rng(devices=[]):
+            found = outs(module.Model(*init).eval()(*inputs))
+    except Exception:
+        return None
+    return sum(int((~torch.isfinite(t)).sum()) for t in found if isinstance(t, torch.Tensor) and t.is_floating_point())
 
 
 def is_mask(x: Any) -> bool:
@@ -444,6 +553,18 @@ def _strided(x: Any) -> Any:
     return view
 
 
+def _other_layout(x: Any) -> Any:
+    """The same values in the other memory order: a row-major input column-major (every dim's order reversed, as a
+    transposed matrix is: the last dim has the largest stride), any other layout row-major."""
+    if not isinstance(x, torch.Tensor) or x.dim() < 2 or x.numel() < 2:
+        return x
+    if not x.is_contiguous():
+        return x.contiguous()
+    dims = list(range(x.dim()))[::-1]
+    flipped = x.permute(dims).contiguous().permute(dims)
+    return x if flipped.is_contiguous() else flipped  # a matrix of one row or column: no other order
+
+
 def _offset(x: Any) -> Any:
     """A float input that is not a mask, moved by a mean a thousand times its spread: a one-pass variance
     (E[x²] - E[x]²) loses every digit there, a two-pass one none."""
@@ -507,11 +628,16 @@ def _kept(module: ModuleType, init: list[Any], candidates: list[Case], notes: li
 
 def _layout_and_order_cases(module: ModuleType, init: list[Any], main: Case, main_label: str, offset_draw: list[Any],
                             gen: torch.Generator, notes: list[str]) -> list[Case]:
-    """The main case's own values in a non-contiguous layout and with their rows permuted (a memo keyed on something
-    blind to order returns the first call's rows), and a fresh draw moved by a large mean."""
-    candidates = [Case(f"non-contiguous inputs at {main_label} sizes", main.model, [_strided(x) for x in main.inputs]),
-                  Case(f"inputs offset by a large mean at {main_label} sizes", main.model,
-                       [_offset(x) for x in offset_draw], rescaled=True)]
+    """The main case's own values in a non-contiguous layout, in the other memory order (transposed, whatever the
+    reference's own layout) and with their rows permuted (a memo keyed on something blind to order returns the first
+    call's rows), and a fresh draw moved by a large mean."""
+    candidates = [Case(f"non-contiguous inputs at {main_label} sizes", main.model, [_strided(x) for x in main.inputs])]
+    flipped = [_other_layout(x) for x in main.inputs]
+    if any(a is not b for a, b in zip(flipped, main.inputs, strict=True)):
+        candidates.append(Case(f"inputs in the other memory order (transposed) at {main_label} sizes", main.model,
+                               flipped))
+    candidates += [Case(f"inputs offset by a large mean at {main_label} sizes", main.model,
+                        [_offset(x) for x in offset_draw], rescaled=True)]
     permuted = _permuted_rows(main.inputs, gen)
     if permuted is not None:
         candidates.append(Case(f"the main inputs with their rows permuted at {main_label} sizes", main.model,
@@ -566,6 +692,9 @@ def plan(module: ModuleType, task: Task, seed: int, trials: int = 1, budget: Siz
         result.cases.append(Case(f"{label} at {main_label} sizes", main.model,
                                  _rescaled(draw(module, main_values, next(seeds))[1], kind, gen),
                                  rescaled=kind in VALUE_VARIANTS))
+    init = result.init_args[main.model]
+    result.cases += _kept(module, init, _range_cases(module, init, draw(module, main_values, next(seeds))[1],
+                                                     main_label, main.model), result.notes)
     special_inputs = draw(module, main_values, next(seeds))[1]
     result.cases += _special_cases(module, result.init_args[main.model], special_inputs, main_label, main.model, gen,
                                    result.notes)

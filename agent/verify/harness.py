@@ -17,11 +17,16 @@ inputs reach it only with the call that uses them. What it sends back is decoded
 runs in the harness) and must fit messages.Reply; only the harness writes result.json and outputs.pt (a
 messages.Result, VerifyOutputs or BenchOutputs), in the box directory the runner cannot write to. A runner binds
 what it uses before the candidate loads and compares a seal over the harness's modules (the messages' included)
-after every request, so patching the harness is reported, not obeyed.
+after every request, so patching the harness is reported, not obeyed. What the harness reads itself, from outside the
+candidate's process: the runner's pinned state in its memory after every reply (a raw write through ctypes), whether
+the seccomp filter a candidate's CPU runner installs once the candidate loaded is in force on every thread
+(sandbox/seccomp.py: no new process), any process the candidate left running, and a runner ended by a refused system
+call. For the contention runs it starts processes of its own that load the cores.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import os
@@ -33,7 +38,7 @@ import statistics
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple, NoReturn
@@ -41,7 +46,7 @@ from typing import Any, NamedTuple, NoReturn
 import torch
 from pydantic import BaseModel
 
-from kernelbot.agent.verify import cuda_check, messages, probes, sampling
+from kernelbot.agent.verify import cuda_check, messages, probes, provenance, sampling
 from kernelbot.agent.verify.cuda_check import NeedsGPU
 from kernelbot.agent.verify.messages import (
     EVENTS,
@@ -63,12 +68,15 @@ from kernelbot.agent.verify.messages import (
     FinalRequest,
     IdleRequest,
     LoadRequest,
+    MemoryPins,
     Message,
     NoopJob,
     Profile,
     ProfileRequest,
     PtxasReport,
     RefillRequest,
+    Repeated,
+    RepeatRequest,
     Reply,
     Request,
     ReweightRequest,
@@ -90,7 +98,7 @@ from kernelbot.engine.device import DeviceChoice, Stopwatch, timed_call
 from kernelbot.loading import load_module
 from kernelbot.paths import cache_dir
 from kernelbot.sandbox import confine as confine_mod
-from kernelbot.sandbox import landlock
+from kernelbot.sandbox import landlock, seccomp
 from kernelbot.sandbox.confine import AUDIT_LOST, Recorder, confine, lost_records
 
 # Bound before any candidate code runs: replacing these later does not reach the harness or the runner loop.
@@ -107,6 +115,15 @@ _leaves = messages.output_leaves
 WORK = "tmp"  # the runner's only writable directory, inside the box
 _PROTECTIONS: list[str] = []  # the runner's own, reported with its first reply
 HOST_THREADS = torch.get_num_threads()  # read at import, before main() makes the harness single-threaded
+# The thread-count runs: one thread, and this many times the host's (partial sums with slots for "enough" threads)
+THREAD_FACTOR = 4
+# The fresh values' call repeated while processes of the harness's own load the cores, each busy for LOAD_BURST_S and
+# asleep as long (their wake-ups take the runner's threads off their cores at any point of their work: a publication
+# race wrong once in thousands of quiet calls shows within hundreds), for CONTENTION_S or CONTENTION_CALLS calls
+CONTENTION_S = 0.2
+CONTENTION_CALLS = 4000
+LOAD_BURST_S = 5e-5
+REPEAT_KEPT = 2  # outputs of repeated calls that differed from the first, sent back to be judged
 CHECKS_PER_ROUND = 4  # timed candidate calls per round whose outputs go back to be checked
 # CPU a candidate's own threads may use while no call runs: in the second half of the settle window after a call
 # (an OpenMP pool spins a few milliseconds after its last parallel region, then sleeps), and over the whole job
@@ -228,6 +245,10 @@ class RunnerSetup:
     # single untimed calls)
     settle_s: float = SETTLE_S
     threads: int = field(default_factory=lambda: HOST_THREADS)  # torch's intra-op threads, as a real process has
+    # no new process, exec, ptrace or other process's memory once the candidate loaded (seccomp.py): a candidate's
+    # runner on a CPU (on a GPU, Triton compiles at its first launch with programs of its own)
+    sealed_processes: bool = False
+    foreign: frozenset[str] = frozenset()  # installed libraries' identities: a copy of one is not the candidate's own
 
 
 @dataclass
@@ -237,6 +258,8 @@ class Runner:
     from_runner: int
     events: list[TritonLaunch | TritonFinding] = field(default_factory=list)
     seq: int = 0
+    pins: list[tuple[int, int]] | None = None  # the runner's own state, sent before its candidate loaded
+    memory: int | None = None  # /proc/<pid>/mem of the runner, opened here
 
     @classmethod
     def spawn(cls, setup: RunnerSetup) -> Runner:
@@ -273,18 +296,41 @@ class Runner:
                     kind = EVENTS.get(message[1]) if isinstance(message[1], str) else None
                     if kind is None:
                         raise RunnerDied("sent an event of no known kind (tampering with the harness's channel)")
-                    self.events.append(kind.model_validate(message[2]))
+                    event = kind.model_validate(message[2])
+                    if isinstance(event, MemoryPins):
+                        if self.pins is not None:
+                            raise RunnerDied("sent its memory pins twice (tampering with the harness's channel)")
+                        self.pins = event.pins
+                    else:
+                        self.events.append(event)
                     continue
                 if message[0] != "reply" or len(message) != 3 or message[1] != self.seq or \
                         not isinstance(message[2], dict):
                     raise RunnerDied("sent a reply out of turn (tampering with the harness's channel)")
-                return Reply.model_validate(message[2])
+                reply = Reply.model_validate(message[2])
+                reply.facts.tamper += self.memory_changes()
+                return reply
         except (OSError, EOFError) as exc:
             raise RunnerDied(self.close() or f"its channel failed ({type(exc).__name__})") from None
         except (pickle.UnpicklingError, ValueError, TypeError, IndexError, AttributeError) as exc:
             self.close()  # a ValidationError is a ValueError: a reply or event that does not fit its model
             raise RunnerDied(f"sent a message the harness cannot read ({type(exc).__name__}): tampering with "
                              "the harness's channel") from None
+
+    def memory_changes(self) -> list[str]:
+        """The runner's pinned state (probes.pins) as the harness reads it in the runner's memory, from outside: a raw
+        write into it (through ctypes), or a runner made unreadable, is tampering."""
+        if self.pins is None:
+            return ["the runner sent no memory pins before its candidate loaded"]
+        try:
+            if self.memory is None:
+                self.memory = os.open(f"/proc/{self.pid}/mem", os.O_RDONLY | os.O_CLOEXEC)
+            changed = sum(int.from_bytes(os.pread(self.memory, 8, address), sys.byteorder) != value
+                          for address, value in self.pins)
+        except OSError as exc:
+            return [f"the harness could not read the runner's memory ({exc.strerror}): its state cannot be checked"]
+        return [f"{changed} of {len(self.pins)} pointers of the harness's state in the runner were overwritten in "
+                "memory (a raw write, as through ctypes)"] if changed else []
 
     def close(self) -> str | None:
         """End the runner; how it ended when that was not our doing."""
@@ -300,6 +346,9 @@ class Runner:
                 os.waitpid(self.pid, 0)
             elif os.WIFEXITED(status) and os.WEXITSTATUS(status) == AUDIT_LOST:
                 ended = lost_records("the candidate's process")
+            elif os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGSYS:
+                ended = _violation("process", "the candidate's process made a system call refused once it loaded (a "
+                                              "new process, exec, ptrace or another process's memory): killed")
             elif os.WIFSIGNALED(status):
                 sig = os.WTERMSIG(status)
                 name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
@@ -308,9 +357,10 @@ class Runner:
                 ended = f"the candidate's process exited (code {os.WEXITSTATUS(status)}) in the middle of a call"
         except ChildProcessError:
             pass
-        for fd in (self.to_runner, self.from_runner):
+        for fd in (self.to_runner, self.from_runner, self.memory):
             try:
-                os.close(fd)
+                if fd is not None:
+                    os.close(fd)
             except OSError:
                 pass
         return ended
@@ -332,9 +382,10 @@ def _wake_threads() -> None:
 
 def _warm_up(device: str, threads: int) -> None:
     """Start torch's thread pool, CUDA and the profiler now, so the threads a candidate starts are told apart
-    from theirs. The pool is started one larger than the host's threads: the thread-count runs use that many. On a
-    GPU, what the harness does there later (copies both ways, events, a profiled CUDA op) is done once first: the
-    driver and the profiler may start threads of their own at the first of each."""
+    from theirs. The pool is started one larger than the host's threads (started at THREAD_FACTOR times as many, its
+    idle threads spun past the settle window's allowance after calls: in 2 of 8 verifications of a plain PyTorch
+    candidate, none of 8 so). On a GPU, what the harness does there later (copies both ways, events, a profiled CUDA
+    op) is done once first: the driver and the profiler may start threads of their own at the first of each."""
     _WAKE.append(torch.ones(1 << 17))
     for count in (threads + 1, threads):  # the harness runs single-threaded (main); a runner has the host's threads
         torch.set_num_threads(count)
@@ -356,11 +407,6 @@ def _sealed_attributes(triton: bool) -> dict[str, tuple[Any, str]]:
     attributes = {**{name: pair for name, pair in probes._TIMING.items()},
                   "ctypes.CDLL.__init__": (ctypes.CDLL, "__init__"), "sys.setprofile": (sys, "setprofile")}
     return {**attributes, **(triton_check.sealed_attributes() if triton else {})}
-
-
-def _trusted_code() -> list[Any]:
-    """Code of the harness that may set a profile function (the native-call counter of profile_call)."""
-    return [c for c in probes.profile_call.__code__.co_consts if hasattr(c, "co_name")]
 
 
 def _to(xs: list[Any], device: str) -> list[Any]:
@@ -424,7 +470,7 @@ class Tools(NamedTuple):
     outputs_of: Callable[..., tuple[list[Any], list[Any]]]
     os_threads: Callable[[], dict[int, int]]
     aliasing: Callable[..., list[str]]
-    storages: Callable[[list[Any]], list[tuple[int, int]]]
+    spans: Callable[[list[Any]], list[tuple[int, int]]]
     weight_snapshot: Callable[[torch.nn.Module], tuple]
     weight_changes: Callable[..., list[str]]
     profile_call: Callable[..., dict[str, Any]]
@@ -454,6 +500,9 @@ class Tools(NamedTuple):
     op_final: Callable[..., None]
     tampered: Callable[..., list[str]]
     op_profile: Callable[..., tuple[dict[str, Any], list[list[Any]], tuple]]
+    op_repeat: Callable[..., tuple[dict[str, Any], tuple]]
+    same_bytes: Callable[[torch.Tensor, torch.Tensor], bool]
+    clock: Callable[[], float]
     audit_channel: Callable[[], tuple[int, int] | None]
     sampled_calls: Callable[..., dict[str, Any]]
     windows: Callable[[], tuple]
@@ -476,7 +525,14 @@ class Watch(NamedTuple):
     timers: dict[str, int]
     phase: list[Any]  # the program order the loop asked for, the kernels it pinned: launches report what they ran
     audit: tuple[int, int] | None  # the audit channel's (device, inode) when the candidate loaded
-    places: tuple[tuple[str, ...], tuple[str, ...]]  # (the candidate's own code, torch's generated code): _places
+    places: probes.Places  # (the candidate's own code, torch's generated code, installed libraries): _places
+
+def _violation(kind: str, detail: str) -> str:
+    """A violation the harness itself saw (the runner can neither mute nor forge it), recorded for the parent."""
+    if confine_mod.RECORDER is not None:
+        confine_mod.RECORDER(kind, detail)
+    return detail
+
 
 def _no_channel() -> None:
     return None
@@ -507,7 +563,7 @@ def _serve(setup: RunnerSetup, rfd: int, wfd: int) -> None:
     tampered = tools.tampered
     models: tuple = ()
     weights: tuple = ()
-    held: tuple = ()  # every output returned so far: (objects, digests of their bytes, storage ranges)
+    held: tuple = ()  # every output returned so far: (objects, digests of their bytes, byte ranges)
     slots: tuple = ()  # (name, tensors) kept for calls on the same tensor objects
     loaded: tuple = ()  # the state dict each model was loaded with
     staged: tuple = ()  # bench: input sets
@@ -542,12 +598,17 @@ def _serve(setup: RunnerSetup, rfd: int, wfd: int) -> None:
                 reply, held, quiet = tools.op_call(watch, models[request.model], sent, extras, held,
                                                    weights[request.model], facts, quiet)
             elif op == "reweight":
-                tools.reweight(models[request.model], request.state_dict, request.names, loaded[request.model])
+                tools.reweight(models[request.model], request.state_dict, request.names, request.buffer_names,
+                               loaded[request.model])
                 weights = tuple(tools.weight_snapshot(m) for m in models)
-            elif op == "profile":  # its calls are calls: the CPU they use is no work between calls
+            elif op in ("profile", "repeat"):  # its calls are calls: the CPU they use is no work between calls
                 outside = quiet[0] + tools.cpu_since(quiet[1], watch.known_threads)[0]
-                reply["profile"], reply["later"], held = tools.op_profile(
-                    watch, models[request.model], tools.to(request.inputs, setup.device), held, facts)
+                inputs = tools.to(request.inputs, setup.device)
+                if op == "profile":
+                    reply["profile"], reply["later"], held = tools.op_profile(watch, models[request.model], inputs,
+                                                                              held, facts)
+                else:
+                    reply, held = tools.op_repeat(watch, models[request.model], inputs, request, held, facts)
                 quiet = (outside, tools.cpu_since(None, watch.known_threads)[1])
                 facts["tamper"] += tampered(watch)
             elif op == "stage":
@@ -587,7 +648,7 @@ def _prepare(setup: RunnerSetup, wfd: int) -> Watch:
     device = DeviceChoice(kind="cuda" if setup.device == "cuda" else "cpu", name=setup.device, reason="runner")
     tools = Tools(
         send=_send, recv=_recv, dumps=pickle.dumps, loads=pickle.loads, encode=_encode, outputs_of=_outputs,
-        os_threads=probes.os_threads, aliasing=probes.aliasing, storages=probes.storages,
+        os_threads=probes.os_threads, aliasing=probes.aliasing, spans=probes.spans,
         weight_snapshot=probes.weight_snapshot, weight_changes=probes.weight_changes, profile_call=probes.profile_call,
         set_order=triton_check.set_order, order_dependent=triton_check.order_dependent, seal=probes.seal,
         seal_changes=probes.seal_changes, timing_snapshot=probes.timing_snapshot,
@@ -596,11 +657,12 @@ def _prepare(setup: RunnerSetup, wfd: int) -> Watch:
         sleep=_sleep, cuda_sync=_cuda_synchronize, wake_threads=_wake_threads, sha256=_sha256, clones=_clones, to=_to,
         refill=_refill, threads_after=_threads_after, reweight=_reweight, cpu_since=_cpu_since, op_load=_op_load,
         op_call=_op_call, op_timed_call=_op_timed_call, op_final=_op_final, tampered=_tampered, op_profile=_op_profile,
+        op_repeat=_op_repeat, same_bytes=probes.same_bytes, clock=time.perf_counter,
         audit_channel=confine_mod.RECORDER.channel if confine_mod.RECORDER else _no_channel,
         sampled_calls=sampling.sampled_calls, windows=triton_check.recent_windows, set_threads=torch.set_num_threads,
         leaves=_leaves, poison=probes.poison_allocations, randbelow=secrets.randbelow)
     codes = tuple((fn, fn.__code__) for fn in tools if hasattr(fn, "__code__"))
-    places = _places(setup.module, work)
+    places = (*_places(setup.module, work), setup.foreign)
     probes.install(places)
     phase: list[Any] = ["natural", frozenset()]  # the order asked for, and the kernels kept in natural order
 
@@ -613,10 +675,12 @@ def _prepare(setup: RunnerSetup, wfd: int) -> Watch:
         triton_check.install(sink)
     known = frozenset(tools.os_threads())
     module = Path(setup.module)
-    protections = confine_mod.confine_runner(work, [module, module.parent / "__pycache__"], _trusted_code(),
+    modules = (sys.modules[__name__], probes, confine_mod, landlock, seccomp, cuda_check, messages, sampling,
+               provenance, device_mod) + ((triton_check,) if setup.triton else ())
+    # the harness's own code, from its loop on: it alone may set a profile function (profile_call's native-call counter)
+    protections = confine_mod.confine_runner(work, [module, module.parent / "__pycache__"],
+                                             confine_mod.harness_code(modules, _serve.__code__),
                                              gpu=setup.device == "cuda")
-    modules = (sys.modules[__name__], probes, confine_mod, landlock, cuda_check, messages, sampling, device_mod) + \
-        ((triton_check,) if setup.triton else ())
     attributes = _sealed_attributes(setup.triton)
     timers = tools.timing_snapshot()
     if setup.poison and setup.device == "cpu":
@@ -625,8 +689,11 @@ def _prepare(setup: RunnerSetup, wfd: int) -> Watch:
         torch.use_deterministic_algorithms(True, warn_only=True)
         torch.utils.deterministic.fill_uninitialized_memory = True
     _PROTECTIONS[:] = protections
-    return Watch(setup, tools, codes, known, modules, attributes, SEALED_CLASSES,
-                 tools.seal(modules, attributes, SEALED_CLASSES), timers, phase, tools.audit_channel(), places)
+    watch = Watch(setup, tools, codes, known, modules, attributes, SEALED_CLASSES,
+                  tools.seal(modules, attributes, SEALED_CLASSES), timers, phase, tools.audit_channel(), places)
+    # before the candidate loads: what the harness reads in this process's memory after every reply
+    tools.send(wfd, tools.dumps(("event", "memory_pins", {"pins": probes.pins([tools, watch, codes])})))
+    return watch
 
 
 def _places(module: str, work: Path) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -702,7 +769,7 @@ def _op_call(watch: Watch, model: torch.nn.Module, sent: list[Any], extras: tupl
                 # that every other kernel must give the same bits (their float atomics excuse nothing else)
                 pinned = tools.order_dependent() if order == "shuffled" else frozenset()
                 if threaded:
-                    tools.set_threads(1 if order == "reversed" else setup.threads + 1)
+                    tools.set_threads(1 if order == "reversed" else THREAD_FACTOR * setup.threads)
                 else:
                     tools.set_order(order, seed=order_seed, pinned=pinned)
                     watch.phase[:] = [order, pinned]
@@ -731,8 +798,8 @@ def _held_call(tools: Tools, out: Any, inputs: list[Any], held: tuple, facts: di
 
 def _kept(tools: Tools, encoded: list[Any], items: list[Any]) -> tuple:
     """What the runner holds of a call's outputs to the end of the job: the objects, digests of their encoded bytes
-    (compared again when the job ends), their storage ranges."""
-    return items, tuple(tools.sha256(e[5]).digest() if e else None for e in encoded), tuple(tools.storages(items))
+    (compared again when the job ends), the byte ranges their elements lie in."""
+    return items, tuple(tools.sha256(e[5]).digest() if e else None for e in encoded), tuple(tools.spans(items))
 
 
 def _op_timed_call(watch: Watch, model: torch.nn.Module, inputs: tuple, perturb: list[tuple[int, int, Any]],
@@ -786,13 +853,55 @@ def _op_profile(watch: Watch, model: torch.nn.Module, inputs: list[Any], held: t
         if found:
             facts["aliasing"].append(f"one of {len(kept) + len(profiled)} repeated calls: {found[0]}")
             break
-        earlier += tools.storages(items)
+        earlier += tools.spans(items)
     picked = {tools.randbelow(len(kept)) for _ in range(CHECKED_SAMPLED)} if kept else set()
     checked = [tools.outputs_of(items, facts) for items in profiled + [kept[k] for k in sorted(picked)]]
     unread = [items for k, items in enumerate(kept) if k not in picked]
     return profile, [encoded for encoded, _ in checked], (
         *held, *(_kept(tools, encoded, items) for encoded, items in checked),
-        *((items, (), tuple(tools.storages(items))) for items in unread))
+        *((items, (), tuple(tools.spans(items))) for items in unread))
+
+
+def _op_repeat(watch: Watch, model: torch.nn.Module, inputs: list[Any], request: RepeatRequest, held: tuple,
+               facts: dict[str, list[str]]) -> tuple[dict[str, Any], tuple]:
+    """The same call repeated (while the harness loads the cores), each time's outputs compared with the first call's
+    byte for byte: the first call's and up to REPEAT_KEPT that differed go back to be judged. All are held to the end
+    of the job (the others up to HELD_BYTES, as the profiled calls' are: a late write into one lands in memory still
+    held, not in memory freed and handed out again), and none may share memory with an output held before or with
+    the first."""
+    tools = watch.tools
+    seconds, calls = request.seconds, request.calls  # read before the first call
+    earlier = [r for h in held for r in h[2]]
+    kept: list[tuple[list[Any], list[Any]]] = []
+    unread: list[list[Any]] = []
+    room, made, differing = HELD_BYTES, 0, 0
+    start = tools.clock()
+    with torch.inference_mode():
+        while made < calls and (made == 0 or tools.clock() - start < seconds):
+            items = tools.leaves(model(*inputs))
+            made += 1
+            found = tools.aliasing(items, inputs, earlier)
+            if found and not facts["aliasing"]:
+                facts["aliasing"].append(f"one of {made} repeated calls: {found[0]}")
+            if not kept:
+                kept.append(tools.outputs_of(items, facts))
+                earlier += tools.spans(items)
+                continue
+            first = kept[0][1]
+            if len(items) != len(first) or not all(
+                    tools.same_bytes(a, b) if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) else
+                    type(a) is type(b) and a == b for a, b in zip(items, first, strict=True)):
+                differing += 1
+                if len(kept) <= REPEAT_KEPT:
+                    kept.append(tools.outputs_of(items, facts))
+                    continue
+            size = sum(t.numel() * t.element_size() for t in items if isinstance(t, torch.Tensor))
+            if size <= room:
+                room -= size
+                unread.append(items)
+    reply = {"repeated": [encoded for encoded, _ in kept], "repeat_calls": made, "repeat_differing": differing}
+    return reply, (*held, *(_kept(tools, encoded, items) for encoded, items in kept),
+                   *((items, (), tuple(tools.spans(items))) for items in unread))
 
 
 def _op_final(watch: Watch, held: tuple, quiet: tuple[int, tuple], facts: dict[str, list[str]], windows: int
@@ -817,25 +926,31 @@ def _op_final(watch: Watch, held: tuple, quiet: tuple[int, tuple], facts: dict[s
                                             watch.known_threads, OUTSIDE_NS + windows * SPIN_NS)
 
 
-def _reweight(model: torch.nn.Module, new: dict[str, Any], names: list[str], loaded: dict[str, Any]) -> None:
-    """New weights copied into the same parameters: by name; else, for parameters named otherwise, in registration
-    order, where the count, every shape and every value agree with the reference's loaded ones (its seeded
-    initialisation matched the reference's, so the order does). Anything else cannot take new weights: an error,
-    so the result_caching check fails instead of being skipped."""
+def _reweight(model: torch.nn.Module, new: dict[str, Any], names: list[str], buffer_names: list[str],
+              loaded: dict[str, Any]) -> None:
+    """New weights copied into the same parameters and buffers: by name; else, for those named otherwise, in
+    registration order (parameters) and state-dict order (float buffers, where the new ones differ from those loaded),
+    where the count, every shape and every value agree with the reference's loaded ones (its seeded initialisation
+    matched the reference's, so the order does). Anything else cannot take new weights: an error, so the
+    result_caching check fails instead of being skipped."""
     with torch.no_grad():
         try:
             model.load_state_dict(new, strict=True)
             return
         except RuntimeError:
             pass
-        params = list(model.parameters())
-        if len(params) != len(names) or any(
-                n not in loaded or p.shape != loaded[n].shape or p.dtype != loaded[n].dtype or
-                not torch.equal(_detach(p).cpu(), loaded[n]) for p, n in zip(params, names, strict=False)):
-            raise ValueError("its parameters match the reference's neither by name nor in order (count, shapes and "
-                             "values), so new weights cannot be copied into them: name them as the reference does")
-        for p, n in zip(params, names, strict=True):
-            p.copy_(new[n].to(p.device))
+        buffers = [b for b in model.buffers() if b.is_floating_point()]
+        for kind, tensors, order in (("parameters", list(model.parameters()), names), ("buffers", buffers,
+                                                                                        buffer_names)):
+            if all(n in loaded and torch.equal(new[n], loaded[n]) for n in order):
+                continue  # nothing of this kind changes
+            if len(tensors) != len(order) or any(
+                    n not in loaded or t.shape != loaded[n].shape or t.dtype != loaded[n].dtype or
+                    not torch.equal(_detach(t).cpu(), loaded[n]) for t, n in zip(tensors, order, strict=False)):
+                raise ValueError(f"its {kind} match the reference's neither by name nor in order (count, shapes and "
+                                 "values), so new weights cannot be copied into them: name them as the reference does")
+            for t, n in zip(tensors, order, strict=True):
+                t.copy_(new[n].to(t.device))
 
 
 def _op_load(setup: RunnerSetup, request: LoadRequest, facts: dict[str, list[str]]
@@ -843,7 +958,8 @@ def _op_load(setup: RunnerSetup, request: LoadRequest, facts: dict[str, list[str
     model_cls = _load(setup.module, setup.cls)
     models = tuple(_build(model_cls, init, sd, request.init_seed, facts["unloadable_weights"]).to(setup.device)
                    for init, sd in request.models)
-    return {"ptxas": cuda_check.REPORTS, "protections": list(_PROTECTIONS)}, models
+    sealed = [seccomp.refuse_processes()] if setup.sealed_processes else []  # its builds are done: no more programs
+    return {"ptxas": cuda_check.REPORTS, "protections": [*_PROTECTIONS, *sealed]}, models
 
 
 def _cpu_since(mark: tuple[int, dict[int, int]] | None, known: frozenset[int]
@@ -869,6 +985,61 @@ def _threads_after(used_ns: int, when: str, known: frozenset[int], allowed_ns: i
 
 
 # ---------------------------------------------------------------- the harness's jobs
+
+def _processes() -> dict[int, int]:
+    """pid -> parent pid of every process this process can see."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                found[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue  # it ended meanwhile
+    return found
+
+
+def _strays(runner: Runner, runners: list[Runner]) -> list[int]:
+    """Processes the candidate's runner started (while it loaded, before the seccomp filter) that still run: below it,
+    or left by it to this harness, their subreaper (a daemon that left its parent)."""
+    parents = _processes()
+    below = {pid for pid, parent in parents.items() if parent == os.getpid()} - {r.pid for r in runners}
+    while True:
+        more = {pid for pid, parent in parents.items() if parent in below | {runner.pid}} - below
+        if not more:
+            return sorted(below)
+        below |= more
+
+
+def _after_load(runner: Runner, runners: list[Runner], sealed: bool) -> list[str]:
+    """What the harness itself reads once a candidate has loaded, from outside its process: processes it started that
+    are still running (a violation: each is ended now), and whether every thread of its runner is under the seccomp
+    filter (a harness_tamper finding when not)."""
+    for pid in _strays(runner, runners):
+        _violation("process", f"a process the candidate started (pid {pid}) was still running once it had loaded: "
+                              "ended")
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    if not sealed:
+        return []
+    try:
+        modes = [_status_field(f"/proc/{runner.pid}/task/{tid}/status", "Seccomp")
+                 for tid in os.listdir(f"/proc/{runner.pid}/task")]
+    except OSError:
+        return []  # it ended: its ending is reported
+    if modes and all(mode == "2" for mode in modes):
+        return []
+    return ["the runner's seccomp filter (no new process once the candidate loaded) is not in force on every thread"]
+
+
+def _status_field(path: str, name: str) -> str | None:
+    try:
+        with open(path) as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith(name + ":")), None)
+    except OSError:
+        return None
+
 
 def _facts(reply: Reply, label: str, into: Facts) -> None:
     """A reply's observations added to the job's, each labelled with the call it was made in."""
@@ -933,7 +1104,8 @@ def _ptxas(reports: list[PtxasReport] | None) -> list[PtxasReport]:
 
 def _verify(job: VerifyJob) -> VerifyResult | JobFailure:
     setup = RunnerSetup(module=job.candidate, cls="ModelNew", device=job.device, triton=job.triton,
-                        poison=True, settle_s=job.settle_s)
+                        poison=True, settle_s=job.settle_s, sealed_processes=job.device == "cpu",
+                        foreign=frozenset(job.foreign_builds))
     runner = Runner.spawn(setup)  # before the plan is read: the runner never holds inputs it was not given
     facts = Facts()
     try:
@@ -945,6 +1117,7 @@ def _verify(job: VerifyJob) -> VerifyResult | JobFailure:
         if loaded.error is not None:
             return JobFailure(error=loaded.error[:1500], stage=loaded.stage or "compile", ptxas=_ptxas(loaded.ptxas),
                               facts=facts)
+        facts.tamper += _after_load(runner, [runner], setup.sealed_processes)
         protections = (loaded.protections or [])[:4]
         runs = []
         for i, case in enumerate(plan.cases):
@@ -977,10 +1150,12 @@ def _verify(job: VerifyJob) -> VerifyResult | JobFailure:
 def _later_calls(runner: Runner, plan: SentPlan, main: int, facts: Facts, job: VerifyJob,
                  runs: list[CaseRun]) -> tuple[VerifyOutputs, Profile]:
     """Calls on the main case's own tensors with new contents (all of them, then one element at a time), the op
-    log, and new weights copied into the same parameters. About half of these calls, at random (one at least), run
-    with CPU allocations as malloc gives them, the others poisoned as every earlier call was."""
+    log, the fresh values' call repeated under contention, the main input set once more (its bits after other calls),
+    and each set of new weights copied into the same parameters and buffers. About half of the calls on the main
+    case's tensors, at random (one at least), run with CPU allocations as malloc gives them, the others poisoned as
+    every earlier call was."""
     outputs = VerifyOutputs(runs=runs)
-    calls = 2 + len(plan.changed)
+    calls = 1 + len(plan.changed) + len(job.alternates)
     clean = set(random.Random(secrets.randbits(64)).sample(range(calls), max(1, calls // 2)))
     reply = runner.ask(RefillRequest(model=main, slot="main", values=plan.fresh, poison=0 not in clean))
     _facts(reply, "new values in the same tensors", facts)
@@ -991,8 +1166,7 @@ def _later_calls(runner: Runner, plan: SentPlan, main: int, facts: Facts, job: V
     for k, values in enumerate(plan.changed):
         reply = runner.ask(RefillRequest(model=main, slot="main", values=values, poison=k + 1 not in clean))
         _facts(reply, f"one element changed ({k + 1})", facts)
-        outputs.element_outs.append(CallResult(error=reply.error[:300]) if reply.error is not None else
-                                    CallResult(out=_decoded(reply.out)))
+        outputs.element_outs.append(_call_result(reply))
     seen = len(runner.events)
     reply = runner.ask(ProfileRequest(model=main, inputs=plan.fresh))
     _facts(reply, "profiled call", facts)
@@ -1002,18 +1176,60 @@ def _later_calls(runner: Runner, plan: SentPlan, main: int, facts: Facts, job: V
     if launches and reply.profile is not None:
         profile.own_kernels.append(f"{launches} Triton launch(es)")
     outputs.later_outs = [_decoded(out) for out in reply.later or []]
-    if job.alt_state_dict:
-        reply = runner.ask(ReweightRequest(model=main, state_dict=torch.load(job.alt_state_dict),
-                                           names=job.param_names))
+    # threads of its own that the cores' load can interleave otherwise: a candidate on a CPU that launched no Triton
+    # kernel (the interpreter runs one program at a time; on a GPU the cores' load is not the kernel's)
+    if job.device == "cpu" and not any(isinstance(e, TritonLaunch) for e in runner.events):
+        with _loaded_cores(HOST_THREADS):
+            reply = runner.ask(RepeatRequest(model=main, inputs=plan.fresh, seconds=CONTENTION_S,
+                                             calls=CONTENTION_CALLS))
+        _facts(reply, "repeated under contention", facts)
+        outputs.repeated = Repeated(error=reply.error[:300]) if reply.error is not None else \
+            Repeated(calls=reply.repeat_calls or 0, differing=reply.repeat_differing or 0,
+                     outs=[_decoded(out) for out in reply.repeated or []])
+    reply = runner.ask(CaseRequest(model=main, inputs=plan.cases[0].inputs))
+    _facts(reply, "the main input set once more", facts)
+    outputs.main_again = _call_result(reply)
+    for k, path in enumerate(job.alternates):
+        reply = runner.ask(ReweightRequest(model=main, state_dict=torch.load(path), names=job.param_names,
+                                           buffer_names=job.buffer_names))
         _facts(reply, "new weights", facts)
-        if reply.error is not None:
-            outputs.reweight_error = reply.error[:500]
-        else:
-            reply = runner.ask(RefillRequest(model=main, slot="main", values=plan.fresh, poison=calls - 1 not in clean))
+        if reply.error is None:
+            reply = runner.ask(RefillRequest(model=main, slot="main", values=plan.fresh,
+                                             poison=1 + len(plan.changed) + k not in clean))
             _facts(reply, "new weights in the same parameters", facts)
-            outputs.reweight_out = CallResult(error=reply.error[:300]) if reply.error is not None else \
-                CallResult(out=_decoded(reply.out))
+        outputs.reweight_outs.append(_call_result(reply))
     return outputs, profile
+
+
+def _call_result(reply: Reply) -> CallResult:
+    return CallResult(error=reply.error[:500]) if reply.error is not None else CallResult(out=_decoded(reply.out))
+
+
+@contextlib.contextmanager
+def _loaded_cores(count: int) -> Iterator[None]:
+    """`count` processes of the harness's own (no candidate code) for the length of the block, each busy for
+    LOAD_BURST_S and then asleep as long, over and over: the runner's threads lose their cores often, at any point."""
+    pids = []
+    try:
+        for _ in range(count):
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    confine_mod.libc.prctl(confine_mod.PR_SET_PDEATHSIG, signal.SIGKILL)
+                    while True:
+                        start = time.perf_counter()
+                        while time.perf_counter() - start < LOAD_BURST_S:
+                            pass
+                        time.sleep(LOAD_BURST_S)
+                finally:
+                    os._exit(0)
+            pids.append(pid)
+        yield
+    finally:
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
 
 
 def _set_element(t: torch.Tensor, flat: int, value: Any) -> None:
@@ -1066,7 +1282,8 @@ def _disturbances(iters: int, rng: random.Random) -> list[tuple[bool, float]]:
 
 def _bench(job: BenchJob) -> BenchResult | JobFailure:
     # the candidate's runner first: its pid is then the same as in verification (2 in a pid namespace)
-    candidate = Runner.spawn(RunnerSetup(module=job.candidate, cls="ModelNew", device=job.device))
+    candidate = Runner.spawn(RunnerSetup(module=job.candidate, cls="ModelNew", device=job.device,
+                                         sealed_processes=job.device == "cpu"))
     runners = [Runner.spawn(RunnerSetup(module=job.reference, cls="Model", device=job.device)), candidate]
     facts = Facts()
     rng = random.Random(secrets.randbits(64))
@@ -1078,6 +1295,8 @@ def _bench(job: BenchJob) -> BenchResult | JobFailure:
             reply = r.ask(LoadRequest(models=[(job.init_args, state_dict)] * job.copies, init_seed=0))
             if reply.error is not None:
                 return JobFailure(error=f"{who}: {reply.error[:500]}", stage="run")
+            if r is candidate:
+                facts.tamper += _after_load(r, runners, job.device == "cpu")
             r.ask(StageRequest(sets=drawn))
 
         def timed(i: int, k: int, poisoned: bool = False) -> float:
@@ -1160,6 +1379,8 @@ def main() -> None:
     # parallel op (and runners forked from it would inherit the pool's state), taking the core a timed call needs.
     # On 2 cores that made a 60 µs op time at 2.4 ms. Runners restore the host's thread count (RunnerSetup.threads).
     torch.set_num_threads(1)
+    # a process a runner started and left is reparented here (its parent gone), where _strays finds it
+    confine_mod.libc.prctl(confine_mod.PR_SET_CHILD_SUBREAPER, 1)
     job = JOB.validate_json(Path(sys.argv[1]).read_bytes())
     forks = isinstance(job, (VerifyJob, BenchJob))
     # a harness that forks runners leaves the audit hook to them: it runs no candidate code itself

@@ -130,6 +130,11 @@ def guards_intact(after: torch.Tensor, sent: torch.Tensor) -> bool:
     return torch.equal(*stored)
 
 
+def _same_outputs(a: list[Any] | None, b: list[Any] | None) -> bool:
+    return a is not None and b is not None and len(a) == len(b) and all(same_bits(x, y)
+                                                                       for x, y in zip(a, b, strict=True))
+
+
 def check(cid: str, problems: list[str], ok: str) -> Check:
     if not problems:
         return Check(id=cid, status="pass", detail=ok)
@@ -157,8 +162,8 @@ class Judge:
     """Turns what the child returned into checks, against references computed here."""
 
     def __init__(self, task: Task, plan: casemod.Plan, references: casemod.References, sent: list[list[Any]],
-                 result: VerifyResult, outputs: VerifyOutputs, device: str, alt_weights: dict[str, Any] | None = None,
-                 require_deterministic: bool = False) -> None:
+                 result: VerifyResult, outputs: VerifyOutputs, device: str,
+                 alternates: list[tuple[str, dict[str, Any]]] = (), require_deterministic: bool = False) -> None:
         self.task, self.plan, self.sent, self.result = task, plan, sent, result
         self.runs, self.outputs, self.device = outputs.runs, outputs, device
         self.report = result.triton or TritonReport()  # Triton's launches, where the interpreter ran them
@@ -171,19 +176,19 @@ class Judge:
         self.native = [references.build(i) for i in models]
         self.exact = [references.twin(i) for i in models]
         main = plan.cases[0].model
-        self.alt = None if alt_weights is None else \
-            (references.build(main, alt_weights), references.twin(main, alt_weights))
+        self.alternates = {label: (references.build(main, weights), references.twin(main, weights))
+                           for label, weights in alternates}  # the main model with new weights, by what changed
 
     def reference(self, model: int | str, inputs: list[Any]) -> tuple[list[Any], list[Any]]:
-        """(in the task's dtype, in float64) outputs of the reference: model `model`, or "alt" (new weights)."""
+        """(in the task's dtype, in float64) outputs of the reference: model `model`, or the main one with new weights
+        (an alternate's label)."""
         native, exact = self._models(model)
         return reference_outputs(native, exact, inputs)
 
     def _models(self, model: int | str) -> tuple[torch.nn.Module, torch.nn.Module | None]:
-        if model == "alt":
-            assert self.alt is not None
-            return self.alt
-        return self.native[int(model)], self.exact[int(model)]
+        if isinstance(model, str):
+            return self.alternates[model]
+        return self.native[model], self.exact[model]
 
     def jittered(self, model: int | str, inputs: list[Any], native: list[Any], rescaled: bool,
                  ) -> list[list[torch.Tensor]]:
@@ -250,8 +255,10 @@ class Judge:
                         mutated.append(where)
                     if isinstance(before, torch.Tensor) and not guards_intact(after, before):
                         guards.append(f"{where}: a write landed in the guard region around an input")
+        contention_races, contention_bits = self.contention()
+        nondet += self.fresh_nondeterminism() + contention_bits
         n_inputs = sum(isinstance(x, torch.Tensor) for x in self.plan.cases[0].inputs)
-        race = self.race()
+        race = self.race(contention_races)
         checks = [
             check("crash", crashed, "no exception on any input set"),
             check("correctness", wrong, f"{compared} input sets within {self.task.dtype} tolerance of a float64 "
@@ -259,7 +266,7 @@ class Judge:
             not_run("correctness", "no input set ran to completion"),
             check("unwritten_output", unwritten, "outputs poisoned before each run (CPU allocations filled with a "
                                                  "pattern); all written"),
-            self.nondeterminism(sorted(set(nondet))),
+            self.nondeterminism(list(dict.fromkeys(nondet))),
             check("input_mutation", sorted(set(mutated)) + self.facts.weights,
                   "inputs, parameters and buffers unchanged"),
             self.bounds(guards, n_inputs),
@@ -277,6 +284,38 @@ class Judge:
             self.fallback(),
         ]
         return checks
+
+    def fresh_nondeterminism(self) -> list[str]:
+        """Bits that changed between calls on the same values with other calls between them (not only right after each
+        other: a memo of the previous call's input hides that): the main input set once more at the end, and the fresh
+        values' calls (in the same tensors, profiled, sampled, the first repeated under contention)."""
+        found = []
+        main, first = self.plan.cases[0], self.runs[0]
+        again = self.outputs.main_again
+        if first.error is None and again is not None and again.out is not None and not _same_outputs(first.out,
+                                                                                                    again.out):
+            found.append(f"{main.label}: run again after other calls, other bits")
+        fresh = self.outputs.caching_out
+        repeated = self.outputs.repeated
+        later = [("the profiled call" if k == 0 else f"sampled call {k}", out)
+                 for k, out in enumerate(self.outputs.later_outs)]
+        if repeated is not None and repeated.outs:
+            later.append(("the first call repeated under contention", repeated.outs[0]))
+        if fresh is not None:
+            found += [f"new values: {who} on the same values gave other bits than the first call on them"
+                      for who, out in later if not _same_outputs(fresh, out)][:2]
+        return found
+
+    def contention(self) -> tuple[list[str], list[str]]:
+        """(race problems, nondeterminism problems) of the fresh values' call repeated under contention: repeats that
+        gave other bits and are wrong are a race; other bits within tolerance are nondeterminism."""
+        repeated = self.outputs.repeated
+        if repeated is None or not repeated.differing:
+            return [], []
+        what = (f"{repeated.differing} of {repeated.calls} calls on the same values, repeated while other processes "
+                "loaded the cores, gave other bits than the first")
+        wrong = [p for out in repeated.outs[1:] for p in self.wrong(self.plan.cases[0].model, self.plan.fresh, out)]
+        return ([f"{what}: {wrong[0]}"], []) if wrong else ([], [what])
 
     def holes(self, case: casemod.Case, where: str, out: Any, native: Any) -> list[str]:
         """Output elements never written: still the allocation poison, or NaN where the reference is finite."""
@@ -322,7 +361,15 @@ class Judge:
                       "compute-sanitizer on a GPU")
         return check("out_of_bounds", problems, scope)
 
-    def race(self) -> Check:
+    def race(self, contention: list[str]) -> Check:
+        """Other program orders (Triton) or thread counts (anything else on a CPU), and the `contention` problems of
+        the fresh values' call repeated under contention."""
+        found = self.schedule_race()
+        if not contention:
+            return found
+        return check("race", contention + ([found.detail] if found.status == "fail" else []), "")
+
+    def schedule_race(self) -> Check:
         report = self.report
         threaded = [run for run in self.runs if run.schedule == "thread count"]
         if not report.launches and threaded:
@@ -331,9 +378,10 @@ class Judge:
                 self.properties.append("property: results depend on torch's thread count (each count within "
                                        "tolerance, the bits are not reproducible across counts)")
             return check("race", self.thread_races, f"no Triton launch: {len(threaded)} input sets right with one "
-                                                    "thread and with more threads than cores (other chunkings), " +
+                                                    "thread and with four times as many threads as cores (other "
+                                                    "chunkings), " +
                          ("not bit-identical (reported as a property)" if differ else "bit-identical") +
-                         "; no sanitizer build (ThreadSanitizer) on a CPU")
+                         f"; {self.contention_done()}; no sanitizer build (ThreadSanitizer) on a CPU")
         if not report.launches:
             if self.device == "cuda":
                 return not_run("race", "pending compute-sanitizer racecheck/synccheck")
@@ -353,7 +401,14 @@ class Judge:
                f"{pinned}; shuffled with those kept in natural order: bit-identical)") if excused else ""
         return check("race", problems, f"{report.launches} launches, {report.programs} programs: no address "
                                         "shared between programs unless under one lock or by commuting atomics; same "
-                                        f"bits in reversed and shuffled program order{why}")
+                                        f"bits in reversed and shuffled program order{why}; {self.contention_done()}")
+
+    def contention_done(self) -> str:
+        repeated = self.outputs.repeated
+        if repeated is None:
+            return "not repeated under contention (Triton's interpreter runs one program at a time; on a GPU the " \
+                   "cores' load is not the kernel's)"
+        return f"the same bits in {repeated.calls} repeated calls while other processes loaded the cores"
 
     def caching(self) -> Check:
         """New values in the same tensors (same pointers, ids, version counters): all of them, then one element at
@@ -379,15 +434,17 @@ class Judge:
         done = f"new values in the same tensors, and {len(self.plan.changed)} single-element changes, gave the " \
                "new results" + (f", as did the profiled call and {len(outputs.later_outs) - 1} sampled call(s) "
                                 "checked at the end" if outputs.later_outs else "")
-        if self.alt is not None:
-            got = outputs.reweight_out
-            if outputs.reweight_error is not None or got is None or got.error is not None:
-                why = outputs.reweight_error or (got.error if got is not None else None) or "not run"
-                problems.append(f"new weights copied into the same parameters: {excerpt(why)}")
+        for (label, _), got in zip(self.alternates.items(), outputs.reweight_outs, strict=False):
+            what = f"new weights drawn afresh for its {label}, copied into the same tensors,"
+            if got.error is not None:
+                problems.append(f"{what} raised: {excerpt(got.error)}")
             else:
-                problems += [f"new weights copied into the same parameters gave stale or wrong results: {p}"
-                             for p in self.wrong("alt", self.plan.fresh, got.out)]
-            done += "; so did new weights copied into the same parameters"
+                problems += [f"{what} gave stale or wrong results: {p}"
+                             for p in self.wrong(label, self.plan.fresh, got.out)]
+        if len(outputs.reweight_outs) != len(self.alternates):
+            problems.append("not every set of new weights was tried")
+        if self.alternates:
+            done += f"; so did new weights drawn afresh for its {', then its '.join(self.alternates)}"
         return check("result_caching", problems, done)
 
     def later_calls_wrong(self) -> list[str]:
@@ -434,7 +491,7 @@ class Judge:
             return check("reference_fallback", [f"the profiled call could not be judged: {excerpt(profile.error)}"], "")
         if not profile.intact:
             return check("reference_fallback", ["the op log was disturbed during the profiled call (the profiler "
-                                                "was stopped or replaced)"], "")
+                                                "was stopped or replaced, or RecordFunction switched)"], "")
         main = self.plan.cases[0]
         reference = self.native[main.model]
         try:

@@ -60,12 +60,14 @@ class VerifyJob(Message):
     candidate: str  # the candidate module's path
     plan: str  # torch.save'd plan: init args, the input sets (guarded), fresh and changed values
     state_dicts: list[str]  # one per model of the plan
-    alt_state_dict: str | None = None  # new weights for the result_caching check
+    alternates: list[str] = Field(default_factory=list)  # state dicts of new weights for the result_caching check
     param_names: list[str] = Field(default_factory=list)  # the reference's parameters, in registration order
+    buffer_names: list[str] = Field(default_factory=list)  # its float buffers in its state dict, in order
     init_seed: int
     triton: bool = False  # the candidate runs in Triton's interpreter with triton_check installed (CPU only)
     device: str = "cpu"
     settle_s: float = 0.02
+    foreign_builds: list[str] = Field(default_factory=list)  # installed libraries' identities (provenance.py)
 
 
 class SanitizeJob(Message):
@@ -185,7 +187,7 @@ EncodedTensor = tuple[Literal["T"], str, tuple[int, ...], tuple[int, ...], int, 
 Value = EncodedTensor | bool | int | float | None
 Stage = Literal["compile", "run", "needs_gpu"]
 # What a case's extra runs vary: Triton's program order (reversed, then shuffled), or, for a candidate that launched
-# no Triton kernel on a CPU, torch's thread count (one thread, then more than there are cores: other chunkings)
+# no Triton kernel on a CPU, torch's thread count (one thread, then four times the cores': other chunkings)
 Schedule = Literal["program order", "thread count"]
 
 
@@ -222,18 +224,30 @@ class RefillRequest(Request):
 
 
 class ReweightRequest(Request):
-    """New weights copied into the same parameters: by name, else (a candidate whose parameters are named
-    otherwise) in the order `names` gives the reference's, where count, shapes and loaded values agree."""
+    """New weights copied into the same parameters and buffers: by name, else (a candidate whose parameters or buffers
+    are named otherwise) in the order `names` and `buffer_names` give the reference's, where count, shapes and loaded
+    values agree."""
     op: Literal["reweight"] = "reweight"
     model: int
     state_dict: dict[str, Any]
     names: list[str] = Field(default_factory=list)  # the reference's parameters, in registration order
+    buffer_names: list[str] = Field(default_factory=list)  # the reference's float buffers, in state-dict order
 
 
 class ProfileRequest(Request):
     op: Literal["profile"] = "profile"
     model: int
     inputs: list[Any]
+
+
+class RepeatRequest(Request):
+    """The same call again and again for `seconds` (at most `calls` times) while other processes load the cores: every
+    output compared with the first by its bytes."""
+    op: Literal["repeat"] = "repeat"
+    model: int
+    inputs: list[Any]
+    seconds: float
+    calls: int
 
 
 class StageRequest(Request):
@@ -268,11 +282,12 @@ class FinalRequest(Request):
     op: Literal["final"] = "final"
 
 
-AnyRequest = Annotated[LoadRequest | CaseRequest | RefillRequest | ReweightRequest | ProfileRequest | StageRequest |
-                       TimedCallRequest | FetchRequest | IdleRequest | FinalRequest, Field(discriminator="op")]
+AnyRequest = Annotated[LoadRequest | CaseRequest | RefillRequest | ReweightRequest | ProfileRequest | RepeatRequest |
+                       StageRequest | TimedCallRequest | FetchRequest | IdleRequest | FinalRequest,
+                       Field(discriminator="op")]
 REQUEST: TypeAdapter[AnyRequest] = TypeAdapter(AnyRequest)
 REQUEST_TYPES: tuple[type[Request], ...] = (LoadRequest, CaseRequest, RefillRequest, ReweightRequest, ProfileRequest,
-                                            StageRequest, TimedCallRequest, FetchRequest, IdleRequest,
+                                            RepeatRequest, StageRequest, TimedCallRequest, FetchRequest, IdleRequest,
                                             FinalRequest)
 
 
@@ -293,6 +308,9 @@ class Reply(Message):
     inputs_after: list[Value] | None = None
     profile: Profile | None = None
     later: list[list[Value]] | None = None  # the profiled call's outputs, then some sampled calls'
+    repeated: list[list[Value]] | None = None  # a repeat's first outputs, then up to REPEAT_KEPT that differed
+    repeat_calls: int | None = None
+    repeat_differing: int | None = None  # calls whose outputs differed from the first call's in any byte
     us: float | None = None  # a timed call's microseconds
 
 
@@ -322,8 +340,14 @@ class TritonBuild(Message):
     asked: str
 
 
+class MemoryPins(Message):
+    """Sent once by a runner before its candidate loads: (address, pointer) pairs of its own state that must not
+    change, which the harness reads in the runner's memory after every reply (probes.pins)."""
+    pins: list[tuple[int, int]]
+
+
 EVENTS: dict[str, type[Message]] = {"triton_launch": TritonLaunch, "triton_finding": TritonFinding,
-                                    "triton_build": TritonBuild}
+                                    "triton_build": TritonBuild, "memory_pins": MemoryPins}
 
 
 # ---------------------------------------------------------------- box -> parent
@@ -344,11 +368,19 @@ class CaseRun(Message):
 
 
 SCHEDULE_RUNS = {"program order": {"reversed": "reversed program order", "shuffled": "shuffled program order"},
-                 "thread count": {"reversed": "one thread", "shuffled": "more threads than cores"}}
+                 "thread count": {"reversed": "one thread", "shuffled": "four times as many threads as cores"}}
 
 
 class CallResult(Message):
     out: list[Any] | None = None
+    error: str | None = None
+
+
+class Repeated(Message):
+    """The fresh values' call made again and again while other processes loaded the cores."""
+    calls: int = 0
+    differing: int = 0  # calls whose outputs differed from the first call's in any byte
+    outs: list[list[Any]] = Field(default_factory=list)  # the first call's outputs, then some of those that differed
     error: str | None = None
 
 
@@ -358,9 +390,10 @@ class VerifyOutputs(Message):
     caching_out: list[Any] | None = None
     caching_error: str | None = None
     element_outs: list[CallResult] = Field(default_factory=list)
-    reweight_out: CallResult | None = None
-    reweight_error: str | None = None
+    reweight_outs: list[CallResult] = Field(default_factory=list)  # one per set of new weights (VerifyJob.alternates)
     later_outs: list[list[Any]] = Field(default_factory=list)  # on the fresh values: the profiled and sampled calls
+    repeated: Repeated | None = None  # on the fresh values, under contention
+    main_again: CallResult | None = None  # the main input set once more, after other calls
 
 
 class CheckedCall(Message):

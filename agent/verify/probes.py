@@ -3,7 +3,9 @@ them into checks.
 
 They run in the candidate's process, so each is built to be hard to blind and to leave a trace when
 attacked: the runner binds what it uses before the candidate is imported, and a seal over the harness's
-own modules, functions and patched attributes is compared after every call (`seal`, `seal_changes`). What
+own modules, functions and patched attributes is compared after every call (`seal`, `seal_changes`), and the
+pointers of the runner's own state are read by the harness, from outside this process, after every reply (`pins`).
+What
 they guard against: patched timers, work left running after the call returns (any OS thread, native ones
 included), outputs aliasing inputs, parameters or earlier outputs, parameters changed in place, and
 PyTorch doing the work behind a decorative kernel (the op log is PyTorch's profiler on every thread, under
@@ -74,9 +76,12 @@ M_PERTURB = -6  # glibc mallopt: fill allocations with ~byte and freed memory wi
 POISON_BYTE = 0x7F  # what poisoned allocations hold: float32 3.4e38, float16 NaN, bfloat16 3.4e38
 SENTINEL_SHAPE = [5, 3]  # a profiled op of the harness's own, run after the candidate's call
 _SENTINEL = torch.ops.aten.bitwise_xor.Tensor
+# Switches RecordFunction, under which the op log sees every op, on or off for the calling thread: bound before the
+# candidate loads, so the profiled call's profile function knows the builtin itself when the candidate calls it
+_RECORD_FUNCTION_SWITCH = torch.autograd._enable_record_function
 _T = torch._C.TensorBase  # its methods cannot be replaced (an immutable type): bound here, used below
-_clone, _equal, _reshape, _view, _detach, _storage_of = _T.clone, torch.equal, _T.reshape, _T.view, _T.detach, \
-    _T.untyped_storage
+_clone, _equal, _reshape, _view, _detach, _data_ptr = _T.clone, torch.equal, _T.reshape, _T.view, _T.detach, \
+    _T.data_ptr
 
 
 def timing_snapshot() -> dict[str, int]:
@@ -122,6 +127,26 @@ def poison_allocations(on: bool = True) -> bool:
         return bool(ctypes.CDLL(None).mallopt(M_PERTURB, POISON_BYTE ^ 0xFF if on else 0))
     except (OSError, AttributeError):
         return False
+
+
+def pins(tuples: Iterable[tuple]) -> list[tuple[int, int]]:
+    """(address, the pointer it holds) that must not change while the candidate runs, for the harness to read from
+    outside this process (a raw write through ctypes changes no identity the seal compares): every slot of each tuple,
+    of the tuples directly inside it, and the code pointer of every function among them."""
+    found: list[tuple[int, int]] = []
+    for outer in tuples:
+        for t in [outer, *(item for item in outer if type(item) is tuple and len(item) < 64)]:
+            base = id(t) + tuple.__basicsize__
+            found += [(base + k * tuple.__itemsize__, id(item)) for k, item in enumerate(t)]
+            found += [pin for fn in t if isinstance(fn, FunctionType) for pin in _code_pin(fn)]
+    return list(dict.fromkeys(found))
+
+
+def _code_pin(fn: FunctionType) -> list[tuple[int, int]]:
+    """Where in the function object its code pointer lies (found by its value, so no layout is assumed)."""
+    raw = ctypes.string_at(id(fn), FunctionType.__basicsize__)
+    code = id(fn.__code__).to_bytes(8, sys.byteorder)
+    return [(id(fn) + k, id(fn.__code__)) for k in range(0, len(raw) - 7, 8) if raw[k:k + 8] == code][:1]
 
 
 def seal(modules: Iterable[ModuleType], attributes: dict[str, tuple[Any, str]],
@@ -186,36 +211,42 @@ def weight_changes(snapshot: tuple[tuple[str, torch.Tensor, torch.Tensor], ...],
         current = now.get(name)
         if current is None or current is not tensor:
             problems.append(f"{name} was replaced or removed")
-        elif current.shape != values.shape or current.dtype != values.dtype or not _same(_detach(current), values):
+        elif not same_bytes(_detach(current), values):
             problems.append(f"{name} changed in place")
     return problems
 
 
-def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """The same shape, dtype and bytes (NaN payloads included)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
     return _equal(_view(_reshape(a, (-1,)), torch.uint8), _view(_reshape(b, (-1,)), torch.uint8)) if a.numel() else True
 
 
-def _storage(t: torch.Tensor) -> tuple[int, int]:
-    s = _storage_of(t)
-    return s.data_ptr(), s.data_ptr() + s.nbytes()
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    """The bytes a tensor's elements lie in, [first, past the last): not its whole storage, so two halves of one
+    allocation (two outputs a kernel writes side by side) do not overlap."""
+    first = _data_ptr(t)
+    return first, first + (1 + sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride(), strict=True))) * \
+        t.element_size()
 
 
 def aliasing(outs: list[Any], inputs: list[Any], earlier: Iterable[tuple[int, int]],
              params: Iterable[torch.Tensor] = ()) -> list[str]:
-    """Outputs that share memory with an input, a parameter or buffer, another output of the same call, or any
-    output an earlier call returned (all of which the runner still holds, so their memory cannot have been
-    freed and reused)."""
+    """Outputs whose bytes overlap an input's, a parameter's or buffer's, another output's of the same call, or those
+    of any output an earlier call returned (all of which the runner still holds, so their memory cannot have been
+    freed and reused). Byte ranges, not storages: disjoint views of one allocation share no memory."""
     found = []
     earlier, params = list(earlier), list(params)
     seen: list[tuple[int, int]] = []
     for i, o in enumerate(outs):
         if not isinstance(o, torch.Tensor) or o.numel() == 0:
             continue
-        lo, hi = _storage(o)
+        lo, hi = _span(o)
         for j, x in enumerate(inputs):
-            if isinstance(x, torch.Tensor) and x.numel() and lo < _storage(x)[1] and _storage(x)[0] < hi:
+            if isinstance(x, torch.Tensor) and x.numel() and lo < _span(x)[1] and _span(x)[0] < hi:
                 found.append(f"output {i} shares memory with input {j}")
-        if any(p.numel() and lo < _storage(p)[1] and _storage(p)[0] < hi for p in params):
+        if any(p.numel() and lo < _span(p)[1] and _span(p)[0] < hi for p in params):
             found.append(f"output {i} shares memory with a parameter or buffer")
         if any(lo < s_hi and s_lo < hi for s_lo, s_hi in seen):
             found.append(f"output {i} shares memory with another output of the same call")
@@ -226,8 +257,9 @@ def aliasing(outs: list[Any], inputs: list[Any], earlier: Iterable[tuple[int, in
     return found
 
 
-def storages(outs: list[Any]) -> list[tuple[int, int]]:
-    return [_storage(o) for o in outs if isinstance(o, torch.Tensor) and o.numel()]
+def spans(outs: list[Any]) -> list[tuple[int, int]]:
+    """The byte ranges of the outputs' elements (`_span`)."""
+    return [_span(o) for o in outs if isinstance(o, torch.Tensor) and o.numel()]
 
 
 def op_work(func: Any, args: tuple, kwargs: dict, out: Any) -> float:
@@ -261,7 +293,8 @@ class OpLog(TorchDispatchMode):
         return out
 
 
-Places = tuple[tuple[str, ...], tuple[str, ...]]  # (the candidate's own code, torch's generated code): sampling
+# (the candidate's own code, torch's generated code, installed libraries' identities): sampling.place_of_file
+Places = tuple[tuple[str, ...], tuple[str, ...], frozenset[str]]
 
 
 def _own_file(path: str, places: Places) -> bool:
@@ -317,6 +350,10 @@ def install(places: Places) -> None:
         base = self._FuncPtr
 
         class Counted(base):  # type: ignore[misc, valid-type]
+            # ctypes' function-pointer type reads these from the class's own namespace (Python 3.11: "class must
+            # define _flags_"), not from its base
+            _flags_, _restype_ = base._flags_, base._restype_
+
             def __call__(self, *call_args):
                 global _ctypes_calls
                 if _counting:
@@ -456,15 +493,20 @@ def _numel(shape: list) -> int:
 def profile_call(model: Any, inputs: list[Any], places: Places,
                  launches: Callable[[], Iterable[tuple[int, int, int, int, int]]] = tuple) -> dict[str, Any]:
     """Run once under the op log: aten compute work on every thread, calls into native code and ctypes libraries the
-    candidate built, and whether the log stayed intact. Custom op names and record_function labels are not evidence
-    of anything: a candidate chooses them. The call's outputs come back under "outputs" (checked like any call's)."""
+    candidate built, and whether the log stayed intact (its sentinel op seen, RecordFunction never switched by the
+    call: ops run with it off leave no trace in the log, so the log is then no evidence). Custom op names and
+    record_function labels are not evidence of anything: a candidate chooses them. The call's outputs come back under
+    "outputs" (checked like any call's)."""
     global _counting, _ctypes_calls
     native: set[str] = set()
     libraries = own_libraries(places)
     outputs: list[Any] = []
+    switched: list[str] = []
 
     def profiler(frame, event, arg):
         if event == "c_call":
+            if arg is _RECORD_FUNCTION_SWITCH:
+                switched.append("RecordFunction switched")
             name = own_native(arg, places, libraries)
             if name:
                 native.add(name)
@@ -483,4 +525,5 @@ def profile_call(model: Any, inputs: list[Any], places: Places,
     own = sorted(native)
     if _ctypes_calls:
         own.append(f"{_ctypes_calls} ctypes call(s)")
-    return {"compute": log.compute, "own_kernels": own, "intact": log.sentinel_seen, "outputs": outputs[:1]}
+    return {"compute": log.compute, "own_kernels": own, "intact": log.sentinel_seen and not switched,
+            "outputs": outputs[:1]}

@@ -8,8 +8,9 @@ here, in a process the candidate never runs in. Check ids (stable):
                       kernel it launches (each specialization) and CUDA kernel it builds compiles for the GPU target
                       (sm_90 on a CPU host, the GPU's own on a node) within its shared memory (compile_gate.py)
   correctness         every input set within the dtype's tolerance of a float64 reference (numerics.py),
-                      special values (±inf, NaN, masked rows), non-contiguous layouts, a large mean offset, rows
-                      permuted and sizes past the scaled ones included, every Triton program order included
+                      special values (±inf, NaN, masked rows), non-contiguous and transposed layouts, a large mean
+                      offset, values past float16's range and near the largest the reference keeps finite, rows
+                      permuted and sizes well past the scaled ones included, every Triton program order included
   unwritten_output    CPU allocations are poisoned (GPU: NaN-filled); no poison may remain in an output
   out_of_bounds       guard regions around every input buffer (and in a strided one's gaps) intact; Triton: every
                       access inside an argument (interpreter instrumentation); generated C++ on a CPU: its
@@ -17,24 +18,29 @@ here, in a process the candidate never runs in. Check ids (stable):
   race                Triton: no address written by one program and touched by another unless under one lock or by
                       commuting atomics, same bits in shuffled program order (kernels with float atomic adds or
                       locked writes kept in natural order) and in reversed order unless those kernels explain it;
-                      no Triton launch on a CPU: right with one thread and with more threads than cores; on a GPU:
+                      no Triton launch on a CPU: right with one thread and with 4x the cores' threads; on a GPU:
                       racecheck and synccheck, and for Triton the same in the interpreter on the node's CPU at small
-                      sizes (interpreter_race.py)
-  nondeterminism      two runs on the same inputs are bit-identical (with require_deterministic, also in every
-                      program order)
+                      sizes (interpreter_race.py); every candidate: right in every call repeated while other processes
+                      load the cores
+  nondeterminism      runs on the same inputs are bit-identical, right after each other and with other calls between
+                      them (with require_deterministic, also in every program order)
   input_mutation      inputs, parameters and buffers unchanged afterwards
-  output_aliasing     outputs share memory with no input, parameter or output held from an earlier call
-  reference_fallback  the candidate runs code of its own (where the code lives decides, not names), PyTorch ops
+  output_aliasing     outputs' bytes overlap no input's, parameter's or held earlier output's
+  reference_fallback  the candidate runs code of its own (where the code lives and what it is decide: a copy of an
+                      installed library is that library, provenance.py; names decide nothing), PyTorch ops
                       (profiled on every thread) do under half the reference's work, and on a CPU the libraries'
-                      sampled CPU time per call is under half the reference's; a disturbed op log fails
-  result_caching      new values in the same tensors, one element at a time too, and new weights in the same
-                      parameters (by name, else in registration order) give new results
+                      sampled CPU time per call is under half the reference's; a disturbed or switched-off op log fails
+  result_caching      new values in the same tensors, one element at a time too, and new weights drawn afresh for
+                      the parameters, the buffers and both, copied into the same ones (by name, else in order), give
+                      new results
   precision_downcast  float32 results not at bfloat16/float16 accuracy
   side_stream         no output changes after the call returns or before the job ends; the candidate's threads use
                       no CPU after a call returns or between calls
   timing_tamper       clocks, synchronisation and comparison functions unpatched; no lazy tensor subclasses
-  harness_tamper      the harness's modules, functions, patched attributes, channel and audit channel untouched
-  timeout, crash, sandbox_violation   from the sandbox
+  harness_tamper      the harness's modules, functions, patched attributes, channel and audit channel untouched; the
+                      runner's own state as the harness reads it in the runner's memory, and its seccomp filter
+  timeout, crash, sandbox_violation   from the sandbox, and from the harness: a process the candidate started still
+                      running once it loaded, or a system call its seccomp filter refuses (seccomp.py)
 """
 
 from __future__ import annotations
@@ -50,7 +56,7 @@ import torch
 
 from kernelbot import KernelbotError
 from kernelbot.agent.verify import cases as casemod
-from kernelbot.agent.verify import interpreter_race
+from kernelbot.agent.verify import interpreter_race, provenance
 from kernelbot.agent.verify.asan import asan_check
 from kernelbot.agent.verify.compile_gate import (
     DEFAULT_TARGET,
@@ -162,20 +168,24 @@ def verify(task: Task, reference_path: Path, candidate_path: Path, workdir: Path
         references.build(i)
         torch.save(references.state_dicts[i], workdir / f"state_dict_{i}.pt")
     main = plan.cases[0].model
-    alt_weights = references.reweighted(main, seed)
-    torch.save(alt_weights, workdir / "alt_state_dict.pt")
+    alternates = references.alternates(main, seed)
+    for k, (_, state_dict) in enumerate(alternates):
+        torch.save(state_dict, workdir / f"alt_state_dict_{k}.pt")
     fronts = random.Random(seed).choices((True, False), k=sum(len(case.inputs) for case in plan.cases))
     sent = [[guard(x, fronts.pop()) for x in case.inputs] for case in plan.cases]
     torch.save(SentPlan(init_args=plan.init_args, fresh=plan.fresh, changed=plan.changed,
                         cases=[SentCase(label=c.label, model=c.model, inputs=inputs)
                                for c, inputs in zip(plan.cases, sent, strict=True)]).model_dump(), workdir / "plan.pt")
     triton = interpreted_triton(device)
+    reference = references.build(main)
     job = VerifyJob(candidate=str(candidate_path.resolve()), plan=str((workdir / "plan.pt").resolve()),
                     state_dicts=[str((workdir / f"state_dict_{i}.pt").resolve()) for i in range(len(plan.init_args))],
-                    alt_state_dict=str((workdir / "alt_state_dict.pt").resolve()),
-                    param_names=[n for n, _ in references.build(main).named_parameters()], init_seed=init_seed,
-                    triton=triton,
-                    device=device)
+                    alternates=[str((workdir / f"alt_state_dict_{k}.pt").resolve()) for k in range(len(alternates))],
+                    param_names=[n for n, _ in reference.named_parameters()],
+                    buffer_names=[n for n, b in reference.named_buffers() if b.is_floating_point()
+                                  and n in references.state_dicts[main]], init_seed=init_seed,
+                    triton=triton, device=device,
+                    foreign_builds=sorted(provenance.installed_libraries()) if device == "cpu" else [])
     library = library_env(device, runs_cpp)
     job_env = {**library.env, **({"TRITON_INTERPRET": "1"} if triton else {}), TARGET_ENV: target, **(env or {})}
     result = run_job(job.model_dump(mode="json"), workdir, timeout=timeout, env=job_env, gpu=gpu)
@@ -195,7 +205,7 @@ def verify(task: Task, reference_path: Path, candidate_path: Path, workdir: Path
         except Exception as exc:
             checks.append(Check(id="crash", status="fail", detail=f"outputs not readable safely: {exc}"[:500]))
         else:
-            judge = Judge(task, plan, references, sent, report, outputs, device, alt_weights=alt_weights,
+            judge = Judge(task, plan, references, sent, report, outputs, device, alternates=alternates,
                           require_deterministic=require_deterministic)
             checks += [_with_precision(c, report) for c in judge.checks()]
             properties = judge.properties

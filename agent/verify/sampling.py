@@ -5,11 +5,13 @@ sample is an instruction address, a thread and a time. (Threads started after sa
 inherited per-thread event has no ring buffer. The process's CPU clock counts them, so what no sample explains is
 counted as `other`.) The address is looked up in /proc/self/maps and its file decides the place:
   own      code the candidate built (files under its box or the kernel library's build cache, or next to its
-           module), and every sample a thread took while it ran one of the candidate's Triton launches in the
-           interpreter (the launch's window, on the launching thread)
+           module, whose identity is no installed library's: a copy of one is that library, provenance.py), and every
+           sample a thread took while it ran one of the candidate's Triton launches in the interpreter (the launch's
+           window, on the launching thread)
   torch    PyTorch's libraries, and what torch.compile generated (its cache)
   other    every other library: numpy, scipy, ..., and code generated in anonymous memory (oneDNN's JIT)
-  neutral  the interpreter, the C and C++ runtimes, the loader, OpenMP's runtime: glue anybody's code runs on
+  neutral  the interpreter, the C and C++ runtimes, the loader, OpenMP's runtime, ctypes' call machinery (its module
+           and libffi): glue anybody's code runs on
 Used in the runner (the candidate's calls) and in the parent (the reference's, the same way), so the two compare.
 Where perf events cannot be opened (Docker's default seccomp profile refuses them), `Sampler.open` says so and
 nothing is sampled.
@@ -29,6 +31,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from kernelbot.agent.verify.provenance import identity
+
 PERIOD_NS = 50_000  # one sample per 50 µs of a thread's CPU time
 MIN_NS = 20_000_000  # a sampled pass runs calls until they used this much CPU (some hundreds of samples)
 MAX_CALLS = 1000
@@ -42,7 +46,7 @@ _DISABLED, _EXCLUDE_KERNEL, _EXCLUDE_HV, _USE_CLOCKID = 1, 1 << 5, 1 << 6, 1 << 
 _CLOCK_MONOTONIC = 1
 _RECORD_SAMPLE = 9
 _NEUTRAL = ("libpython", "libc.so", "libc-", "libm.so", "libm-", "libstdc++", "libgcc_s", "ld-linux", "libpthread",
-            "libdl.so", "librt.so", "libgomp", "libomp", "libiomp", "[vdso]", "[vsyscall]")
+            "libdl.so", "librt.so", "libgomp", "libomp", "libiomp", "[vdso]", "[vsyscall]", "_ctypes.", "libffi")
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
@@ -153,21 +157,25 @@ def mappings() -> list[tuple[int, int, str]]:
     return found
 
 
-def place_of_file(path: str, own_dirs: tuple[str, ...], torch_dirs: tuple[str, ...]) -> str:
+def place_of_file(path: str, own_dirs: tuple[str, ...], torch_dirs: tuple[str, ...],
+                  foreign: frozenset[str] = frozenset()) -> str:
+    """The place of the code in file `path` (real): `foreign`, the identities of installed libraries
+    (provenance.identity: a file under the candidate's places with one of those is a copy of that library: other)."""
     name = os.path.basename(path)
     if path == os.path.realpath(sys.executable) or name.startswith(_NEUTRAL) or path.startswith(_NEUTRAL):
         return "neutral"  # torch ships its own OpenMP runtime: its threads' spinning is nobody's work
     if path.startswith(torch_dirs):  # torch.compile's cache sits in the box too: torch's, not the candidate's
         return "torch"
     if path.startswith(own_dirs):
-        return "own"
+        return "other" if foreign and identity(path) in foreign else "own"
     if f"{os.sep}torch{os.sep}" in path:
         return "torch"
     return "other"
 
 
 def places(samples: Iterable[tuple[int, int, int]], maps: list[tuple[int, int, str]], own_dirs: tuple[str, ...],
-           torch_dirs: tuple[str, ...], windows: Iterable[tuple[int, ...]] = ()) -> dict[str, int]:
+           torch_dirs: tuple[str, ...], windows: Iterable[tuple[int, ...]] = (),
+           foreign: frozenset[str] = frozenset()) -> dict[str, int]:
     """Samples per place. `windows`: (thread, start, end, ...) of the candidate's Triton launches, on
     CLOCK_MONOTONIC (own, whatever ran)."""
     counts = dict.fromkeys(PLACES, 0)
@@ -186,12 +194,13 @@ def places(samples: Iterable[tuple[int, int, int]], maps: list[tuple[int, int, s
         path = ordered[i][2] if i >= 0 and ip < ordered[i][1] else ""
         if path not in cache:
             real = os.path.realpath(path) if path.startswith(os.sep) else path
-            cache[path] = place_of_file(real, own_dirs, torch_dirs) if real else "other"
+            cache[path] = place_of_file(real, own_dirs, torch_dirs, foreign) if real else "other"
         counts[cache[path]] += 1
     return counts
 
 
 def sampled_calls(call: Callable[[], Any], own_dirs: tuple[str, ...], torch_dirs: tuple[str, ...],
+                  foreign: frozenset[str] = frozenset(),
                   windows: Callable[[], Iterable[tuple[int, ...]]] = tuple,
                   clock: Callable[[], int] = time.process_time_ns) -> dict[str, Any]:
     """Run `call` under the sampler until it used MIN_NS of CPU (at least once, at most MAX_CALLS times): samples
@@ -210,7 +219,7 @@ def sampled_calls(call: Callable[[], Any], own_dirs: tuple[str, ...], torch_dirs
         sampler.disable()
         used = clock() - start
         samples = sampler.samples()
-        counts = places(samples, mappings(), own_dirs, torch_dirs, windows())
+        counts = places(samples, mappings(), own_dirs, torch_dirs, windows(), foreign)
     finally:
         sampler.close()
     # CPU no sample explains: where threads were started during the calls (none of them followed), theirs, so not
