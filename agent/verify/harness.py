@@ -955,11 +955,43 @@ def _reweight(model: torch.nn.Module, new: dict[str, Any], names: list[str], buf
 
 def _op_load(setup: RunnerSetup, request: LoadRequest, facts: dict[str, list[str]]
              ) -> tuple[dict[str, Any], tuple[torch.nn.Module, ...]]:
+    before = _triton_kernels() if setup.sealed_processes else 0
     model_cls = _load(setup.module, setup.cls)
     models = tuple(_build(model_cls, init, sd, request.init_seed, facts["unloadable_weights"]).to(setup.device)
                    for init, sd in request.models)
-    sealed = [seccomp.refuse_processes()] if setup.sealed_processes else []  # its builds are done: no more programs
+    sealed = []
+    if setup.sealed_processes and _triton_kernels() > before:
+        sealed = [TRITON_UNSEALED]  # Triton compiles a kernel (ptxas: a program) at its first launch, as on a GPU
+    elif setup.sealed_processes:
+        sealed = [seccomp.refuse_processes()]  # its builds are done: no more programs
     return {"ptxas": cuda_check.REPORTS, "protections": [*_PROTECTIONS, *sealed]}, models
+
+
+TRITON_UNSEALED = ("no process filter: the candidate brought Triton kernels, which the compile gate compiles (Triton's "
+                   "ptxas, a program) at their first launch with each specialization")
+
+
+def _triton_kernels() -> int:
+    """How many @triton.jit functions (interpreted or not) were made in this process since the first call: counted by
+    their constructors, wrapped once here (the candidate's import adding some makes it a Triton candidate)."""
+    try:
+        from triton.runtime.interpreter import InterpretedFunction
+        from triton.runtime.jit import JITFunction
+    except ImportError:
+        return 0
+    for cls in (InterpretedFunction, JITFunction):
+        if "_kb_made" not in cls.__dict__:
+            init = cls.__init__
+
+            def counted(self: Any, *args: Any, _init: Callable[..., None] = init, **kwargs: Any) -> None:
+                _TRITON_MADE[0] += 1
+                _init(self, *args, **kwargs)
+
+            cls.__init__, cls._kb_made = counted, True
+    return _TRITON_MADE[0]
+
+
+_TRITON_MADE = [0]
 
 
 def _cpu_since(mark: tuple[int, dict[int, int]] | None, known: frozenset[int]
@@ -1010,6 +1042,13 @@ def _strays(runner: Runner, runners: list[Runner]) -> list[int]:
         if not more:
             return sorted(below)
         below |= more
+
+
+def _sealed(asked: bool, loaded: Reply) -> bool:
+    """Whether the runner's process filter should be in force: asked for, unless the candidate brought Triton
+    kernels (their runner stays unfiltered, said in its protections; a candidate that brings a Triton kernel to
+    escape the filter is where every Triton candidate is)."""
+    return asked and TRITON_UNSEALED not in (loaded.protections or [])
 
 
 def _after_load(runner: Runner, runners: list[Runner], sealed: bool) -> list[str]:
@@ -1117,7 +1156,7 @@ def _verify(job: VerifyJob) -> VerifyResult | JobFailure:
         if loaded.error is not None:
             return JobFailure(error=loaded.error[:1500], stage=loaded.stage or "compile", ptxas=_ptxas(loaded.ptxas),
                               facts=facts)
-        facts.tamper += _after_load(runner, [runner], setup.sealed_processes)
+        facts.tamper += _after_load(runner, [runner], _sealed(setup.sealed_processes, loaded))
         protections = (loaded.protections or [])[:4]
         runs = []
         for i, case in enumerate(plan.cases):
@@ -1296,7 +1335,7 @@ def _bench(job: BenchJob) -> BenchResult | JobFailure:
             if reply.error is not None:
                 return JobFailure(error=f"{who}: {reply.error[:500]}", stage="run")
             if r is candidate:
-                facts.tamper += _after_load(r, runners, job.device == "cpu")
+                facts.tamper += _after_load(r, runners, _sealed(job.device == "cpu", reply))
             r.ask(StageRequest(sets=drawn))
 
         def timed(i: int, k: int, poisoned: bool = False) -> float:
