@@ -11,7 +11,7 @@ from helpers import write_module
 from test_verify import RMS_TASK
 
 from kernelbot.agent.tasks.tasks import reference_source
-from kernelbot.agent.verify import cases, interpreter_race, run, sanitizer
+from kernelbot.agent.verify import cases, compile_gate, interpreter_race, run, sanitizer
 from kernelbot.agent.verify.interpreter_race import Coverage
 from kernelbot.agent.verify.messages import Facts, Profile, PtxasReport, VerifyResult
 from kernelbot.records import Check, SanitizerRun, Verdict
@@ -140,12 +140,18 @@ def _verify_as_if_on_a_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, slot
     the node's CPU is real: verify(device="cpu") at the small sizes, in the sandbox, with Triton's interpreter."""
     real_run_job, jobs = run.run_job, []
 
-    def run_job(job: dict, workdir: Path, timeout: float, env: dict[str, str], gpu: int | None) -> SandboxResult:
+    def run_job(job: dict, workdir: Path, timeout: float, env: dict[str, str], gpu: int | None = None
+                ) -> SandboxResult:
+        if job["kind"] != "verify":  # the CPU job's compile gate: a job of its own there, run as it is
+            return real_run_job(job, workdir, timeout=timeout, env=env, gpu=gpu)
         jobs.append((job["device"], job["triton"]))
         if job["device"] == "cpu":
             return real_run_job(job, workdir, timeout=timeout, env=env, gpu=gpu)
+        # run as a CPU job, whose process filter refuses Triton's ptxas: no compile gate in it (its Triton report,
+        # the gate's builds included, is dropped anyway)
+        cpu_env = {k: v for k, v in env.items() if k != compile_gate.TARGET_ENV}
         result = real_run_job({**job, "device": "cpu", "triton": True}, workdir, timeout=timeout,
-                              env={**env, "TRITON_INTERPRET": "1"}, gpu=None)
+                              env={**cpu_env, "TRITON_INTERPRET": "1"}, gpu=None)
         if result.payload is not None:
             result.payload["triton"] = None
         return result

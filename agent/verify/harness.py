@@ -58,6 +58,8 @@ from kernelbot.agent.verify.messages import (
     BenchJob,
     BenchOutputs,
     BenchResult,
+    BuildJob,
+    Builds,
     CallResult,
     CaseRequest,
     CaseRun,
@@ -97,6 +99,7 @@ from kernelbot.engine import device as device_mod
 from kernelbot.engine.device import DeviceChoice, Stopwatch, timed_call
 from kernelbot.loading import load_module
 from kernelbot.paths import cache_dir
+from kernelbot.records import KernelBuild
 from kernelbot.sandbox import confine as confine_mod
 from kernelbot.sandbox import landlock, seccomp
 from kernelbot.sandbox.confine import AUDIT_LOST, Recorder, confine, lost_records
@@ -955,43 +958,11 @@ def _reweight(model: torch.nn.Module, new: dict[str, Any], names: list[str], buf
 
 def _op_load(setup: RunnerSetup, request: LoadRequest, facts: dict[str, list[str]]
              ) -> tuple[dict[str, Any], tuple[torch.nn.Module, ...]]:
-    before = _triton_kernels() if setup.sealed_processes else 0
     model_cls = _load(setup.module, setup.cls)
     models = tuple(_build(model_cls, init, sd, request.init_seed, facts["unloadable_weights"]).to(setup.device)
                    for init, sd in request.models)
-    sealed = []
-    if setup.sealed_processes and _triton_kernels() > before:
-        sealed = [TRITON_UNSEALED]  # Triton compiles a kernel (ptxas: a program) at its first launch, as on a GPU
-    elif setup.sealed_processes:
-        sealed = [seccomp.refuse_processes()]  # its builds are done: no more programs
+    sealed = [seccomp.refuse_processes()] if setup.sealed_processes else []  # its builds are done: no more programs
     return {"ptxas": cuda_check.REPORTS, "protections": [*_PROTECTIONS, *sealed]}, models
-
-
-TRITON_UNSEALED = ("no process filter: the candidate brought Triton kernels, which the compile gate compiles (Triton's "
-                   "ptxas, a program) at their first launch with each specialization")
-
-
-def _triton_kernels() -> int:
-    """How many @triton.jit functions (interpreted or not) were made in this process since the first call: counted by
-    their constructors, wrapped once here (the candidate's import adding some makes it a Triton candidate)."""
-    try:
-        from triton.runtime.interpreter import InterpretedFunction
-        from triton.runtime.jit import JITFunction
-    except ImportError:
-        return 0
-    for cls in (InterpretedFunction, JITFunction):
-        if "_kb_made" not in cls.__dict__:
-            init = cls.__init__
-
-            def counted(self: Any, *args: Any, _init: Callable[..., None] = init, **kwargs: Any) -> None:
-                _TRITON_MADE[0] += 1
-                _init(self, *args, **kwargs)
-
-            cls.__init__, cls._kb_made = counted, True
-    return _TRITON_MADE[0]
-
-
-_TRITON_MADE = [0]
 
 
 def _cpu_since(mark: tuple[int, dict[int, int]] | None, known: frozenset[int]
@@ -1042,13 +1013,6 @@ def _strays(runner: Runner, runners: list[Runner]) -> list[int]:
         if not more:
             return sorted(below)
         below |= more
-
-
-def _sealed(asked: bool, loaded: Reply) -> bool:
-    """Whether the runner's process filter should be in force: asked for, unless the candidate brought Triton
-    kernels (their runner stays unfiltered, said in its protections; a candidate that brings a Triton kernel to
-    escape the filter is where every Triton candidate is)."""
-    return asked and TRITON_UNSEALED not in (loaded.protections or [])
 
 
 def _after_load(runner: Runner, runners: list[Runner], sealed: bool) -> list[str]:
@@ -1156,7 +1120,7 @@ def _verify(job: VerifyJob) -> VerifyResult | JobFailure:
         if loaded.error is not None:
             return JobFailure(error=loaded.error[:1500], stage=loaded.stage or "compile", ptxas=_ptxas(loaded.ptxas),
                               facts=facts)
-        facts.tamper += _after_load(runner, [runner], _sealed(setup.sealed_processes, loaded))
+        facts.tamper += _after_load(runner, [runner], setup.sealed_processes)
         protections = (loaded.protections or [])[:4]
         runs = []
         for i, case in enumerate(plan.cases):
@@ -1335,7 +1299,7 @@ def _bench(job: BenchJob) -> BenchResult | JobFailure:
             if reply.error is not None:
                 return JobFailure(error=f"{who}: {reply.error[:500]}", stage="run")
             if r is candidate:
-                facts.tamper += _after_load(r, runners, _sealed(job.device == "cpu", reply))
+                facts.tamper += _after_load(r, runners, job.device == "cpu")
             r.ask(StageRequest(sets=drawn))
 
         def timed(i: int, k: int, poisoned: bool = False) -> float:
@@ -1403,13 +1367,31 @@ def _sanitize(job: SanitizeJob) -> Done:
     return Done()
 
 
-def _run(job: VerifyJob | SanitizeJob | BenchJob | NoopJob) -> VerifyResult | BenchResult | Done | JobFailure:
+def _build_gate(job: BuildJob) -> Builds:
+    """The compile gate for a CPU host (compile_gate): one call on the main case in Triton's interpreter, each kernel
+    launched compiled for the target. A job of its own, in this process: Triton's compiler runs ptxas (a program),
+    which a verified CPU runner's process filter refuses once its candidate has loaded."""
+    from kernelbot.agent.verify import triton_check  # imported here, as by runners: it imports Triton
+
+    triton_check.install(None)
+    plan = SentPlan.model_validate(torch.load(job.plan))
+    model = _build(_load(job.candidate, "ModelNew"), plan.init_args[0], torch.load(job.state_dicts[0]),
+                   job.init_seed, [])
+    with torch.inference_mode():
+        model(*plan.cases[0].inputs)
+    return Builds(builds=[KernelBuild.model_validate(b) for b in triton_check.REPORT.builds][:MAX_BUILDS])
+
+
+def _run(job: VerifyJob | SanitizeJob | BenchJob | BuildJob | NoopJob
+         ) -> VerifyResult | BenchResult | Done | Builds | JobFailure:
     if isinstance(job, VerifyJob):
         return _verify(job)
     if isinstance(job, BenchJob):
         return _bench(job)
     if isinstance(job, SanitizeJob):
         return _sanitize(job)
+    if isinstance(job, BuildJob):
+        return _build_gate(job)
     return Done()
 
 
@@ -1431,7 +1413,7 @@ def main() -> None:
     # queries it on a CUDA build. Runners install the check themselves; a job that forks none installs it here.
     if not forks:
         cuda_check.install(Path.cwd() / WORK)
-    result: VerifyResult | BenchResult | Done | JobFailure
+    result: VerifyResult | BenchResult | Done | Builds | JobFailure
     try:
         result = _run(job)
     except NeedsGPU as exc:

@@ -99,7 +99,17 @@ class NoopJob(Message):
     kind: Literal["noop"] = "noop"
 
 
-Job = Annotated[VerifyJob | SanitizeJob | BenchJob | NoopJob, Field(discriminator="kind")]
+class BuildJob(Message):
+    """The compile gate on a CPU host: one call on the main input set in Triton's interpreter, each launched kernel
+    compiled for the target (compile_gate), in a process with no process filter (Triton's compiler runs ptxas)."""
+    kind: Literal["build"] = "build"
+    candidate: str
+    plan: str
+    state_dicts: list[str]
+    init_seed: int
+
+
+Job = Annotated[VerifyJob | SanitizeJob | BenchJob | BuildJob | NoopJob, Field(discriminator="kind")]
 JOB: TypeAdapter[Job] = TypeAdapter(Job)
 
 
@@ -441,7 +451,13 @@ class Done(BoxResult):
     kind: Literal["done"] = "done"
 
 
-Result = Annotated[Failure | VerifyResult | BenchResult | Done, Field(discriminator="kind")]
+class Builds(BoxResult):
+    """A build job's kernels, compiled for the target."""
+    kind: Literal["builds"] = "builds"
+    builds: list[KernelBuild] = Field(default_factory=list, max_length=MAX_BUILDS)
+
+
+Result = Annotated[Failure | VerifyResult | BenchResult | Done | Builds, Field(discriminator="kind")]
 RESULT: TypeAdapter[Result] = TypeAdapter(Result)
 
 

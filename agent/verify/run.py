@@ -68,6 +68,8 @@ from kernelbot.agent.verify.compile_gate import (
 )
 from kernelbot.agent.verify.judge import Judge, excerpt, guard, merge, not_run, scrub
 from kernelbot.agent.verify.messages import (
+    BuildJob,
+    Builds,
     Failure,
     PtxasReport,
     Result,
@@ -187,7 +189,9 @@ def verify(task: Task, reference_path: Path, candidate_path: Path, workdir: Path
                     triton=triton, device=device,
                     foreign_builds=sorted(provenance.installed_libraries()) if device == "cpu" else [])
     library = library_env(device, runs_cpp)
-    job_env = {**library.env, **({"TRITON_INTERPRET": "1"} if triton else {}), TARGET_ENV: target, **(env or {})}
+    job_env = {**library.env, **({"TRITON_INTERPRET": "1"} if triton else {}), **(env or {})}
+    # a CPU runner's process filter refuses Triton's ptxas: there the compile gate is a job of its own (_cpu_builds)
+    job_env = job_env if device == "cpu" else {**job_env, TARGET_ENV: target}
     result = run_job(job.model_dump(mode="json"), workdir, timeout=timeout, env=job_env, gpu=gpu)
     report = read_result(result.payload)
 
@@ -220,6 +224,10 @@ def verify(task: Task, reference_path: Path, candidate_path: Path, workdir: Path
                 if interpreted is not None:
                     coverage, builds = interpreted.coverage, builds + interpreted.builds
                     checks, launches = interpreter_race.merged(checks, interpreted), interpreted.launches
+            elif launches:
+                cpu_builds, gate_problem = _cpu_builds(job, workdir, timeout, {**job_env, TARGET_ENV: target})
+                builds += cpu_builds
+                properties += [gate_problem] if gate_problem else []
             elif report.profile is not None:  # unguarded inputs: ASan's redzones lie right past them
                 unguarded = [x.clone() if isinstance(x, torch.Tensor) else x for x in plan.cases[0].inputs]
                 found = asan_check(lambda: _sanitize_job(job, plan, unguarded, workdir), report.profile.own_kernels,
@@ -248,6 +256,20 @@ def verify(task: Task, reference_path: Path, candidate_path: Path, workdir: Path
                    cases=[c.label for c in plan.cases], seconds=round(time.perf_counter() - t0, 2),
                    protections=[excerpt(p) for p in result.protections], seed=seed, notes=[scrub(n) for n in notes],
                    triton_launches=launches, sanitizer_runs=sanitizer_runs, interpreter_race=coverage, builds=builds)
+
+
+def _cpu_builds(job: VerifyJob, workdir: Path, timeout: float, env: dict[str, str]
+                ) -> tuple[list[KernelBuild], str | None]:
+    """A CPU candidate's Triton kernels compiled for the target (compile_gate) in a job of their own, without the
+    verified runner's process filter: one call on the main case in the interpreter. The builds, or why there are
+    none."""
+    build = BuildJob(candidate=job.candidate, plan=job.plan, state_dicts=job.state_dicts[:1], init_seed=job.init_seed)
+    result = run_job(build.model_dump(mode="json"), workdir / "compile_gate", timeout=timeout, env=env)
+    report = read_result(result.payload)
+    if isinstance(report, Builds):
+        return report.builds, None
+    why = report.error if isinstance(report, Failure) else result.detail
+    return [], excerpt(f"compile gate not run: its job ended {result.status} ({why})", 300)
 
 
 def _interpreted_race(task: Task, reference_path: Path, candidate_path: Path, workdir: Path, seed: int, timeout: float,
