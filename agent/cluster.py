@@ -33,7 +33,7 @@ from kernelbot.agent.journal.progress import ClusterProgress, Running
 from kernelbot.records import Bench, Candidate, KernelOutcome, KernelResult, Placement, Task, Verdict
 
 if TYPE_CHECKING:
-    from kernelbot.agent.verify.evaluate import Outcome
+    from kernelbot.outcomes import Outcome
 
 MAX_RETRIES = 2  # further tries of a candidate whose worker or node died, wherever Ray finds room
 PROGRESS_S = 5.0  # how often the driver refreshes the progress line (and the journal's copy of it)
@@ -184,7 +184,7 @@ def comparable(out: Outcome, target_device: str) -> Outcome:
 def outcome_from(text: str, job: Job, target_device: str) -> Outcome:
     """A worker's result as the driver's Outcome, its records and files written in the driver's candidate
     directory exactly where a local evaluation writes them."""
-    from kernelbot.agent.verify.evaluate import Accepted, Outcome
+    from kernelbot.outcomes import Accepted, Outcome
     from kernelbot.rundir import write_record
 
     result = ShippedResult.model_validate_json(text.replace(TASK_DIR_MARK, str(job.task_dir.resolve())))
@@ -207,7 +207,7 @@ def outcome_from(text: str, job: Job, target_device: str) -> Outcome:
 def lost_outcome(job: Job, error: BaseException, *, raised: bool) -> Outcome:
     """A candidate no worker finished: its worker or node died on every try, or the worker's own code raised
     (`raised`: kernelbot missing or broken on that node; the candidate itself never raises out of evaluate)."""
-    from kernelbot.agent.verify.evaluate import Outcome, new_row
+    from kernelbot.outcomes import Outcome, new_row
 
     first = str(error).strip().splitlines()[0] if str(error).strip() else ""
     where = "the worker failed" if raised else f"lost on the cluster after {1 + MAX_RETRIES} tries"

@@ -22,7 +22,7 @@ from kernelbot.agent.propose.proposer import available_backends, propose, write_
 from kernelbot.agent.report.report import llm_line
 from kernelbot.agent.run_options import OptimizeOptions
 from kernelbot.agent.stages import Stages
-from kernelbot.agent.verify.evaluate import Accepted, Outcome, duel, evaluate, pick_best
+from kernelbot.agent.verify.evaluate import duel, evaluate
 from kernelbot.kernel_library.cpp_build import (
     BUILD_ERRORS,
     build_problem,
@@ -31,6 +31,7 @@ from kernelbot.kernel_library.cpp_build import (
     unbuilt_library,
 )
 from kernelbot.kernel_library.identity import source_identity
+from kernelbot.outcomes import Accepted, Outcome, pick_best
 from kernelbot.records import Bench, Candidate, Device, Hotspot, KernelOutcome, KernelResult, LLMUsage, Origin, Task
 
 if TYPE_CHECKING:

@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 
 from kernelbot import __version__
-from kernelbot.agent.verify.evaluate import Accepted
+from kernelbot.outcomes import Accepted
 from kernelbot.records import Pack, PackEntry, Verdict
 
 

@@ -17,7 +17,7 @@ from kernelbot.agent.journal.journal import Journal
 from kernelbot.agent.journal.replay import JournaledClient
 from kernelbot.agent.journal.run_state import Clock, RunState
 from kernelbot.agent.llm.client import Answer
-from kernelbot.agent.verify.evaluate import Outcome, new_row
+from kernelbot.outcomes import Outcome, new_row
 from kernelbot.records import Candidate, Task
 
 CANDIDATES = 6

@@ -19,7 +19,8 @@ from helpers import write_module
 
 from kernelbot.agent.cluster import ClusterExecutor, Job, comparable
 from kernelbot.agent.propose.proposer import available_backends, propose, write_candidate
-from kernelbot.agent.verify.evaluate import Accepted, Outcome, evaluate
+from kernelbot.agent.verify.evaluate import evaluate
+from kernelbot.outcomes import Accepted, Outcome
 from kernelbot.records import Bench, Candidate, KernelOutcome, KernelResult, Placement, Task, Verdict
 
 RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0",

@@ -76,7 +76,7 @@ def test_a_builtin_candidate_that_lost_to_the_op_here_is_not_proposed_again(tmp_
     from kernelbot.agent.journal.run_state import Clock, RunState
     from kernelbot.agent.run_options import OptimizeOptions
     from kernelbot.agent.stages import Stages
-    from kernelbot.agent.verify.evaluate import Outcome, new_row
+    from kernelbot.outcomes import Outcome, new_row
     from kernelbot.records import Candidate, Device, KernelOutcome, Origin
 
     task = _task([8, 512, 128])

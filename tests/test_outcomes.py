@@ -18,8 +18,9 @@ from kernelbot.agent.report.report import _kernel_rows, summary_table
 from kernelbot.agent.tasks import plan as plan_mod
 from kernelbot.agent.tasks.plan import ModelTasks, plan_tasks, signature
 from kernelbot.agent.verify import evaluate as evaluate_mod
-from kernelbot.agent.verify.evaluate import Accepted, evaluate, new_row, pick_best
+from kernelbot.agent.verify.evaluate import evaluate
 from kernelbot.engine.extract import NotExtractable
+from kernelbot.outcomes import Accepted, new_row, pick_best
 from kernelbot.records import Bench, Candidate, Check, Hotspot, KernelOutcome, KernelResult, Report, Task, Verdict
 
 MISLEADING_VERIFIED = "verified; 9.99x beyond noise (this wording must decide nothing)"

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from kernelbot.agent.journal.journal import Journal
-from kernelbot.agent.verify.evaluate import Accepted, Outcome
 from kernelbot.kernel_library.store import KernelStore
+from kernelbot.outcomes import Accepted, Outcome
 from kernelbot.records import Bench, Candidate, KernelResult, Task, Verdict
 from kernelbot.rundir import write_record
 

@@ -16,8 +16,8 @@ from kernelbot.agent.llm.llm_options import LLMOptions
 from kernelbot.agent.llm.prompt import Attempt, PromptContext, build_messages
 from kernelbot.agent.llm.redact import redact
 from kernelbot.agent.propose.proposer import write_candidate
-from kernelbot.agent.verify.evaluate import Accepted, Outcome, new_row, pick_best
 from kernelbot.kernel_library.identity import source_identity
+from kernelbot.outcomes import Accepted, Outcome, new_row, pick_best
 from kernelbot.records import Candidate, KernelResult, LLMCall, LLMUsage, Origin, Task
 
 

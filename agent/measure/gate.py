@@ -20,7 +20,7 @@ from kernelbot.records import EndToEndTimes
 
 if TYPE_CHECKING:
     from kernelbot.agent.measure.measure import Measured
-    from kernelbot.agent.verify.evaluate import Accepted
+    from kernelbot.outcomes import Accepted
 
 
 def ratio(times: EndToEndTimes) -> float:
