@@ -33,12 +33,12 @@ from kernelbot.engine.serving.served import (
     merge_captures,
     merge_generic,
     round_ms,
-    split_hotspots,
 )
 from kernelbot.engine.torch_engine import TorchEngine, without_grouped_experts
 from kernelbot.kernel_library import classes_covered
 from kernelbot.profiler.device import with_attained
 from kernelbot.profiler.hotspots import op_breakdown, rank_hotspots
+from kernelbot.profiler.row_split import split_hotspots
 from kernelbot.profiler.trace import load_trace
 from kernelbot.profiler.workload_floor import with_shares, workload_floor
 from kernelbot.records import (
@@ -85,8 +85,8 @@ class InProcessEngine:
             loaded = load_trace(trace)
             op_breakdown(loaded).to_csv(trace.with_name(trace.name.replace(".json.gz", "_ops.csv")), index=False)
             covered = classes_covered(self.engine.model)
-            return ranked(lambda device: Profiled(hotspots=rank_hotspots(loaded, device, covered), captures=[]),
-                          self)
+            return rank_at_attained_peaks(
+                lambda device: Profiled(hotspots=rank_hotspots(loaded, device, covered), captures=[]), self)
         finally:
             self.engine.remove_pack()
 
@@ -153,7 +153,7 @@ class ServedRunEngine:
         op_breakdown(loaded).to_csv(trace.with_name(trace.name.replace(".json.gz", "_ops.csv")), index=False)
         covered = {c.module_class or c.engine_class: c.family for c in captures}
         generic = merge_generic(reports)
-        return ranked(lambda device: Profiled(hotspots=split_hotspots(
+        return rank_at_attained_peaks(lambda device: Profiled(hotspots=split_hotspots(
             rank_hotspots(loaded, device, covered, by_name=False), captures, device, self.served.decode_scale),
             captures=captures, generic=generic), self)
 
@@ -181,7 +181,7 @@ class ServedRunEngine:
                         notes=list(serving.notes))
 
 
-def ranked(rank: Callable[[Device], Profiled], engine: InProcessEngine | ServedRunEngine) -> Profiled:
+def rank_at_attained_peaks(rank: Callable[[Device], Profiled], engine: InProcessEngine | ServedRunEngine) -> Profiled:
     """The profile ranked against the engine's device; again, with the device's peaks raised, where the profiled work
     attained more than the measured peaks (then the engine keeps the raised device, and the profile carries it)."""
     profiled = rank(engine.device)

@@ -109,12 +109,16 @@ def rank_hotspots(trace: Trace, device: Device, covered: Mapping[str, str] | Non
         hotspots.append(Hotspot(
             id="", module_class=cls, module_paths=g["paths"], family=family.name if family else None,
             input_dims=dims, dtype=dtype, calls=g["calls"], total_us=round(g["us"], 1),
-            share=g["us"] / total_us, flops=flops, bytes=nbytes, floor_us=round(floor, 1),
-            score_us=round(max(g["us"] - floor, 0.0), 1), kernel=kernel))
-    hotspots.sort(key=lambda h: h.score_us, reverse=True)
-    for i, h in enumerate(hotspots):
-        h.id = f"h{i:02d}"
-    return hotspots
+            share=g["us"] / total_us, flops=flops, bytes=nbytes, floor_us=round(floor, 1), kernel=kernel))
+    return ranked(hotspots)
+
+
+def ranked(hotspots: list[Hotspot]) -> list[Hotspot]:
+    """The one ranking, in process and served: each hotspot scored by its time above its roofline floor, highest
+    first, ids in that order."""
+    scored = [h.model_copy(update={"score_us": round(max(h.total_us - h.floor_us, 0.0), 1)}) for h in hotspots]
+    scored.sort(key=lambda h: h.score_us, reverse=True)
+    return [h.model_copy(update={"id": f"h{i:02d}"}) for i, h in enumerate(scored)]
 
 
 def self_time(events: pd.DataFrame) -> np.ndarray:

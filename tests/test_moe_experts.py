@@ -11,11 +11,11 @@ from helpers import write_module
 
 from kernelbot.agent.tasks.tasks import reference_source
 from kernelbot.agent.verify.run import verify
-from kernelbot.engine.serving.served import profiled_dims
 from kernelbot.kernel_library import FAMILIES
 from kernelbot.kernel_library.moe_experts.cpp import MoeExpertsCpp
 from kernelbot.kernel_library.moe_experts.reference import Model
 from kernelbot.kernel_library.sparse_moe.reference import Model as SparseMoe
+from kernelbot.profiler.row_split import profiled_dims
 from kernelbot.records import LayerCapture, Task
 
 HIDDEN, INTER, EXPERTS, TOP_K = 48, 40, 6, 2

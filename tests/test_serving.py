@@ -18,8 +18,9 @@ from kernelbot.engine.serving import fidelity
 from kernelbot.engine.serving.apis import APIS, ServerSetup, engine_version
 from kernelbot.engine.serving.load import Workload, run_load
 from kernelbot.engine.serving.serve_options import EngineKind
-from kernelbot.engine.serving.served import WORKER_TRACE, merge_captures, row_buckets, split_hotspots
+from kernelbot.engine.serving.served import WORKER_TRACE, merge_captures
 from kernelbot.engine.serving.server import Launch, ServerProcess
+from kernelbot.profiler.row_split import row_buckets, split_hotspots
 from kernelbot.records import Device, Hotspot, LayerCapture, PluginReport
 
 STANDIN = [sys.executable, str(Path(__file__).with_name("standin_sglang_server.py"))]

@@ -24,7 +24,6 @@ import torch
 from pydantic import BaseModel
 
 from kernelbot import KernelbotError
-from kernelbot.dtypes import DTYPE_BYTES
 from kernelbot.engine import host
 from kernelbot.engine.memory import gpu_free_bytes, host_available_bytes, model_footprint
 from kernelbot.engine.served_layers import FLUSH_S, fixed_dims, read_reports, widest
@@ -35,7 +34,6 @@ from kernelbot.engine.serving.load import Workload, generate, post, random_promp
 from kernelbot.engine.serving.serve_options import EngineKind, ServeOptions
 from kernelbot.engine.serving.server import Launch, ServerProcess, last_error
 from kernelbot.engine.serving.sizing import MemoryPlan, check_fits, plan_memory, user_sized
-from kernelbot.kernel_library import FAMILIES
 from kernelbot.records import (
     Device,
     Fidelity,
@@ -118,103 +116,6 @@ def merge_generic(reports: list[PluginReport]) -> list[GenericCapture]:
             else:
                 have.calls += c.calls
     return list(merged.values())
-
-
-def profiled_dims(capture: LayerCapture, shapes: list[list[int]] | None = None) -> list[list[int]]:
-    """A variant's dims as the family's cost reads them: its inputs, then its weights' where the family reads them
-    (a linear's [out, in])."""
-    shapes = shapes if shapes is not None else capture.input_shapes
-    weights = FAMILIES[capture.family].weight_dims
-    return [*shapes, *weights(capture.init_args)] if weights is not None else shapes
-
-
-def row_buckets(capture: LayerCapture) -> list[tuple[LayerCapture, bool]]:
-    """A variant's calls in two buckets, decode-sized and larger, each with whether it is the decode one: calls with
-    at most the most frequent row count (a decode step's rows: the sequences running), and the rest (prefill chunks).
-    Each becomes its own task, verified and timed at its bucket's most rows: a kernel fast at prefill sizes may not be
-    at decode's, and the router sends each call to the smallest verified kernel that takes its rows."""
-    counts = {int(r): n for r, n in capture.rows.items()}
-    if not counts:
-        return [(capture, True)]
-    mode = max(counts, key=lambda r: (counts[r], -r))
-    buckets = [{r: n for r, n in counts.items() if r <= mode}, {r: n for r, n in counts.items() if r > mode}]
-    out = []
-    for decode, bucket in zip((True, False), buckets, strict=True):
-        if bucket:
-            keys = {str(r) for r in bucket}
-            out.append((capture.model_copy(update={
-                "rows": {str(r): n for r, n in bucket.items()}, "calls": sum(bucket.values()),
-                "input_shapes": capture.shapes[str(max(bucket))],
-                "shapes": {r: s for r, s in capture.shapes.items() if r in keys}}), decode))
-    return out
-
-
-def split_hotspots(hotspots: list[Hotspot], captures: list[LayerCapture], device: Device,
-                   decode_scale: float = 1.0) -> list[Hotspot]:
-    """Each traced layer class the plugin captured becomes one hotspot per variant (family, arguments, dtype) and
-    row bucket (row_buckets): its calls and their share of the class's time (by bytes moved, the variants being
-    memory-bound at serving sizes), its roofline floor summed over the row counts the engine ran; its dims are the
-    bucket's at its most rows. `decode_scale`: the load's decode steps per profiled one (the trace covers fewer):
-    decode buckets' calls, time and floor count that many times, at the class's traced time per byte."""
-    by_class: dict[str, list[tuple[LayerCapture, bool]]] = {}
-    for c in captures:
-        by_class.setdefault(c.module_class or c.engine_class, []).extend(row_buckets(c))
-    out: list[Hotspot] = []
-    for h in _per_class(hotspots, set(by_class)):
-        variants = by_class.get(h.module_class)
-        if not variants or h.kernel:
-            out.append(h)
-            continue
-        costs = [_variant_cost(c) for c, _ in variants]
-        weight = sum(b for _, b, _ in costs) or 1.0
-        for (c, decode), (flops, nbytes, floor) in zip(variants, costs, strict=True):
-            times = decode_scale if decode else 1.0
-            share = nbytes / weight
-            us, floor_us = h.total_us * share * times, floor(device) * times
-            out.append(Hotspot(
-                id="", module_class=h.module_class, module_paths=h.module_paths, family=c.family,
-                input_dims=profiled_dims(c), dtype=c.dtype, calls=round(c.calls * times), total_us=round(us, 1),
-                share=h.share * share, flops=flops / max(c.calls, 1), bytes=nbytes / max(c.calls, 1),
-                floor_us=round(floor_us, 1), score_us=round(max(us - floor_us, 0.0), 1)))
-    if decode_scale != 1.0:  # shares of the load's time, now that decode buckets count their left-out steps
-        traced, total = sum(h.share for h in hotspots), sum(h.total_us for h in out) or 1.0
-        out = [h.model_copy(update={"share": traced * h.total_us / total}) for h in out]
-    out.sort(key=lambda x: x.score_us, reverse=True)
-    for i, h in enumerate(out):
-        h.id = f"h{i:02d}"
-    return out
-
-
-def _per_class(hotspots: list[Hotspot], classes: set[str]) -> list[Hotspot]:
-    """Hotspots of a captured class merged into one (the trace groups calls by their first op's dims, which are not
-    the variants); the others as they are."""
-    merged: dict[str, Hotspot] = {}
-    out: list[Hotspot] = []
-    for h in hotspots:
-        if h.module_class not in classes or h.kernel:
-            out.append(h)
-        elif h.module_class not in merged:
-            merged[h.module_class] = h.model_copy(deep=True)
-            out.append(merged[h.module_class])
-        else:
-            m = merged[h.module_class]
-            m.calls, m.total_us, m.share = m.calls + h.calls, m.total_us + h.total_us, m.share + h.share
-            m.module_paths += [p for p in h.module_paths if p not in m.module_paths]
-    return out
-
-
-def _variant_cost(c: LayerCapture) -> tuple[float, float, Callable[[Device], float]]:
-    """(flops, bytes) over all the variant's calls, and its roofline floor on a device, from its rows histogram."""
-    family = FAMILIES[c.family]
-    itemsize = DTYPE_BYTES.get(c.dtype, 4)
-    per_rows = [(int(r), n, family.cost(profiled_dims(c, c.shapes[r]), itemsize)) for r, n in c.rows.items()]
-    flops = sum(n * f for _, n, (f, _) in per_rows)
-    nbytes = sum(n * b for _, n, (_, b) in per_rows)
-
-    def floor(device: Device) -> float:
-        return sum(n * device.floor_us(f, b) for _, n, (f, b) in per_rows)
-
-    return flops, nbytes, floor
 
 
 def served_memory(spec: ModelSpec, workload: Workload, tp: int = 1) -> MemoryPlan:
