@@ -1,28 +1,28 @@
-"""Parameterised kernels, one folder per op family, each in a C++ (CPU) and a Triton backend."""
+"""Parameterised kernels, one folder per op family, each in a C++ (CPU) and a Triton backend.
 
+Importing this package imports every family folder (each subpackage, found by walking this folder), and each one
+registers its `FAMILY` with `registry.register`; `FAMILIES` is that registry, in name order."""
+
+import importlib
+import pkgutil
 from collections.abc import Mapping
 
 import torch
 
-from kernelbot.kernel_library.add_rmsnorm import FAMILY as ADD_RMSNORM
-from kernelbot.kernel_library.alibi_attention import FAMILY as ALIBI_ATTENTION
 from kernelbot.kernel_library.base import Family
-from kernelbot.kernel_library.decode_attention import FAMILY as DECODE_ATTENTION
-from kernelbot.kernel_library.fused_attention import FAMILY as FUSED_ATTENTION
-from kernelbot.kernel_library.gated_mlp import FAMILY as GATED_MLP
-from kernelbot.kernel_library.linear import FAMILY as LINEAR
-from kernelbot.kernel_library.moe_experts import FAMILY as MOE_EXPERTS
-from kernelbot.kernel_library.neox_attention import FAMILY as NEOX_ATTENTION
-from kernelbot.kernel_library.paged_attention import FAMILY as PAGED_ATTENTION
-from kernelbot.kernel_library.rmsnorm import FAMILY as RMSNORM
-from kernelbot.kernel_library.rotary_embedding import FAMILY as ROTARY_EMBEDDING
-from kernelbot.kernel_library.silu_and_mul import FAMILY as SILU_AND_MUL
-from kernelbot.kernel_library.sparse_moe import FAMILY as SPARSE_MOE
+from kernelbot.kernel_library.registry import FAMILIES, register
 
-FAMILIES: dict[str, Family] = {f.name: f for f in (RMSNORM, ADD_RMSNORM, GATED_MLP, LINEAR, SILU_AND_MUL,
-                                                     ROTARY_EMBEDDING, DECODE_ATTENTION, FUSED_ATTENTION,
-                                                     NEOX_ATTENTION, ALIBI_ATTENTION, PAGED_ATTENTION, SPARSE_MOE,
-                                                     MOE_EXPERTS)}
+__all__ = ["FAMILIES", "Family", "classes_covered", "family_for", "register"]
+
+
+def _import_families() -> None:
+    """Import each subpackage of this folder, in name order: each family's `__init__.py` registers itself."""
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):
+        if info.ispkg:
+            importlib.import_module(f"{__name__}.{info.name}")
+
+
+_import_families()
 
 
 def family_for(module_class: str, covered: Mapping[str, str] | None = None, by_name: bool = True) -> Family | None:

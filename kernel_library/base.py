@@ -1,6 +1,7 @@
 """What every op family in kernel_library provides (after Liger-Kernel's discipline): a reference, kernels per backend
-each behind a wrapper, and the Family record below. A family's folder holds no tests: they are under tests/, and its
-benchmark is in benchmarks/family_kernels.py (kernel_library/README.md says how to add a family)."""
+each behind a wrapper, and the Family record below, which the folder's __init__.py registers (registry.py). A
+family's folder holds no tests: they are tests/kernel_library/test_<family>.py, and its benchmark is in
+benchmarks/family_kernels.py (kernel_library/README.md says how to add a family)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,14 @@
+"""Helpers the tests share: files, ports, run records, and the kernel library's families built for a test."""
+
 import contextlib
+import importlib
 import json
 import socket
 import sqlite3
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 
 def write_module(path: Path, source: str) -> Path:
@@ -84,3 +88,28 @@ def generic_pack(pack_dir: Path, capture, module_class: str):
     pack = Pack(version="t", run_id="r", device="cpu", entries=[entry])
     (pack_dir / "manifest.json").write_text(pack.model_dump_json())
     return pack
+
+
+def family_wrapper(family_name: str, backend: str) -> type:
+    """The class behind a family's backend ("cpp" → RMSNormCpp): its `wrappers` entry, imported."""
+    from kernelbot.kernel_library import FAMILIES
+
+    module, cls = FAMILIES[family_name].wrappers[backend].split(":")
+    return getattr(importlib.import_module(f"kernelbot.kernel_library.{family_name}.{module}"), cls)
+
+
+def family_pair(family_name: str, backend: str, *init_args: object) -> tuple[Any, Any]:
+    """(reference, kernel) of a family, both built with these constructor arguments, in eval mode, the kernel holding
+    the reference's weights."""
+    from kernelbot.agent.verify.run import load_reference
+    from kernelbot.kernel_library import FAMILIES
+
+    reference = load_reference(FAMILIES[family_name].reference_path).Model(*init_args).eval()
+    kernel = family_wrapper(family_name, backend)(*init_args).eval()
+    kernel.load_state_dict(reference.state_dict())
+    return reference, kernel
+
+
+# assert_close's tolerances per activation dtype for a kernel against its reference in the same dtype
+TOLERANCE = {"float32": {"rtol": 1e-4, "atol": 1e-5}, "bfloat16": {"rtol": 1.6e-2, "atol": 1e-2},
+             "float16": {"rtol": 1e-3, "atol": 1e-3}}

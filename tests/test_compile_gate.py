@@ -133,8 +133,7 @@ def _library_kernels() -> set[str]:
 
 
 # The library's own tests launch each of its Triton kernels at decode, prefill and odd sizes, fp32 and bf16
-LIBRARY_TESTS = ["tests/test_kernel_library.py", "tests/test_gated_mlp.py", "tests/test_decode_attention.py",
-                 "tests/test_gemma2_attention.py"]
+LIBRARY_TESTS = ["tests/test_kernel_library.py", "tests/kernel_library", "tests/test_gemma2_attention.py"]
 
 
 @pytest.mark.slow  # about two minutes on 2 cores: the library's Triton tests, each launch compiled for sm_90 too

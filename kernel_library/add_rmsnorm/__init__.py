@@ -6,6 +6,7 @@ the family is found in served engines by their layers' own calls (engine/served_
 from __future__ import annotations
 
 from kernelbot.kernel_library.base import Family, rows
+from kernelbot.kernel_library.registry import register
 from kernelbot.kernel_library.rmsnorm import FAMILY as RMSNORM
 
 FAMILY = Family(
@@ -20,3 +21,4 @@ FAMILY = Family(
     matches=lambda m, dims: len(dims) >= 2 and list(m.weight.shape) == dims[0][-1:],
     inputs=2,
 )
+register(FAMILY)

@@ -19,6 +19,7 @@ from kernelbot.kernel_library.base import OpCall, cpp_family, dtype_name, rows
 from kernelbot.kernel_library.decode_attention import plain_causal
 from kernelbot.kernel_library.decode_attention.cache import cached_positions, step_dynamic_layer, steppable_layer
 from kernelbot.kernel_library.decode_attention.family import Probe, attends_as_reference, kv_cache_inputs, mha_step_cost
+from kernelbot.kernel_library.registry import register
 
 
 def _is_alibi_attention(m: nn.Module) -> bool:
@@ -121,3 +122,4 @@ FAMILY = cpp_family(
     init_args=_init_args, cost=_cost, matches=_matches, call_dims=_call_dims, covers=_covers, engine_call=_engine_call,
     **kv_cache_inputs(4),
 )
+register(FAMILY)

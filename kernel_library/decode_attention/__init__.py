@@ -15,6 +15,7 @@ from kernelbot.kernel_library.base import Family, OpCall, dtype_name, rows
 from kernelbot.kernel_library.decode_attention.cache import cached_positions, step_dynamic_layer, steppable_layer
 from kernelbot.kernel_library.decode_attention.family import Probe, attends_as_reference, kv_cache_inputs
 from kernelbot.kernel_library.decode_attention.reference import Model
+from kernelbot.kernel_library.registry import register
 
 
 def _head_dim(m: nn.Module) -> int:
@@ -179,3 +180,4 @@ FAMILY = Family(
     init_args=_init_args, cost=_cost, matches=_matches, call_dims=_call_dims, covers=_covers, engine_call=_engine_call,
     **kv_cache_inputs(5),
 )
+register(FAMILY)

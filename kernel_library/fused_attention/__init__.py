@@ -15,6 +15,7 @@ from kernelbot.kernel_library.base import OpCall, cpp_family, dtype_name
 from kernelbot.kernel_library.decode_attention.cache import step_dynamic_layer, steppable_layer
 from kernelbot.kernel_library.decode_attention.family import attends_as_reference, kv_cache_inputs, mha_step_cost
 from kernelbot.kernel_library.fused_attention.reference import Model
+from kernelbot.kernel_library.registry import register
 
 
 def _conv1d(m: Any, n_in: int, n_out: int) -> bool:
@@ -107,3 +108,4 @@ FAMILY = cpp_family(
     init_args=_init_args, cost=_cost, matches=_matches, call_dims=_call_dims, covers=_covers, engine_call=_engine_call,
     **kv_cache_inputs(3),
 )
+register(FAMILY)

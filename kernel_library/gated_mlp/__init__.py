@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from kernelbot.kernel_library.base import Family, computes_reference, dtype_name, rows
+from kernelbot.kernel_library.registry import register
 
 _PROBE = torch.linspace(-6.0, 6.0, 97, dtype=torch.float64)
 
@@ -68,3 +69,4 @@ FAMILY = Family(
                              and list(m.gate_proj.weight.shape) == dims[1]),
     covers=_covers,
 )
+register(FAMILY)

@@ -1,4 +1,7 @@
+"""A linear layer, y = x W^T (+ b): transformers' and torch's `nn.Linear`, by class name."""
+
 from kernelbot.kernel_library.base import Family, dtype_name, rows
+from kernelbot.kernel_library.registry import register
 
 
 def _cost(dims, itemsize):
@@ -18,3 +21,4 @@ FAMILY = Family(
     matches=lambda m, dims: len(dims) > 1 and list(m.weight.shape) == dims[1],
     weight_dims=lambda args: [[int(args[1]), int(args[0])]],  # [out, in]
 )
+register(FAMILY)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from kernelbot.kernel_library.base import cpp_family, dtype_name
+from kernelbot.kernel_library.registry import register
 
 
 def _init_args(layer: torch.nn.Module) -> list:
@@ -33,3 +34,4 @@ FAMILY = cpp_family(
     free_dims=lambda shapes: [[0]] * len(shapes),
     weight_dims=lambda args: [[int(args[2]), 2 * int(args[1]), int(args[0])]],
 )
+register(FAMILY)

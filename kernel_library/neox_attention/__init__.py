@@ -17,6 +17,7 @@ from kernelbot.kernel_library.base import OpCall, cpp_family, dtype_name, rows
 from kernelbot.kernel_library.decode_attention.cache import step_dynamic_layer, steppable_layer
 from kernelbot.kernel_library.decode_attention.family import Probe, attends_as_reference, kv_cache_inputs, mha_step_cost
 from kernelbot.kernel_library.neox_attention.reference import Model
+from kernelbot.kernel_library.registry import register
 
 
 def _is_neox_attention(m: nn.Module) -> bool:
@@ -124,3 +125,4 @@ FAMILY = cpp_family(
     init_args=_init_args, cost=_cost, matches=_matches, call_dims=_call_dims, covers=_covers, engine_call=_engine_call,
     **kv_cache_inputs(5),
 )
+register(FAMILY)

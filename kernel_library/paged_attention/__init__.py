@@ -6,6 +6,7 @@ served engine by its attention backend's calls (engine/vllm_attention.py); no tr
 from __future__ import annotations
 
 from kernelbot.kernel_library.base import Family
+from kernelbot.kernel_library.registry import register
 
 
 def _cost(dims: list[list[int]], itemsize: int) -> tuple[float, float]:
@@ -30,3 +31,4 @@ FAMILY = Family(
     inputs=5,
     free_dims=lambda shapes: [[0], [0], [0, 1], [0], [0]][:len(shapes)],
 )
+register(FAMILY)

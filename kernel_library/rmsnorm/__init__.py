@@ -1,6 +1,10 @@
+"""RMSNorm as Llama computes it (x / rms(x) * weight): by class name, or by structure for any module that
+computes it (MixtralRMSNorm, a model's own norm)."""
+
 import torch
 
 from kernelbot.kernel_library.base import Family, computes_reference, dtype_name, rows
+from kernelbot.kernel_library.registry import register
 
 
 def _covers(m: torch.nn.Module) -> bool:
@@ -27,3 +31,4 @@ FAMILY = Family(
     matches=lambda m, dims: list(m.weight.shape) == dims[0][-1:],
     covers=_covers,
 )
+register(FAMILY)

@@ -9,6 +9,7 @@ import torch
 
 from kernelbot.dtypes import DTYPE_NAMES
 from kernelbot.kernel_library.base import Family, OpCall, dtype_name
+from kernelbot.kernel_library.registry import register
 
 
 def _init_args(m: torch.nn.Module) -> list[Any]:
@@ -51,3 +52,4 @@ FAMILY = Family(
     free_dims=lambda shapes: [[0] for _ in shapes],
     call_dims=_call_dims,
 )
+register(FAMILY)

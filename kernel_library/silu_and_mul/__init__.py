@@ -1,4 +1,7 @@
+"""SiLU(gate) * up over the two halves of the last dim: SGLang's and vLLM's `SiluAndMul` layer, by class name."""
+
 from kernelbot.kernel_library.base import Family, rows
+from kernelbot.kernel_library.registry import register
 
 FAMILY = Family(
     name="silu_and_mul",
@@ -12,3 +15,4 @@ FAMILY = Family(
                                  1.5 * rows(dims[0]) * dims[0][-1] * itemsize),
     matches=lambda m, dims: len(dims) >= 1 and dims[0][-1] % 2 == 0,
 )
+register(FAMILY)

@@ -8,6 +8,7 @@ import torch
 
 from kernelbot.dtypes import DTYPE_NAMES
 from kernelbot.kernel_library.base import OpCall, computes_reference, cpp_family, dtype_name, rows
+from kernelbot.kernel_library.registry import register
 
 
 def _parts(m: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int] | None:
@@ -101,3 +102,4 @@ FAMILY = cpp_family(
     covers=_covers,
     group_dims=lambda dims: dims[:3],  # which experts a call hit varies from call to call: one op all the same
 )
+register(FAMILY)

@@ -302,18 +302,6 @@ TRITON_CASES = ["prefill", "decode", "past and several new tokens", "a long past
                 "GQA 4:1, cos per batch row", "decode with biases, head_dim 32"]
 
 
-@pytest.fixture
-def bf16_dot_in_the_interpreter(monkeypatch):
-    """The verifier's sandbox fix for the interpreter's bf16 tl.dot (triton-lang/triton#11584)."""
-    from triton._C.libtriton import ir
-    from triton.runtime import interpreter
-
-    from kernelbot.agent.verify.triton_check import _checked_dot
-
-    builder = interpreter.InterpreterBuilder
-    monkeypatch.setattr(builder, "create_dot", _checked_dot(builder.create_dot, ir.INPUT_PRECISION.IEEE))
-
-
 @pytest.mark.parametrize("name", TRITON_CASES)
 def test_triton_forward_matches_the_reference_in_fp32(name):
     kernel, reference, exact = _models(CASES[name], "triton", "float32")
