@@ -8,14 +8,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernelbot.agent.verify import harness
+from kernelbot.agent.verify import runner_channel
 from kernelbot.agent.verify.judge import guard, guards_intact
 
 
 @pytest.mark.parametrize("front", [True, False])
 def test_an_input_goes_to_another_device_with_its_whole_storage_in_the_same_layout(front: bool) -> None:
     sent = guard(torch.randn(6, 5).t(), front=front)  # strided, gaps and guard regions around it
-    moved = harness._on(sent, "meta")
+    moved = runner_channel._on(sent, "meta")
     assert moved.device.type == "meta"
     assert (moved.shape, moved.stride(), moved.storage_offset()) == (sent.shape, sent.stride(), sent.storage_offset())
     assert moved.untyped_storage().nbytes() == sent.untyped_storage().nbytes()
@@ -23,9 +23,9 @@ def test_an_input_goes_to_another_device_with_its_whole_storage_in_the_same_layo
 
 def test_an_input_already_on_the_device_is_the_same_tensor_and_its_guards_read_back_intact() -> None:
     sent = guard(torch.randn(3, 4))
-    assert harness._on(sent, "cpu") is sent
-    _, dtype, shape, stride, offset, raw = harness._encode(sent, whole_storage=True)
-    back = harness._decode(("T", dtype, shape, stride, offset, raw))
+    assert runner_channel._on(sent, "cpu") is sent
+    _, dtype, shape, stride, offset, raw = runner_channel._encode(sent, whole_storage=True)
+    back = runner_channel._decode(("T", dtype, shape, stride, offset, raw))
     assert guards_intact(back, sent)
     storage = back.untyped_storage()
     last = storage.nbytes() - 1  # one byte of the guard after it

@@ -261,16 +261,16 @@ def test_one_timed_call_flushes_first_and_takes_the_devices_stopwatch_not_the_ho
 def test_the_benchmarks_timed_call_flushes_then_times_between_the_devices_stopwatch_marks() -> None:
     from types import SimpleNamespace
 
-    from kernelbot.agent.verify import harness
+    from kernelbot.agent.verify import runner
     from kernelbot.engine.device import timed_call
 
     log: list[str] = []
-    fields = {name: (lambda *a, **k: None) for name in harness.Tools._fields}
-    tools = harness.Tools(**{**fields, "timed_call": timed_call, "stopwatch": lambda: MarkedStopwatch(log),
+    fields = {name: (lambda *a, **k: None) for name in runner.Tools._fields}
+    tools = runner.Tools(**{**fields, "timed_call": timed_call, "stopwatch": lambda: MarkedStopwatch(log),
                              "flush": lambda: log.append("flush")})
     watch = SimpleNamespace(tools=tools, setup=SimpleNamespace(device="cuda"))
     x = torch.ones(3)
-    us, out = harness._op_timed_call(watch, lambda t: log.append("call") or t * 2, (x,), [(0, 1, 5.0)])
+    us, out = runner._op_timed_call(watch, lambda t: log.append("call") or t * 2, (x,), [(0, 1, 5.0)])
     assert us == 7.0 and out.tolist() == [2.0, 10.0, 2.0]  # the perturbation is in place before the call
     assert log == ["flush", "start", "call", "stop", "elapsed"]
 

@@ -12,7 +12,10 @@ Parent side (trusted; the candidate never runs here):
   evaluate.py   one candidate through verify and bench, as the optimize loop sees it
 
 In the box (run by the sandbox as `python -m kernelbot.agent.verify.harness`):
-  harness.py    the harness and the runners it forks, which alone run candidate code
+  harness.py    the entry point: the harness's jobs (verify, bench, sanitize, build, noop) and its handle on the
+                runners it forks, which alone run candidate code
+  runner.py     a runner process: its confinement, bound tools, request loop and the observations around each call
+  runner_channel.py  the channel between the two: frames, plain-data replies, tensors as plain data
   probes.py, triton_check.py, cuda_check.py   observations made in a runner around the candidate's calls
 
 Both sides: messages.py, the typed messages the parent, the harness and its runners exchange (and how outputs are
