@@ -89,7 +89,7 @@ class Job:
 def _device_name(kind: str) -> str:
     """This worker's device model as the driver names its own: the CPU's model name, or the assigned GPU's."""
     if kind == "cpu":
-        from kernelbot.engine.device import cpu_model_name
+        from kernelbot.hardware.device import cpu_model_name
 
         return f"cpu:{cpu_model_name()}"
     import torch

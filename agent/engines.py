@@ -17,7 +17,6 @@ from kernelbot import KernelbotError
 from kernelbot.agent.measure.measure import Measured, count_calls, fidelity, layer_routes_note, time_end_to_end
 from kernelbot.agent.stages import Stages
 from kernelbot.agent.tasks.plan import ModelTasks, ServedTasks, TaskSource
-from kernelbot.engine.device import DeviceChoice
 from kernelbot.engine.memory import (
     check_in_process_fits,
     gpu_free_bytes,
@@ -35,8 +34,9 @@ from kernelbot.engine.serving.served import (
     round_ms,
 )
 from kernelbot.engine.torch_engine import TorchEngine, without_grouped_experts
+from kernelbot.hardware.device import DeviceChoice
+from kernelbot.hardware.peaks import with_attained
 from kernelbot.kernel_library import classes_covered
-from kernelbot.profiler.device import with_attained
 from kernelbot.profiler.hotspots import op_breakdown, rank_hotspots
 from kernelbot.profiler.row_split import split_hotspots
 from kernelbot.profiler.trace import load_trace

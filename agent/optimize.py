@@ -19,8 +19,8 @@ from kernelbot.agent.journal.journal import Journal
 from kernelbot.agent.llm.budget import Budget
 from kernelbot.agent.run import OptimizeRun
 from kernelbot.agent.run_options import OptimizeOptions
-from kernelbot.engine.device import pick_device
 from kernelbot.flags import options
+from kernelbot.hardware.device import pick_device
 from kernelbot.records import Report
 from kernelbot.rundir import new_run_dir
 

@@ -28,14 +28,14 @@ from kernelbot.agent.report.report import write_report
 from kernelbot.agent.run_options import OptimizeOptions
 from kernelbot.agent.stages import Stages
 from kernelbot.agent.tasks.plan import plan_tasks, signature
-from kernelbot.engine.device import DeviceChoice, pick_device
 from kernelbot.engine.models import resolve_spec
 from kernelbot.engine.serving.load import Workload
 from kernelbot.engine.serving.serve_options import Lengths
 from kernelbot.engine.serving.served import Profiled
+from kernelbot.hardware.device import DeviceChoice, pick_device
+from kernelbot.hardware.peaks import PeakOverride, device_record
 from kernelbot.kernel_library.store import KernelStore
 from kernelbot.outcomes import Accepted
-from kernelbot.profiler.device import PeakOverride, device_record
 from kernelbot.records import (
     Device,
     EndToEndTimes,

@@ -35,7 +35,7 @@ class OptimizeOptions(BaseModel):
     iterations: int = Field(3, ge=1)  # profile → generate → integrate rounds at most
     max_task_minutes: float | None = Field(None, gt=0)  # per task, built-in and stored candidates
     store: Path | None = None  # kernel store to reuse from and add to (None: none)
-    device: str = "auto"  # auto: a GPU when one is visible, else the CPU (engine/device.py)
+    device: str = "auto"  # auto: a GPU when one is visible, else the CPU (hardware/device.py)
     # the GPU architecture candidates' kernels are compiled for ahead of time (agent/verify/compile_gate.py): None,
     # sm_90 on a CPU and the GPU's own on a GPU
     target: str | None = None

@@ -26,9 +26,9 @@ import torch
 from kernelbot.agent.verify.cases import overrides
 from kernelbot.agent.verify.run import load_reference
 from kernelbot.dtypes import DTYPE_BYTES
-from kernelbot.engine import host
+from kernelbot.hardware import host
+from kernelbot.hardware.peaks import measure_cpu
 from kernelbot.kernel_library import FAMILIES
-from kernelbot.profiler.device import measure_cpu
 
 HIDDEN, INTER, HEADS, KV_HEADS, HEAD_DIM, VOCAB = 896, 4864, 14, 2, 64, 151936  # Qwen2.5-0.5B
 BATCH, PROMPT = 8, 512

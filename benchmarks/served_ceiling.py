@@ -35,13 +35,14 @@ from pathlib import Path
 import torch
 from served import model_argument
 
-from kernelbot.engine import builtin_spec, host
+from kernelbot.engine import builtin_spec
 from kernelbot.engine.serving.apis import VLLMAPI, ServerSetup
 from kernelbot.engine.serving.ceiling import forward_ms
 from kernelbot.engine.serving.load import Workload, run_load
 from kernelbot.engine.serving.served import served_memory, served_model_dir
 from kernelbot.engine.serving.server import Launch, ServerProcess, free_port
 from kernelbot.engine.serving.sizing import ServerLimits
+from kernelbot.hardware import host
 from kernelbot.kernel_library.linear.cpp import LinearCpp
 
 

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import torch
 
-from kernelbot.engine.device import DeviceChoice, pick_device
 from kernelbot.engine.graph_decode import StaticDecode, checked_graph_decode
 from kernelbot.engine.kv_cache import cache_kwarg, returned_cache
 from kernelbot.engine.models import (  # noqa: F401 (re-exported: callers import these from here)
@@ -20,6 +19,7 @@ from kernelbot.engine.models import (  # noqa: F401 (re-exported: callers import
     resolve_spec,
 )
 from kernelbot.engine.patching import PackPatcher
+from kernelbot.hardware.device import DeviceChoice, pick_device
 from kernelbot.records import ModelSpec, Pack
 
 

@@ -37,8 +37,8 @@ def _optimize(args: argparse.Namespace) -> int:
         require_ray()
         if args.resume is not None:
             _point_run_at_cluster(args.resume, args.cluster)
-    from kernelbot.engine.device import pick_device
     from kernelbot.engine.models import model_argument
+    from kernelbot.hardware.device import pick_device
 
     pick_device(args.device)  # no GPU for --device cuda: one line, exit 2, before any run directory exists
 
@@ -101,7 +101,7 @@ def _verify(args: argparse.Namespace) -> int:
     target = checked_target(args.target) if args.target else None  # one line, exit 2, for one no one knows
     device = args.device
     if device != "cpu":  # one line, exit 2: an unknown device, or a GPU this host does not have
-        from kernelbot.engine.device import pick_device
+        from kernelbot.hardware.device import pick_device
 
         choice = pick_device(device)
         device = choice.spec if ":" in device else choice.kind

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from kernelbot.profiler.peaks import Peaks
+from kernelbot.hardware.datasheet import Peaks
 from kernelbot.profiler.roofline import dtype_of, op_cost
 from kernelbot.profiler.trace import Scan
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 
 from kernelbot import KernelbotError
+from kernelbot.hardware.datasheet import Peaks, lookup
 from kernelbot.profiler.kernels import KernelRows, is_communication, kernel_table, most_time
-from kernelbot.profiler.peaks import Peaks, lookup
 from kernelbot.profiler.trace import scan_trace
 from kernelbot.records import KernelStat, OpStat, RankReport, RankStat
 

@@ -9,7 +9,7 @@ import torch
 
 from kernelbot.agent.measure.compile_baseline import time_region_compile
 from kernelbot.agent.tasks.tasks import write_task
-from kernelbot.engine.device import pick_device
+from kernelbot.hardware.device import pick_device
 from kernelbot.records import Task
 
 

@@ -1,4 +1,5 @@
-"""The device layer (engine/device.py), the engine on a chosen device, and the prepared GPU check's CPU-side parts."""
+"""The device layer (hardware/device.py), the engine on a chosen device, and the prepared GPU check's
+CPU-side parts."""
 
 from __future__ import annotations
 
@@ -13,17 +14,17 @@ import pytest
 import torch
 
 from kernelbot import KernelbotError
-from kernelbot.engine import device as devmod
-from kernelbot.engine.device import DeviceChoice, pick_device, read_gpu_state
 from kernelbot.engine.models import resolve_spec
 from kernelbot.engine.torch_engine import TorchEngine
+from kernelbot.hardware import device as devmod
+from kernelbot.hardware.device import DeviceChoice, pick_device, read_gpu_state
 
 ROOT = Path(__file__).resolve().parents[1]
 GPU_CHECK = ROOT / "benchmarks" / "gpu_check"
 NO_GPU = "torch 9.9+cpu is a CPU-only build"
 # the loop's files outside the device layer: none may name the backend
 DEVICE_AGNOSTIC = ("agent/measure/timing.py", "agent/measure/measure.py", "engine/torch_engine.py",
-                   "engine/graph_decode.py", "engine/host.py")
+                   "engine/graph_decode.py", "hardware/host.py")
 
 
 @pytest.fixture
@@ -152,7 +153,7 @@ def test_the_engine_refuses_cuda_where_there_is_none(without_gpu: None) -> None:
 def test_outside_the_device_layer_the_loop_never_names_the_backend() -> None:
     for name in DEVICE_AGNOSTIC:
         text = (ROOT / name).read_text().lower()
-        assert "cuda" not in text, f"{name} names the backend; go through kernelbot.engine.device"
+        assert "cuda" not in text, f"{name} names the backend; go through kernelbot.hardware.device"
 
 
 # As on a GPU node, where kernelbot is not installed: the check must import it from its own copy, whatever the

@@ -12,9 +12,9 @@ import torch
 
 from kernelbot import KernelbotError
 from kernelbot.agent.verify.cuda_check import compile_report
-from kernelbot.engine.device import DeviceChoice, cpu_device
-from kernelbot.profiler import device as peaks_mod
-from kernelbot.profiler.device import PeakOverride, device_record, measure_peaks, with_override
+from kernelbot.hardware import peaks as peaks_mod
+from kernelbot.hardware.device import DeviceChoice, cpu_device
+from kernelbot.hardware.peaks import PeakOverride, device_record, measure_peaks, with_override
 
 
 @pytest.fixture

@@ -68,7 +68,7 @@ def test_a_sliding_window_model_gets_no_graph_and_a_one_line_reason(zoo):
 def test_a_captured_step_is_kept_only_when_its_replays_decode_the_plain_loops_tokens(zoo, monkeypatch):
     """The capture stood in for on the CPU: a faithful one (the step itself) is kept; one whose replays go stale (the
     first step's token forever, as a step with state in Python would replay) is refused."""
-    from kernelbot.engine.device import DeviceChoice
+    from kernelbot.hardware.device import DeviceChoice
 
     engine = TorchEngine(resolve_spec(str(zoo["llama"]), **WORKLOAD)[0])
     monkeypatch.setattr(DeviceChoice, "capture", lambda self, step: step)

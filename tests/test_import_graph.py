@@ -1,8 +1,8 @@
-"""The rooms import downwards only. From the bottom: the shared base (kernelbot/'s records, paths, loading,
-packages), sandbox/, kernel_library/, engine/, profiler/, agent/, and the command line (kernelbot/cli*.py) on top.
-Inside agent/, its wings (tasks/, propose/, verify/, measure/, journal/, report/, llm/) never import the loop's own
-modules (agent/*.py) that use them. Every import counts, those inside functions too: a room that reaches upwards,
-even lazily, is a cycle waiting."""
+"""The rooms import downwards only. From the bottom: the shared base (kernelbot/'s records, paths, loading, packages),
+hardware/ (device, host load, peaks), sandbox/, kernel_library/, engine/, profiler/, agent/, and the command line
+(kernelbot/cli*.py) on top. Inside agent/, its wings (tasks/, propose/, verify/, measure/, journal/, report/, llm/)
+never import the loop's own modules (agent/*.py) that use them. Every import counts, those inside functions too: a
+room that reaches upwards, even lazily, is a cycle waiting."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-LAYERS = ("base", "sandbox", "kernel_library", "engine", "profiler", "agent", "front")
+LAYERS = ("base", "hardware", "sandbox", "kernel_library", "engine", "profiler", "agent", "front")
 FRONT = ("cli", "cli_runs")  # kernelbot/<name>.py: the command line
 
 

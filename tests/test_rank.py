@@ -328,7 +328,7 @@ def test_rank_imports_neither_pandas_nor_torch():
 
 
 def test_peaks_measured_low_on_a_busy_host_are_raised_to_what_the_profiled_work_attained():
-    from kernelbot.profiler.device import with_attained
+    from kernelbot.hardware.peaks import with_attained
     from kernelbot.records import Device, Hotspot
 
     busy = Device(kind="cpu", name="x", threads=2, peak_gflops=400.0, peak_gbps=12.2, peaks_source="measured")

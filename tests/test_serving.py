@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 
 from kernelbot import KernelbotError
-from kernelbot.engine import telemetry
 from kernelbot.engine.serving import fidelity
 from kernelbot.engine.serving.apis import APIS, ServerSetup, engine_version
 from kernelbot.engine.serving.load import Workload, run_load
 from kernelbot.engine.serving.serve_options import EngineKind
 from kernelbot.engine.serving.served import WORKER_TRACE, merge_captures
 from kernelbot.engine.serving.server import Launch, ServerProcess
+from kernelbot.hardware import telemetry
 from kernelbot.profiler.row_split import row_buckets, split_hotspots
 from kernelbot.records import Device, Hotspot, LayerCapture, PluginReport
 

@@ -1,5 +1,5 @@
-"""The timing protocol (agent/measure/timing.py) and the host's load beside it (engine/host.py), against the CPU
-clock."""
+"""The timing protocol (agent/measure/timing.py) and the host's load beside it (hardware/host.py),
+against the CPU clock."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import torch
 
 from kernelbot import KernelbotError
 from kernelbot.agent.measure.timing import WrongOutputError, compare, time_callable, time_once
-from kernelbot.engine import host
-from kernelbot.engine.device import DeviceChoice, GpuState, HostStopwatch, pick_device
+from kernelbot.hardware import host
+from kernelbot.hardware.device import DeviceChoice, GpuState, HostStopwatch, pick_device
 
 CPU = pick_device("cpu")
 SETS = [(0,), (1,), (2,)]
@@ -163,7 +163,7 @@ def test_a_report_timed_on_a_busy_host_says_so_at_the_top(tmp_path) -> None:
     from finished_run import fake_run
 
     from kernelbot.agent.report.report import render_markdown
-    from kernelbot.engine.host import BusyProcess, HostLoad
+    from kernelbot.hardware.host import BusyProcess, HostLoad
 
     quiet = fake_run(tmp_path)
     assert "host was busy" not in render_markdown(quiet)
@@ -247,7 +247,7 @@ class MarkedStopwatch:
 
 
 def test_one_timed_call_flushes_first_and_takes_the_devices_stopwatch_not_the_hosts_clock() -> None:
-    from kernelbot.engine.device import timed_call
+    from kernelbot.hardware.device import timed_call
 
     log: list[str] = []
     us, out = timed_call(lambda x: log.append("call") or 2 * x, [21], MarkedStopwatch(log), lambda: log.append("flush"))
@@ -262,7 +262,7 @@ def test_the_benchmarks_timed_call_flushes_then_times_between_the_devices_stopwa
     from types import SimpleNamespace
 
     from kernelbot.agent.verify import runner
-    from kernelbot.engine.device import timed_call
+    from kernelbot.hardware.device import timed_call
 
     log: list[str] = []
     fields = {name: (lambda *a, **k: None) for name in runner.Tools._fields}

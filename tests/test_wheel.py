@@ -381,7 +381,7 @@ def test_the_cpu_constraints_pin_exactly_the_torch_stack_the_readme_commands_ins
 # each extra's distributions, by the module kernelbot imports them as
 IMPORTED_AS = {"nvidia-ml-py": "pynvml", "litellm": "litellm", "triton": "triton", "sglang": "sglang",
                "docker": "docker", "matplotlib": "matplotlib", "ray": "ray"}
-PACKAGE_FOLDERS = ("agent", "profiler", "sandbox", "kernel_library", "engine", "kernelbot")
+PACKAGE_FOLDERS = tuple(PYPROJECT["tool"]["setuptools"]["package-dir"].values())
 
 
 def test_every_package_an_extra_installs_is_one_kernelbots_code_imports() -> None:

@@ -20,7 +20,7 @@ from kernelbot.agent.measure.timing import Timing, WrongOutputError, time_callab
 from kernelbot.agent.verify.cases import inputs_at
 from kernelbot.agent.verify.numerics import compare
 from kernelbot.agent.verify.run import load_reference
-from kernelbot.engine.device import DeviceChoice
+from kernelbot.hardware.device import DeviceChoice
 from kernelbot.records import Task
 
 INPUT_SETS = 3

@@ -10,9 +10,10 @@ import torch
 from pydantic import BaseModel, Field
 
 from kernelbot.agent.measure.timing import time_once
-from kernelbot.engine import TorchEngine, host
+from kernelbot.engine import TorchEngine
 from kernelbot.engine.graph_decode import StaticDecode
 from kernelbot.engine.serving.fidelity import distinct_ngrams
+from kernelbot.hardware import host
 from kernelbot.records import (
     EndToEndTimes,
     Fidelity,

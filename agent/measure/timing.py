@@ -1,17 +1,16 @@
 """The one timing protocol for a callable on a device, and the telemetry that says whether the numbers can be trusted.
 
-`timed_call` (engine/device.py, beside the stopwatches; the sandboxed benchmark uses it too): one call of the
-protocol, for whatever times calls one at a time: the L2 flush queued first (on a GPU),
-then the call between the device's own stopwatch marks (device events on a GPU: the kernels' time, not their launch
-and a host synchronisation).
+`timed_call` (hardware/device.py, beside the stopwatches; the sandboxed benchmark uses it too): one call of
+the protocol, for whatever times calls one at a time: the L2 flush queued first (on a GPU), then the call between the
+device's own stopwatch marks (device events on a GPU: the kernels' time, not their launch and a host synchronisation).
 
 `time_callable`: a few warm-up calls, then N timed calls. Each call gets the next input set of a pool, cycled, so no
-call sees the inputs the call before it saw (nothing can be cached between calls); each call's output goes to a
-check callback, so a callable cannot be fast by being wrong on some calls; on a GPU a buffer larger than the L2 is
-written before each timed call, so every call starts cold. Each call is timed alone, by device events on a GPU and
-perf_counter_ns on a CPU (engine/device.py). The record holds every call's time, the median, quartiles and spread,
-and the host's load (engine/host.py) and the GPU's clocks, temperature, throttling and other processes (NVML)
-before and after.
+call sees the inputs the call before it saw (nothing can be cached between calls); each call's output goes to a check
+callback, so a callable cannot be fast by being wrong on some calls; on a GPU a buffer larger than the L2 is written
+before each timed call, so every call starts cold. Each call is timed alone, by device events on a GPU and
+perf_counter_ns on a CPU (hardware/device.py). The record holds every call's time, the median, quartiles and
+spread, and the host's load (hardware/host.py) and the GPU's clocks, temperature, throttling and other
+processes (NVML) before and after.
 
 `compare`: a gain is claimed only beyond the measured noise (the interquartile ranges do not overlap).
 """
@@ -26,8 +25,8 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from kernelbot import KernelbotError
-from kernelbot.engine import host
-from kernelbot.engine.device import DeviceChoice, GpuState, timed_call
+from kernelbot.hardware import host
+from kernelbot.hardware.device import DeviceChoice, GpuState, timed_call
 
 Check = Callable[[int, Any], str | None]  # (input set index, output) → None when right, else what is wrong
 

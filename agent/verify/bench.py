@@ -23,8 +23,8 @@ from kernelbot.agent.verify.cases import References, inputs_at
 from kernelbot.agent.verify.messages import BenchJob, BenchOutputs, BenchResult, read_result
 from kernelbot.agent.verify.numerics import compare, reference_outputs
 from kernelbot.agent.verify.run import load_reference
-from kernelbot.engine import host
-from kernelbot.engine.device import DeviceChoice
+from kernelbot.hardware import host
+from kernelbot.hardware.device import DeviceChoice
 from kernelbot.kernel_library.cpp_build import library_env
 from kernelbot.records import Bench, GpuState, Task
 from kernelbot.sandbox import run_job

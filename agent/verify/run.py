@@ -82,7 +82,7 @@ from kernelbot.agent.verify.messages import (
     read_result,
 )
 from kernelbot.agent.verify.sanitizer import sanitize
-from kernelbot.engine.device import gpu_missing_reason
+from kernelbot.hardware.device import gpu_missing_reason
 from kernelbot.kernel_library.base import dtype_name
 from kernelbot.kernel_library.cpp_build import library_env
 from kernelbot.loading import load_module

@@ -42,8 +42,8 @@ from kernelbot.agent.verify.messages import (
     VerifyJob,
 )
 from kernelbot.agent.verify.runner_channel import _detach, _encode, _leaves, _on, _outputs, _recv, _send
-from kernelbot.engine import device as device_mod
-from kernelbot.engine.device import DeviceChoice, Stopwatch, timed_call
+from kernelbot.hardware import device as device_mod
+from kernelbot.hardware.device import DeviceChoice, Stopwatch, timed_call
 from kernelbot.loading import load_module
 from kernelbot.paths import cache_dir
 from kernelbot.sandbox import confine as confine_mod
@@ -516,7 +516,7 @@ def _kept(tools: Tools, encoded: list[Any], items: list[Any]) -> tuple:
 def _op_timed_call(watch: Watch, model: torch.nn.Module, inputs: tuple, perturb: list[tuple[int, int, Any]],
                    poisoned: bool = False) -> tuple[float, Any]:
     """The benchmark's call: this call's change to the inputs (outside the clock), then the one timing protocol
-    (engine/device.py's timed_call: on a GPU the L2 flush, then device events around the call), with the
+    (hardware/device.py's timed_call: on a GPU the L2 flush, then device events around the call), with the
     stopwatch bound before the candidate loaded. `poisoned`: CPU allocations poisoned, as in verification (the
     harness does not count this call's time: poison costs a fill per allocation)."""
     tools = watch.tools

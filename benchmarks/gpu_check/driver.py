@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -48,7 +49,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # fetch_wheels beside this file, whatever PYTHONSAFEPATH says
 from fetch_wheels import missing as wheels_missing  # noqa: E402
 
-PARTS = ("agent", "profiler", "sandbox", "kernel_library", "engine")  # pyproject's package-dir: kernelbot.<part>
+PARTS = tuple(re.findall(r'"kernelbot\.(\w+)" = "\w+"', (ROOT / "pyproject.toml").read_text()))  # package-dir
 REQUIRED = ("kernelbot.cli", "kernelbot.agent.optimize", "kernelbot.agent.verify.run",
             "kernelbot.agent.verify.sanitizer", "torch", "triton", "transformers", "pydantic", "simdjson", "pandas",
             "rich")
@@ -111,7 +112,7 @@ info = {"python": sys.version.split()[0], "executable": sys.executable, "imports
 try:
     import kernelbot, torch, triton
     info.update(kernelbot=kernelbot.__file__, torch=torch.__version__, triton=triton.__version__)
-    from kernelbot.engine.device import gpu_missing_reason, pick_device
+    from kernelbot.hardware.device import gpu_missing_reason, pick_device
     info["gpu_missing"] = gpu_missing_reason()
     if info["gpu_missing"] is None:
         choice = pick_device("cuda")

@@ -135,7 +135,7 @@ def run_load(api: EngineAPI, url: str, workload: Workload, vocab: int) -> Servin
                 if res[2] != output_len:
                     short.append(res[2])
 
-    from kernelbot.engine.telemetry import snapshot
+    from kernelbot.hardware.telemetry import snapshot
 
     before = snapshot()  # GPU clocks, temperature and throttling where NVML sees a GPU; absent (said so) elsewhere
     start = time.perf_counter()

@@ -24,7 +24,6 @@ import torch
 from pydantic import BaseModel
 
 from kernelbot import KernelbotError
-from kernelbot.engine import host
 from kernelbot.engine.memory import gpu_free_bytes, host_available_bytes, model_footprint
 from kernelbot.engine.served_layers import FLUSH_S, fixed_dims, read_reports, widest
 from kernelbot.engine.serving import fidelity as fid
@@ -34,6 +33,7 @@ from kernelbot.engine.serving.load import Workload, generate, post, random_promp
 from kernelbot.engine.serving.serve_options import EngineKind, ServeOptions
 from kernelbot.engine.serving.server import Launch, ServerProcess, last_error
 from kernelbot.engine.serving.sizing import MemoryPlan, check_fits, plan_memory, user_sized
+from kernelbot.hardware import host
 from kernelbot.records import (
     Device,
     Fidelity,

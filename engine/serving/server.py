@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kernelbot import KernelbotError
-from kernelbot.engine import host
+from kernelbot.hardware import host
 
 HOST = "127.0.0.1"
 IDLE_CORES = 0.1  # a server using less than this is idle

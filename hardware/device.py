@@ -222,7 +222,7 @@ class DeviceChoice(BaseModel):
 
 def read_gpu_state(nvml: Any, handle: Any, own_pids: set[int]) -> GpuState:
     """Clocks, temperature, throttle reasons and the processes on the GPU, from an initialised NVML module."""
-    from kernelbot.engine.telemetry import decode_reasons
+    from kernelbot.hardware.telemetry import decode_reasons
 
     reasons_fn = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
         nvml.nvmlDeviceGetCurrentClocksThrottleReasons

@@ -1,6 +1,6 @@
 """The device a run measures on, with its peaks: measured on the device itself (a GEMM and a copy), on a CPU and on a
-GPU alike. On a GPU the datasheet table (profiler/peaks.py) is a cross-check beside the measurement, not its source,
-so a GPU the table does not know still gets a roofline; peaks given on the command line replace both."""
+GPU alike. On a GPU the datasheet table (datasheet.py) is a cross-check beside the measurement, not its source, so a
+GPU the table does not know still gets a roofline; peaks given on the command line replace both."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ import torch
 from pydantic import BaseModel
 
 from kernelbot import KernelbotError
-from kernelbot.engine.device import cpu_model_name
+from kernelbot.hardware.device import cpu_model_name
 from kernelbot.records import Device, Hotspot
 
 if TYPE_CHECKING:
-    from kernelbot.engine.device import DeviceChoice
+    from kernelbot.hardware.device import DeviceChoice
 
 REPEATS = 5  # timed runs of each measurement after one untimed; the best counts
 # (GEMM side, copy bytes): large enough that launch and timer overheads vanish, small enough to take under a second
@@ -72,7 +72,7 @@ def _copy_gbps(device: DeviceChoice, copy_bytes: int) -> float:
 def measure_cpu(dtype: str = "float32") -> Device:
     """This CPU's peak GEMM throughput at the run's dtype (a bf16 GEMM runs on the matrix engine, AMX or
     AVX-512-BF16, several times an fp32 one's) and its streaming bandwidth, measured now (under a second)."""
-    from kernelbot.engine.device import cpu_device
+    from kernelbot.hardware.device import cpu_device
 
     side, copy_bytes = CPU_SIZES
     gflops, gbps = measure_peaks(cpu_device(), getattr(torch, dtype), side, copy_bytes)
@@ -96,11 +96,11 @@ def measure_gpu(device: DeviceChoice, dtype: str) -> Device:
 
 def datasheet_notes(name: str, dtype: str, gflops: float, gbps: float) -> list[str]:
     """The table's row for this GPU beside the measurement, and a warning where the two disagree."""
-    from kernelbot.profiler.peaks import lookup
+    from kernelbot.hardware.datasheet import lookup
 
     row = lookup([{"name": name}])
     if row is None:
-        return [f"{name} is not in the datasheet table (profiler/peaks.py): measured peaks only"]
+        return [f"{name} is not in the datasheet table (hardware/datasheet.py): measured peaks only"]
     ratios = {"GEMM": gflops / (row.tflops(dtype) * 1e3), "copy": gbps / row.gbps}
     notes = [f"datasheet ({row.source}): {row.tflops(dtype)} TFLOP/s {dtype}, {row.gbps} GB/s; measured "
              + ", ".join(f"{what} {ratio:.0%} of it" for what, ratio in ratios.items())]
