@@ -82,6 +82,7 @@ def _bench(tmp_path, source: str, rounds: int = 2):
     return bench(RMS_TASK, ref, cand, tmp_path / "bench", rounds=rounds, device="cpu")
 
 
+@pytest.mark.slow  # the quick cheat tier's rotates_three_output_buffers and cycles_through_sixty_four_output_buffers
 def test_a_ring_of_output_buffers_is_refused_by_the_benchmark(tmp_path):
     # 2 rounds, 4 checked calls each: 8 held outputs from a ring of 4 must share memory
     with pytest.raises(RuntimeError, match="benchmark refused: .*reuses the memory of an earlier call's output"):

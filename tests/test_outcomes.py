@@ -317,7 +317,7 @@ class ModelNew(nn.Module):
 '''
 
 
-@pytest.mark.parametrize("requested,gpu", [("cuda", 0), ("cuda:1", 1)])
+@pytest.mark.parametrize("requested,gpu", [pytest.param("cuda", 0, marks=pytest.mark.slow), ("cuda:1", 1)])
 def test_a_duel_on_a_gpu_run_is_benchmarked_on_the_runs_gpu(tmp_path, monkeypatch, requested: str, gpu: int) -> None:
     """A GPU run (simulated: its Device says cuda; each benchmark job the sandbox gets is recorded, then run on this
     CPU) crowns a challenger: the duel's benchmark runs on the run's GPU, the one the run named (cuda:1) or the
