@@ -261,6 +261,8 @@ class Bench(BaseModel):
     # the timed calls cycled over this many copies of the weights, to stream them from memory as a model does
     weight_copies: int = 1
     cache_resident: bool = False  # the copies together still fit twice the last-level cache: a warm-cache figure
+    # each round timed by its mean call, not its median: the candidate's slow calls cost more than the host's stalls
+    by_mean: bool = False
     gpu_before: GpuState | None = None  # NVML on the benchmark's GPU before and after: clocks, temperature, throttling
     gpu_after: GpuState | None = None
 

@@ -311,7 +311,8 @@ def test_the_smoke_step_hands_the_sandbox_jobs_it_can_read_and_reports_each(tmp_
         else:
             assert isinstance(parsed, BenchJob) and parsed.device == "cuda"
             assert len(torch.load(parsed.inputs)) == 2
-            payload = BenchResult(reference_us=[3.0], candidate_us=[3.0], iters=1, facts=Facts())
+            payload = BenchResult(reference_us=[3.0], candidate_us=[3.0], reference_mean_us=[3.0],
+                                  candidate_mean_us=[3.0], iters=1, facts=Facts())
         if wrapper:  # under compute-sanitizer: say it ran and found nothing
             workdir.mkdir(parents=True, exist_ok=True)
             (workdir / "stderr.txt").write_text("========= ERROR SUMMARY: 0 errors\n")

@@ -7,7 +7,8 @@ import time
 import pytest
 from helpers import write_module
 
-from kernelbot.agent.verify.bench import bench
+from kernelbot.agent.verify.bench import bench, per_round
+from kernelbot.agent.verify.messages import BenchResult, Facts
 from kernelbot.agent.verify.run import verify
 from kernelbot.records import Task
 from kernelbot.sandbox.runner import child_env
@@ -118,3 +119,22 @@ def test_child_environment_has_no_secrets(monkeypatch):
     env = child_env()
     assert "OPENAI_API_KEY" not in env and "HF_TOKEN" not in env
     assert env["KERNELBOT_HARMLESS"] == "1"
+
+
+def _rounds(medians: list[float], means: list[float], cand_medians: list[float], cand_means: list[float]) -> BenchResult:
+    return BenchResult(reference_us=medians, reference_mean_us=means, candidate_us=cand_medians,
+                       candidate_mean_us=cand_means, iters=20, facts=Facts())
+
+
+def test_a_round_is_timed_by_its_median_call_when_both_sides_wait_out_the_same_stalls():
+    # a 4 ms tick in one call of twenty lifts each side's mean by about 200 us, the fast candidate's most of all
+    report = _rounds([400.0] * 5, [600.0] * 5, [100.0] * 5, [300.0] * 5)
+    ref, cand, by_mean = per_round(report)
+    assert (ref, cand, by_mean) == ([400.0] * 5, [100.0] * 5, False)
+
+
+def test_a_candidate_whose_slow_calls_cost_more_than_the_hosts_stalls_is_timed_by_its_mean_calls():
+    # the same stalls, and work done once every few calls that puts 900 us on each of its calls' mean
+    report = _rounds([400.0] * 5, [600.0] * 5, [100.0] * 5, [1100.0] * 5)
+    ref, cand, by_mean = per_round(report)
+    assert (ref, cand, by_mean) == ([600.0] * 5, [1100.0] * 5, True)

@@ -82,6 +82,8 @@ def _untimed(task: Task, cand: Candidate, verdict: Verdict, device_kind: str, wh
 def _timed(task: Task, cand: Candidate, path: Path, verdict: Verdict, timed: Bench) -> Outcome:
     """A verified candidate's benchmark: faster beyond the noise (a winner of its task, so far), or not."""
     busy = f"; timed on a busy host ({timed.host.summary()})" if timed.host and timed.host.contended else ""
+    if timed.by_mean:
+        busy += "; timed by each round's mean call: its slow calls cost more than the host's stalls"
     if timed.cache_resident:
         busy += f"; its weights fit the cache even over {timed.weight_copies} copies: a warm-cache figure"
     if timed.significant:

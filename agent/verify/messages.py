@@ -440,8 +440,10 @@ class VerifyResult(BoxResult):
 
 class BenchResult(BoxResult):
     kind: Literal["bench"] = "bench"
-    reference_us: list[float]
+    reference_us: list[float]  # each round's median call
     candidate_us: list[float]
+    reference_mean_us: list[float]  # each round's mean call
+    candidate_mean_us: list[float]
     iters: int
     facts: Facts
 
