@@ -121,7 +121,8 @@ def test_child_environment_has_no_secrets(monkeypatch):
     assert env["KERNELBOT_HARMLESS"] == "1"
 
 
-def _rounds(medians: list[float], means: list[float], cand_medians: list[float], cand_means: list[float]) -> BenchResult:
+def _rounds(medians: list[float], means: list[float], cand_medians: list[float],
+            cand_means: list[float]) -> BenchResult:
     return BenchResult(reference_us=medians, reference_mean_us=means, candidate_us=cand_medians,
                        candidate_mean_us=cand_means, iters=20, facts=Facts())
 
