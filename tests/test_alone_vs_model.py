@@ -44,6 +44,13 @@ def test_a_kernel_five_times_faster_alone_that_slows_the_model_is_flagged_with_i
     assert c.disagrees and "the rest of the model ran slower beside it" in c.cause
 
 
+def test_a_kernel_the_model_runs_faster_than_its_benchmark_timed_it_says_the_benchmark_was_slow():
+    rows = [_row("t1/cpp-0", 580.0, 490.0, 128)]  # predicts 11.5 ms; the model saved 50 ms at 135 us a call
+    [c] = alone_vs_model(rows, {"t1/cpp-0": (_times(150.0), _times(100.0))}, [_in_model("t1/cpp-0", 135.0, 128)])
+    assert c.disagrees and "135.0 us each in the model against 490.0 us in its benchmark" in c.cause
+    assert "timed it slower than the model runs it" in c.cause
+
+
 def test_savings_within_the_rounds_noise_get_no_verdict_and_the_report_shows_the_table(tmp_path: Path):
     rows = [_row("t1/cpp-0", 12.0, 10.0, 100)]  # predicts 0.2 ms of a 100 ms round
     [c] = alone_vs_model(rows, {"t1/cpp-0": (_times(100.0), _times(100.5))}, [])

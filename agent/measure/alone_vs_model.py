@@ -49,6 +49,10 @@ def _cause(bench_us: float, model_us: float | None, predicted: float, measured: 
         return (f"{gap}: its calls take {model_us:.1f} us each in the model against {bench_us:.1f} us in its "
                 "benchmark (the router's work on each call, caches the rest of the model evicted, or shapes other "
                 "than the benchmark's)")
+    if bench_us > APART * model_us:
+        return (f"{gap}: its calls take {model_us:.1f} us each in the model against {bench_us:.1f} us in its "
+                "benchmark, which timed it slower than the model runs it (a warmer cache in the model, or the "
+                "benchmark's own stalls)")
     return (f"{gap}, while its calls take {model_us:.1f} us each in the model as in its benchmark ({bench_us:.1f} "
             "us): the rest of the model ran slower beside it (its neighbours' caches, threads handed between it and "
             "eager's ops)")
