@@ -35,6 +35,7 @@ POOL = 3  # independent input draws the timed calls rotate through
 
 MAX_COPIES = 64
 COPIES_BYTES = 2 << 30  # what the copies may take together, per runner
+PERIODIC_SHARE = 0.05  # a candidate's slow calls that add this much of the reference's time beyond twice the stalls
 
 
 def weight_copies(weights: int, device: str) -> int:
@@ -65,8 +66,6 @@ def per_round(report: BenchResult) -> tuple[list[float], list[float], bool]:
         return report.reference_mean_us, report.candidate_mean_us, True
     return report.reference_us, report.candidate_us, False
 
-
-PERIODIC_SHARE = 0.05  # a candidate's slow calls that add this much of the reference's time beyond twice the stalls
 
 
 def _quantile(xs: list[float], q: float) -> float:
