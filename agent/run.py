@@ -21,7 +21,7 @@ from kernelbot.agent.journal.journal import Journal
 from kernelbot.agent.journal.run_state import BudgetSpent, Clock, RunState
 from kernelbot.agent.measure.alone_vs_model import alone_vs_model
 from kernelbot.agent.measure.compile_baseline import RegionCompile, time_region_compile
-from kernelbot.agent.measure.gate import faster, never_slower, ratio
+from kernelbot.agent.measure.gate import TAKE_APART_S, faster, leave_one_out_s, never_slower, ratio
 from kernelbot.agent.measure.measure import Measured, final_rows, median
 from kernelbot.agent.pack import build_pack
 from kernelbot.agent.report.report import write_report
@@ -361,14 +361,21 @@ class OptimizeRun:
         """Never ship a slower model (agent/measure/gate.py); the kernels it drops leave the pack, with the reason."""
         in_process = self.opts.serve is None  # trials are a few workload rounds, not two servers started
         won = faster(measured.times)
-        if not self.accepted or (won and not (in_process and len(self.accepted) > 1)):
+        trials_s = leave_one_out_s(measured.times, len(self.accepted), finish.rounds)
+        take_apart = in_process and len(self.accepted) > 1 and trials_s <= TAKE_APART_S
+        if won and in_process and len(self.accepted) > 1 and not take_apart:
+            self.notes.append(f"the pack is faster ({ratio(measured.times):.2f}x); its kernels were not taken apart "
+                              f"one by one: the leave-one-out trials would take about {trials_s / 60:.0f} min, over "
+                              f"the {TAKE_APART_S / 60:.0f}-min allowance (so no kernel's saving in the model is "
+                              "measured)")
+        if not self.accepted or (won and not take_apart):
             return measured
         self.stages.say(f"[6/7] gate: the pack is {ratio(measured.times):.2f}x of the baseline"
                         + (": leaving each kernel out once, to find any that hurts the model" if won else
                            ", not faster: looking for the kernels that hurt the model (leave one out)"),
                         style="" if won else "yellow")
         result = never_slower(self.accepted, measured, lambda subset, again: self._trial(subset, finish, again),
-                              take_apart_faster=in_process)
+                              take_apart_faster=take_apart)
         self.trials = {f"{a.task.id}/{a.candidate.id}": (whole, without) for a, whole, without in result.trials}
         for a, why in result.dropped:
             self._drop(a, why)

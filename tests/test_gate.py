@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from kernelbot.agent.measure.gate import faster, never_slower, ratio
+import pytest
+
+from kernelbot.agent.measure.gate import TAKE_APART_S, faster, leave_one_out_s, never_slower, ratio
 from kernelbot.agent.measure.measure import Measured
 from kernelbot.records import EndToEndTimes, Fidelity
 
@@ -114,3 +116,10 @@ def test_a_faster_pack_keeps_a_kernel_whose_absence_gains_only_noise_or_not_agai
 
     gated = never_slower([a, hurts, c], _measured([a, hurts, c]), lucky_once, take_apart_faster=True)
     assert gated.kept == [a, hurts, c] and gated.dropped == []
+
+
+def test_a_faster_pack_is_taken_apart_where_its_trials_take_seconds_and_not_where_they_take_many_minutes():
+    toy = EndToEndTimes(eager=[123.0] * 5, kernelbot=[43.0] * 5)  # ms a workload: llama-tiny's
+    real = EndToEndTimes(eager=[17000.0] * 5, kernelbot=[7000.0] * 5)  # a 0.5B model at 8 x 512 + 128 tokens
+    assert leave_one_out_s(toy, kernels=6, rounds=5) == pytest.approx(4.98) and 4.98 <= TAKE_APART_S
+    assert leave_one_out_s(real, kernels=7, rounds=5) == pytest.approx(840.0) and 840.0 > TAKE_APART_S

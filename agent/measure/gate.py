@@ -23,6 +23,17 @@ if TYPE_CHECKING:
     from kernelbot.outcomes import Accepted
 
 
+TAKE_APART_S = 300.0  # a faster pack is taken apart kernel by kernel only where the trials fit this
+
+
+def leave_one_out_s(times: EndToEndTimes, kernels: int, rounds: int) -> float:
+    """About how long leaving each of `kernels` out once takes: a trial's rounds of the baseline and the pack each
+    (a few seconds for a toy model; at real scale minutes a kernel, which a pack already faster does not need)."""
+    if not times.eager or not times.kernelbot:
+        return 0.0
+    return kernels * rounds * (statistics.median(times.eager) + statistics.median(times.kernelbot)) / 1e3
+
+
 def ratio(times: EndToEndTimes) -> float:
     """The baseline's median round over the pack's: above 1, the pack is faster."""
     if not times.eager or not times.kernelbot:
