@@ -169,7 +169,7 @@ def _verify_as_if_on_a_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, slot
     return verdict
 
 
-@pytest.mark.parametrize("slot,race", [("0", "fail"), ("row", "pass")])
+@pytest.mark.parametrize("slot,race", [("0", "fail"), pytest.param("row", "pass", marks=pytest.mark.slow)])
 def test_on_a_gpu_node_a_race_between_triton_programs_fails_race_through_the_interpreter_on_its_cpu(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, slot: str, race: str) -> None:
     """Every program storing its partial sum to sums[0] is right when programs run one at a time (the simulated GPU

@@ -181,6 +181,7 @@ def test_ledger_stops_before_a_call_could_overspend():
 
 # --- the loop, with the real verifier on real C kernels ---------------------------------------------------
 
+@pytest.mark.slow  # 40 s: three verifications and a benchmark; the loop's other cases stay fast
 def test_repair_loop_ends_with_the_correct_kernel_and_records_both_failures(tmp_path):
     task, task_dir = _task(tmp_path, "repair")
     script = Script({"-repair-": rmsnorm_conversation()})
