@@ -153,7 +153,8 @@ def test_a_mask_of_zeros_and_ones_is_not_read_as_indices():
     out = _run("""
         y = torch.empty(10)
         row_sums[(3,)](x, y, 10, 10, B=16)
-        print(torch.allclose(y, x.view(10, 10).sum(1)), tc.REPORT.out_of_bounds, tc.REPORT.races)
+        # atol: a row's sum of ten normals can lie near zero, where fp32's summation order alone exceeds 1e-8
+        print(torch.allclose(y, x.view(10, 10).sum(1), atol=1e-5), tc.REPORT.out_of_bounds, tc.REPORT.races)
     """)
     assert out.strip() == "True [] []"
 
