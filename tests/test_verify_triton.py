@@ -164,7 +164,8 @@ def test_a_read_modify_write_inside_a_lock_is_no_race_and_one_outside_it_is():
         for inside in (True, False):
             y, lock = torch.zeros(1), torch.zeros(1, dtype=torch.int32)
             locked_sum[(4,)](x, y, lock, 100, B=32, INSIDE=inside)
-            print(bool(torch.allclose(y, x.sum(), atol=1e-5)), tc.REPORT.races, sorted(tc.REPORT.order_dependent_kernels))
+            same = bool(torch.allclose(y, x.sum(), atol=1e-5))
+            print(same, tc.REPORT.races, sorted(tc.REPORT.order_dependent_kernels))
             tc.REPORT.races.clear()
             tc.REPORT.order_dependent_kernels.clear()
     """)
