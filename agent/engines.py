@@ -14,7 +14,7 @@ from typing import Protocol
 import torch
 
 from kernelbot import KernelbotError
-from kernelbot.agent.measure.measure import Measured, count_calls, fidelity, layer_routes_note, time_end_to_end
+from kernelbot.agent.measure.end_to_end import Measured, count_calls, fidelity, layer_routes_note, time_end_to_end
 from kernelbot.agent.stages import Stages
 from kernelbot.agent.tasks.plan import ModelTasks, ServedTasks, TaskSource
 from kernelbot.engine.memory import (
@@ -26,7 +26,7 @@ from kernelbot.engine.memory import (
 )
 from kernelbot.engine.serving.load import Workload
 from kernelbot.engine.serving.serve_options import ServeOptions
-from kernelbot.engine.serving.served import (
+from kernelbot.engine.serving.served_engine import (
     Profiled,
     ServedEngine,
     merge_captures,
@@ -65,7 +65,7 @@ class RunEngine(Protocol):
 
 
 class InProcessEngine:
-    """The model in this process: TorchEngine runs the workload as a server would (agent/measure/measure.py
+    """The model in this process: TorchEngine runs the workload as a server would (agent/measure/end_to_end.py
     measures)."""
 
     kind = "in-process"
@@ -135,7 +135,7 @@ class InProcessEngine:
 
 
 class ServedRunEngine:
-    """A model served by vLLM or SGLang (engine/serving/served.py), as the run drives it."""
+    """A model served by vLLM or SGLang (engine/serving/served_engine.py), as the run drives it."""
 
     graph_decode_baseline = False
 

@@ -19,7 +19,7 @@ from kernelbot.agent.journal.run_state import BudgetSpent, Evaluator, RunState
 from kernelbot.agent.llm.loop import LLMSession, run_task
 from kernelbot.agent.llm.prompt import PromptContext
 from kernelbot.agent.propose.proposer import available_backends, propose, write_candidate
-from kernelbot.agent.report.report import llm_line
+from kernelbot.agent.report.markdown import llm_line
 from kernelbot.agent.run_options import OptimizeOptions
 from kernelbot.agent.stages import Stages
 from kernelbot.agent.verify.evaluate import duel, evaluate
@@ -291,8 +291,8 @@ class Generation:
     def _session(self) -> LLMSession:
         """The run's LLM session, its answers recorded in (and replayed from) the journal."""
         if self.state.session is None:
-            from kernelbot.agent.journal.replay import JournaledClient
             from kernelbot.agent.llm.client import LLMClient
+            from kernelbot.agent.llm.replay import JournaledClient
 
             o = self.opts.llm
             inner = LLMClient(o.model, o.api_base, timeout=o.timeout, max_retries=o.max_retries, backoff=o.backoff,

@@ -1,7 +1,7 @@
 """`kernelbot optimize`: profile → rank → tasks → candidates → verdicts → benches → pack, iterated on the new
 bottlenecks while budget and headroom last, then measure → report (the steps: agent/run.py).
 
-Every stage result, candidate outcome and LLM answer goes into the run's journal (agent/journal/journal.py) as it
+Every stage result, candidate outcome and LLM answer goes into the run's journal (agent/journal/db.py) as it
 happens; `resume` replays them and continues from the first thing not recorded.
 """
 
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 
 from kernelbot import KernelbotError
-from kernelbot.agent.journal.journal import Journal
+from kernelbot.agent.journal.db import Journal
 from kernelbot.agent.llm.budget import Budget
 from kernelbot.agent.run import OptimizeRun
 from kernelbot.agent.run_options import OptimizeOptions

@@ -17,21 +17,21 @@ from rich.console import Console
 
 from kernelbot.agent.engines import engine_for
 from kernelbot.agent.generate import Generation
-from kernelbot.agent.journal.journal import Journal
+from kernelbot.agent.journal.db import Journal
 from kernelbot.agent.journal.run_state import BudgetSpent, Clock, RunState
-from kernelbot.agent.measure.alone_vs_model import alone_vs_model
+from kernelbot.agent.measure.alone_vs_model import alone_vs_engine, alone_vs_model
 from kernelbot.agent.measure.compile_baseline import RegionCompile, time_region_compile
+from kernelbot.agent.measure.end_to_end import Measured, final_rows, median
 from kernelbot.agent.measure.gate import TAKE_APART_S, faster, leave_one_out_s, never_slower, ratio
-from kernelbot.agent.measure.measure import Measured, final_rows, median
 from kernelbot.agent.pack import build_pack
-from kernelbot.agent.report.report import write_report
+from kernelbot.agent.report.markdown import write_report
 from kernelbot.agent.run_options import OptimizeOptions
 from kernelbot.agent.stages import Stages
 from kernelbot.agent.tasks.plan import plan_tasks, signature
 from kernelbot.engine.models import resolve_spec
 from kernelbot.engine.serving.load import Workload
 from kernelbot.engine.serving.serve_options import Lengths
-from kernelbot.engine.serving.served import Profiled
+from kernelbot.engine.serving.served_engine import Profiled
 from kernelbot.hardware.device import DeviceChoice, pick_device
 from kernelbot.hardware.peaks import PeakOverride, device_record
 from kernelbot.kernel_library.store import KernelStore
@@ -106,7 +106,7 @@ class OptimizeRun:
         self.notes = list(spec_notes)  # the report's
         self.generation = Generation(opts, self.run_dir, self.state, self.stages, self.device, executor)
         self.kernels: list[KernelResult] = []  # every candidate's row as its generate step made it (frozen)
-        # what is learnt of candidates later, kept beside their rows (agent/measure/measure.py's final_rows joins them)
+        # what is learnt of candidates later, kept beside their rows (measure/end_to_end.py's final_rows joins them)
         self.region_speedups: dict[str, float | None] = {}  # task id → torch.compile's gain on its region
         self.outpaced: dict[str, str] = {}  # candidate id → why another won the duel against it
         self.dropped: dict[str, str] = {}  # candidate id → why the gate took its kernel out of the pack
@@ -417,6 +417,8 @@ class OptimizeRun:
             self.notes.append(f"stopped early by the {stop_reason}")
         rows = final_rows(self.kernels, self.counted, self.region_speedups, self.dropped, self.outpaced)
         compared = alone_vs_model(rows, self.trials, hotspots_after)
+        if measured.serving is not None:
+            compared += alone_vs_engine(rows, measured.serving.processes)
         for c in compared:
             if c.disagrees:
                 self.notes.append(f"{c.candidate_id}: {c.speedup_alone:.2f}x alone, but {c.cause}")

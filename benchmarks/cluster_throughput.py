@@ -29,7 +29,7 @@ from pathlib import Path
 
 from kernelbot.agent.cluster import ClusterExecutor, Job
 from kernelbot.agent.propose.proposer import available_backends, propose, write_candidate
-from kernelbot.agent.tasks.tasks import write_task
+from kernelbot.agent.tasks.references import write_task
 from kernelbot.agent.verify.evaluate import evaluate
 from kernelbot.records import Task
 

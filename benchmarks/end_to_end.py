@@ -7,7 +7,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from kernelbot.agent.measure.measure import time_end_to_end
+from kernelbot.agent.measure.end_to_end import time_end_to_end
 from kernelbot.engine import TorchEngine
 from kernelbot.records import EndToEndTimes, ModelSpec, Pack
 

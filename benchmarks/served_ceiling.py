@@ -39,7 +39,7 @@ from kernelbot.engine import builtin_spec
 from kernelbot.engine.serving.apis import VLLMAPI, ServerSetup
 from kernelbot.engine.serving.ceiling import forward_ms
 from kernelbot.engine.serving.load import Workload, run_load
-from kernelbot.engine.serving.served import served_memory, served_model_dir
+from kernelbot.engine.serving.served_engine import served_memory, served_model_dir
 from kernelbot.engine.serving.server import Launch, ServerProcess, free_port
 from kernelbot.engine.serving.sizing import ServerLimits
 from kernelbot.hardware import host

@@ -66,7 +66,7 @@ def _serve_options(args: argparse.Namespace) -> ServeOptions | None:
 def _point_run_at_cluster(run_dir: Path, address: str) -> None:
     """`--resume RUN_DIR --cluster ADDRESS`: the run continues on this cluster (say, the head moved); the journal's
     options are what a resumed run reads."""
-    from kernelbot.agent.journal.journal import Journal
+    from kernelbot.agent.journal.db import Journal
 
     if not (Path(run_dir) / "journal.sqlite").exists():
         return  # resume itself says what is wrong with the directory

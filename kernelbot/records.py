@@ -419,7 +419,7 @@ class KernelResult(BaseModel):
     """One candidate's row: made whole where its candidate is evaluated, never patched afterwards. What later steps
     learn of it (its standing among its task's candidates, a duel, the gate, calls, torch.compile's gain) makes a new
     row (`model_copy(update=...)`), and the report's rows are built once from records of their own
-    (agent/measure/measure.py's final_rows)."""
+    (agent/measure/end_to_end.py's final_rows)."""
 
     model_config = ConfigDict(frozen=True)  # setting a field raises: a patch after creation fails loudly
 
@@ -520,22 +520,34 @@ class EndToEndTimes(BaseModel):
     pack_rounds_differ: list[int] = Field(default_factory=list)
 
 
+class InModelSource(str, Enum):
+    """Where a kernel's in-model figure comes from."""
+
+    GATE_TRIAL = "gate trial"  # the pack's rounds without it against with it (in-process leave-one-out)
+    ENGINE_TIMING = "engine timing"  # the served plugin's calls timed beside the engine's own op, in the engine
+
+
 class AloneVsModel(BaseModel):
-    """One pack kernel's gain alone (its benchmark) beside its gain in the model (the gate's leave-one-out trial), per
-    workload run; where they disagree by more than 2x, what was measured of why."""
+    """One pack kernel's gain alone (its benchmark) beside its gain in the model: in-process the gate's leave-one-out
+    trial, per workload run; served the plugin's in-engine timing, over the calls the served rounds made. Where they
+    disagree by more than 2x, what was measured of why."""
 
     model_config = ConfigDict(frozen=True)
 
     candidate_id: str
     speedup_alone: float
-    calls: int  # into the kernel, per workload run
+    calls: int  # into the kernel, per workload run (served: over the rounds)
     predicted_ms: float  # from its benchmark: calls x (the op's time - the kernel's), per call as benchmarked
-    measured_ms: float  # the pack's median round without it minus with it
+    measured_ms: float  # the pack's median round without it minus with it (served: calls x the in-engine saving)
     bench_call_us: float | None  # the kernel's time a call in its benchmark
-    model_call_us: float | None  # its module's time a call in the packed model's profile (the router's included)
-    judged: bool  # either saving is beyond the rounds' noise (2% of the pack's round): else no verdict
+    # its time a call in the model: its module's in the packed model's profile, the router's work included (served:
+    # the kernel's median timed call in the engine)
+    model_call_us: float | None
+    judged: bool  # either saving is beyond the rounds' noise (served: the kernel's calls were timed in the engine)
     disagrees: bool  # judged, and the two savings differ by more than 2x (or have opposite signs)
     cause: str  # for people: what the measurements say of the difference ("" where they agree)
+    source: InModelSource = InModelSource.GATE_TRIAL
+    model_op_us: float | None = None  # the op the kernel replaced, a call in the model (served: the engine's own op)
 
 
 class Report(BaseModel):

@@ -13,10 +13,10 @@ import sys
 import time
 from pathlib import Path
 
-from kernelbot.agent.journal.journal import Journal
-from kernelbot.agent.journal.replay import JournaledClient
+from kernelbot.agent.journal.db import Journal
 from kernelbot.agent.journal.run_state import Clock, RunState
 from kernelbot.agent.llm.client import Answer
+from kernelbot.agent.llm.replay import JournaledClient
 from kernelbot.outcomes import Outcome, new_row
 from kernelbot.records import Candidate, Task
 

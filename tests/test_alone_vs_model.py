@@ -1,6 +1,6 @@
 """A pack kernel's gain alone beside its gain in the model: the saving its benchmark predicts against the gate's
-leave-one-out measurement, judged only beyond the rounds' noise, and where they disagree, what the kernel's time a
-call in the packed model's profile says of why."""
+leave-one-out measurement (in-process), judged only beyond the rounds' noise, or against the plugin's timing of the
+kernel beside the engine's own op (served); where they disagree, what the per-call times say of why."""
 
 from __future__ import annotations
 
@@ -8,9 +8,17 @@ from pathlib import Path
 
 from finished_run import fake_run
 
-from kernelbot.agent.measure.alone_vs_model import alone_vs_model
-from kernelbot.agent.report.report import render_markdown
-from kernelbot.records import EndToEndTimes, Hotspot, KernelOutcome, KernelResult
+from kernelbot.agent.measure.alone_vs_model import alone_vs_engine, alone_vs_model
+from kernelbot.agent.report.markdown import render_markdown
+from kernelbot.records import (
+    EndToEndTimes,
+    Hotspot,
+    InModelSource,
+    KernelCalls,
+    KernelOutcome,
+    KernelResult,
+    PluginReport,
+)
 
 
 def _row(cid: str, ref_us: float, kernel_us: float, calls: int) -> KernelResult:
@@ -56,5 +64,38 @@ def test_savings_within_the_rounds_noise_get_no_verdict_and_the_report_shows_the
     [c] = alone_vs_model(rows, {"t1/cpp-0": (_times(100.0), _times(100.5))}, [])
     assert not c.judged and not c.disagrees and c.model_call_us is None
     text = render_markdown(fake_run(tmp_path).model_copy(update={"alone_vs_model": [c]}))
-    assert "## Alone vs in the model" in text and "| t1/cpp-0 | 1.20x | 100 | 0.2 | 0.5 |" in text
+    assert "## Alone vs in the model" in text and "| t1/cpp-0 | 1.20x | 100 | 0.2 | 0.5 | 12.0, 10.0 | —, — |" in text
     assert "within the rounds' noise" in text
+
+
+def _process(pid: int, cid: str, calls: int, timed: int, kernel_us: float | None, engine_us: float | None
+             ) -> PluginReport:
+    return PluginReport(pid=pid, rank=None, engine="vllm", custom={cid: KernelCalls(
+        calls=calls, timed=timed, kernel_us=kernel_us, engine_us=engine_us)})
+
+
+def test_a_served_kernel_timed_against_a_slow_reference_is_flagged_with_the_engines_faster_op(tmp_path: Path):
+    # as measured: 7.41x over the family's PyTorch reference (2625 us), 1.07x over vLLM's own kernel (393 us)
+    rows = [_row("h00-paged/cpp-0", 2625.0, 354.1, 0)]
+    processes = [_process(1, "h00-paged__cpp-0", 0, 0, None, None),
+                 _process(2, "h00-paged__cpp-0", 66456, 16, 367.3, 393.1)]
+    [c] = alone_vs_engine(rows, processes)
+    assert c.source is InModelSource.ENGINE_TIMING and c.candidate_id == "h00-paged/cpp-0" and c.calls == 66456
+    assert c.model_op_us == 393.1 and c.model_call_us == 367.3 and c.judged and c.disagrees
+    assert "1.07x in the engine against 7.41x" in c.cause and "the engine runs a faster op" in c.cause
+    assert "the kernel takes" not in c.cause  # its own time a call agrees with its benchmark's
+    text = render_markdown(fake_run(tmp_path).model_copy(update={"alone_vs_model": [c]}))
+    assert "| 2625.0, 354.1 | 393.1, 367.3 | engine timing | **disagree**" in text
+
+
+def test_a_served_kernel_whose_gain_in_the_engine_matches_its_benchmark_agrees_and_untimed_ones_are_left_out():
+    rows = [_row("t1/cpp-0", 40.0, 20.0, 0), _row("t2/cpp-0", 40.0, 20.0, 0)]
+    processes = [_process(1, "t1__cpp-0", 1000, 16, 22.0, 41.0), _process(1, "t2__cpp-0", 1000, 0, None, None)]
+    [c] = alone_vs_engine(rows, processes)
+    assert c.candidate_id == "t1/cpp-0" and not c.disagrees and c.cause == "" and c.measured_ms == 19.0
+
+
+def test_a_served_kernel_slower_in_the_engine_than_in_its_benchmark_says_so():
+    rows = [_row("t1/cpp-0", 40.0, 10.0, 0)]
+    [c] = alone_vs_engine(rows, [_process(1, "t1__cpp-0", 500, 16, 45.0, 40.0)])
+    assert c.disagrees and c.measured_ms < 0 and "45.0 us a call in the engine against 10.0 us" in c.cause

@@ -44,7 +44,7 @@ LIBRARY_UNDER_ASAN = r'''
 import sys
 import torch
 from pathlib import Path
-from kernelbot.agent.tasks.tasks import reference_source
+from kernelbot.agent.tasks.references import reference_source
 from kernelbot.kernel_library import FAMILIES
 from kernelbot.loading import load_module
 from kernelbot.records import Task

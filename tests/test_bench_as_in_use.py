@@ -6,7 +6,7 @@ import pytest
 from helpers import write_module
 from test_verify import RMS_TASK
 
-from kernelbot.agent.tasks.tasks import reference_source
+from kernelbot.agent.tasks.references import reference_source
 from kernelbot.agent.verify.bench import bench
 
 RING = """

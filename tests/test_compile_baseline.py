@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from kernelbot.agent.measure.compile_baseline import time_region_compile
-from kernelbot.agent.tasks.tasks import write_task
+from kernelbot.agent.tasks.references import write_task
 from kernelbot.hardware.device import pick_device
 from kernelbot.records import Task
 

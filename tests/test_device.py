@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 GPU_CHECK = ROOT / "benchmarks" / "gpu_check"
 NO_GPU = "torch 9.9+cpu is a CPU-only build"
 # the loop's files outside the device layer: none may name the backend
-DEVICE_AGNOSTIC = ("agent/measure/timing.py", "agent/measure/measure.py", "engine/torch_engine.py",
+DEVICE_AGNOSTIC = ("agent/measure/timing.py", "agent/measure/end_to_end.py", "engine/torch_engine.py",
                    "engine/graph_decode.py", "hardware/host.py")
 
 

@@ -77,7 +77,7 @@ def test_pack_routes_only_verified_shapes_and_counts_both_ways(tmp_path):
 
 @pytest.mark.parametrize(("dtype", "scale", "within"), [("bfloat16", None, True), ("float32", "1.01", False)])
 def test_fidelity_sets_the_packs_logit_change_beside_the_dtypes_own_error(tmp_path, dtype, scale, within):
-    from kernelbot.agent.measure.measure import fidelity
+    from kernelbot.agent.measure.end_to_end import fidelity
 
     spec, _ = builtin_spec("llama-micro", dtype=dtype, batch=2, prompt_len=5, decode_steps=6)
     engine = TorchEngine(spec)

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from kernelbot.agent.tasks.tasks import _computes, module_labels
+from kernelbot.agent.tasks.references import _computes, module_labels
 from kernelbot.agent.verify import cases
 from kernelbot.engine import extract
 from kernelbot.engine.patching import PackPatcher

@@ -1,5 +1,5 @@
 """Next-token distributions in the fidelity check: KL(eager ‖ pack), top-1/top-5 agreement, and the verdict that
-holds the pack's KL from float64 to twice eager's (agent/measure/measure.py, KLCheck in kernelbot/records.py)."""
+holds the pack's KL from float64 to twice eager's (agent/measure/end_to_end.py, KLCheck in kernelbot/records.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernelbot.agent.measure.measure import KL_FLOOR, KL_SLACK, fidelity, kl_check, next_token_kl, top_k_agreement
+from kernelbot.agent.measure.end_to_end import KL_FLOOR, KL_SLACK, fidelity, kl_check, next_token_kl, top_k_agreement
 from kernelbot.engine import TorchEngine
 from kernelbot.engine.models import resolve_spec
 from kernelbot.records import Fidelity, KLCheck, Pack, PackEntry

@@ -106,7 +106,7 @@ def test_a_cpu_verdict_on_a_host_whose_library_build_fails_says_so_and_still_jud
     from helpers import write_module
     from test_verify import RMS_TASK
 
-    from kernelbot.agent.tasks.tasks import reference_source
+    from kernelbot.agent.tasks.references import reference_source
     from kernelbot.agent.verify.run import verify
 
     monkeypatch.setattr(cpp_build, "prebuild_library", _no_ninja)

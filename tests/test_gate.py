@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from kernelbot.agent.measure.end_to_end import Measured
 from kernelbot.agent.measure.gate import TAKE_APART_S, faster, leave_one_out_s, never_slower, ratio
-from kernelbot.agent.measure.measure import Measured
 from kernelbot.records import EndToEndTimes, Fidelity
 
 EAGER = [100.0, 103.0, 99.0, 101.0, 102.0, 100.0, 98.0]

@@ -15,7 +15,7 @@ import torch
 from model_zoo import SMALL_WINDOW, ZOO
 
 from kernelbot.agent.optimize import OptimizeOptions, optimize
-from kernelbot.agent.tasks.tasks import make_tasks
+from kernelbot.agent.tasks.references import make_tasks
 from kernelbot.kernel_library import FAMILIES
 from kernelbot.kernel_library.attention_reference import rope_cos_sin
 from kernelbot.kernel_library.decode_attention import plain_causal

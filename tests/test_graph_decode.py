@@ -44,8 +44,8 @@ def test_a_graph_on_a_cpu_is_refused_in_one_line():
 def test_graph_decode_is_timed_in_the_same_rounds_and_reported_beside_the_others(tmp_path):
     from finished_run import fake_run
 
-    from kernelbot.agent.measure.measure import time_end_to_end
-    from kernelbot.agent.report.report import render_markdown
+    from kernelbot.agent.measure.end_to_end import time_end_to_end
+    from kernelbot.agent.report.markdown import render_markdown
     from kernelbot.records import Pack
 
     engine = TorchEngine(resolve_spec("llama-micro", dtype="float32", batch=1, prompt_len=3, decode_steps=2)[0])

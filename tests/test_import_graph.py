@@ -1,7 +1,8 @@
 """The rooms import downwards only. From the bottom: the shared base (kernelbot/'s records, paths, loading, packages),
 hardware/ (device, host load, peaks), sandbox/, kernel_library/, engine/, profiler/, agent/, and the command line
-(kernelbot/cli*.py) on top. Inside agent/, its wings (tasks/, propose/, verify/, measure/, journal/, report/, llm/)
-never import the loop's own modules (agent/*.py) that use them. Every import counts, those inside functions too: a
+(kernelbot/cli*.py) on top. Inside agent/, its wings follow the stage order (WINGS: the journal every stage keeps,
+then tasks → propose → llm → verify → measure → report), each importing only wings before it, and never the loop's
+own modules (agent/*.py) that use them. Every import counts, those inside functions too: a
 room that reaches upwards, even lazily, is a cycle waiting."""
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS = ("base", "hardware", "sandbox", "kernel_library", "engine", "profiler", "agent", "front")
 FRONT = ("cli", "cli_runs")  # kernelbot/<name>.py: the command line
+WINGS = ("journal", "tasks", "propose", "llm", "verify", "measure", "report")  # agent/'s wings, in stage order
 
 
 def room_of_file(path: Path, root: Path) -> str:
@@ -37,6 +39,16 @@ def loop_module(name: str, wings: set[str]) -> bool:
     return parts[:2] == ["kernelbot", "agent"] and len(parts) > 2 and parts[2] not in wings
 
 
+def _later_wing(wing: str, name: str) -> bool:
+    """Whether `name` is in a wing of agent/ that comes after `wing` in the stage order (a wing not in WINGS counts
+    as last, so a new wing must be placed)."""
+    parts = name.split(".")
+    if parts[:2] != ["kernelbot", "agent"] or len(parts) < 4 or parts[2] == wing:
+        return False
+    order = {w: i for i, w in enumerate(WINGS)}
+    return order.get(parts[2], len(WINGS)) > order.get(wing, len(WINGS))
+
+
 def upward_imports(root: Path) -> list[str]:
     """'file -> module (room -> higher room)' for every import that points up the layers, and 'file -> module
     (wing -> loop)' for a wing of agent/ importing the loop's modules."""
@@ -55,6 +67,8 @@ def upward_imports(root: Path) -> list[str]:
                         found.append(f"{path.relative_to(root)} -> {name} ({source} -> {target})")
                     elif in_wing and loop_module(name, wings):
                         found.append(f"{path.relative_to(root)} -> {name} (wing -> loop)")
+                    elif in_wing and _later_wing(path.relative_to(root).parts[1], name):
+                        found.append(f"{path.relative_to(root)} -> {name} (wing -> later wing)")
     return found
 
 
@@ -71,8 +85,13 @@ def test_an_import_pointing_up_is_found_even_inside_a_function(tmp_path: Path) -
     (tmp_path / "agent" / "report").mkdir()
     (tmp_path / "agent" / "report" / "__init__.py").write_text("")
     (tmp_path / "agent" / "report" / "status.py").write_text("from kernelbot.agent.cluster import Progress\n")
+    for wing in ("journal", "llm"):
+        (tmp_path / "agent" / wing).mkdir()
+        (tmp_path / "agent" / wing / "__init__.py").write_text("")
+    (tmp_path / "agent" / "journal" / "replay.py").write_text("from kernelbot.agent.llm.client import Answer\n")
     (tmp_path / "agent" / "run.py").write_text("from kernelbot.agent.report.status import show\n")  # the loop may
     assert upward_imports(tmp_path) == [
         "kernelbot/records.py -> kernelbot.profiler.host (base -> profiler)",
         "engine/runner.py -> kernelbot.agent.optimize (engine -> agent)",
+        "agent/journal/replay.py -> kernelbot.agent.llm.client (wing -> later wing)",
         "agent/report/status.py -> kernelbot.agent.cluster (wing -> loop)"]

@@ -10,7 +10,7 @@ import pytest
 from helpers import write_module
 from test_verify import RMS_TASK
 
-from kernelbot.agent.tasks.tasks import reference_source
+from kernelbot.agent.tasks.references import reference_source
 from kernelbot.agent.verify import cases, compile_gate, interpreter_race, run, sanitizer
 from kernelbot.agent.verify.interpreter_race import Coverage
 from kernelbot.agent.verify.messages import Facts, Profile, PtxasReport, VerifyResult

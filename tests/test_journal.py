@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from journal_workload import main as run_workload
 
-from kernelbot.agent.journal.journal import CRASH_ENV, JOURNAL, Journal, RunLocked, lock_owner
+from kernelbot.agent.journal.db import CRASH_ENV, JOURNAL, Journal, RunLocked, lock_owner
 
 WORKLOAD = Path(__file__).with_name("journal_workload.py")
 HERE = Path(__file__).parent
@@ -58,7 +58,7 @@ def test_put_get_meta_and_a_second_journal_is_refused(tmp_path):
 
 def test_two_processes_on_one_run_directory(tmp_path):
     holder = subprocess.Popen([sys.executable, "-c", "import sys, time\n"
-                               "from kernelbot.agent.journal.journal import Journal\n"
+                               "from kernelbot.agent.journal.db import Journal\n"
                                "j = Journal(sys.argv[1])\nprint('held', flush=True)\ntime.sleep(120)", str(tmp_path)],
                               stdout=subprocess.PIPE, text=True, start_new_session=True)
     try:

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from kernelbot.agent.journal.journal import Journal
+from kernelbot.agent.journal.db import Journal
 from kernelbot.agent.journal.run_state import Clock
 from kernelbot.agent.llm.budget import Budget
 from kernelbot.agent.llm.llm_options import LLMOptions
@@ -42,7 +42,7 @@ def test_bad_input_is_one_line(tmp_path, capsys, argv, needles):
 
 def test_a_run_directory_in_use_is_refused_and_a_finished_one_is_not_restarted(tmp_path, capsys):
     holder = subprocess.Popen([sys.executable, "-c", "import sys, time\n"
-                               "from kernelbot.agent.journal.journal import Journal\n"
+                               "from kernelbot.agent.journal.db import Journal\n"
                                "j = Journal(sys.argv[1])\nprint('held', flush=True)\ntime.sleep(120)", str(tmp_path)],
                               stdout=subprocess.PIPE, text=True, start_new_session=True)
     try:

@@ -8,14 +8,14 @@ from pathlib import Path
 import pytest
 from llm_scripted import Reply, Script, ScriptedServer
 
-from kernelbot.agent.journal.journal import Journal
-from kernelbot.agent.journal.replay import JournaledClient
+from kernelbot.agent.journal.db import Journal
 from kernelbot.agent.llm.budget import Budget
 from kernelbot.agent.llm.client import LLMClient
 from kernelbot.agent.llm.llm_options import LLMOptions
 from kernelbot.agent.llm.loop import LLMSession, run_task
 from kernelbot.agent.llm.prompt import PromptContext
-from kernelbot.agent.tasks.tasks import write_task
+from kernelbot.agent.llm.replay import JournaledClient
+from kernelbot.agent.tasks.references import write_task
 from kernelbot.records import Device, Task
 
 MODEL = "openai/kb-scripted-coder"

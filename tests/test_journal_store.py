@@ -72,7 +72,7 @@ def test_a_builtin_candidate_that_lost_to_the_op_here_is_not_proposed_again(tmp_
     from rich.console import Console
 
     from kernelbot.agent.generate import Generation
-    from kernelbot.agent.journal.journal import Journal
+    from kernelbot.agent.journal.db import Journal
     from kernelbot.agent.journal.run_state import Clock, RunState
     from kernelbot.agent.run_options import OptimizeOptions
     from kernelbot.agent.stages import Stages

@@ -165,7 +165,7 @@ def test_an_attention_kernel_is_bound_through_its_shared_step_but_never_beside_a
 
 
 def test_the_report_names_the_layers_run_part_to_part_and_leaves_the_model_as_it_was(tmp_path):
-    from kernelbot.agent.measure.measure import layer_routes_note
+    from kernelbot.agent.measure.end_to_end import layer_routes_note
 
     spec, _ = resolve_spec("llama-micro", "float32", 2, 6, 2, 0)
     engine = TorchEngine(spec)

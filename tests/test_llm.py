@@ -17,7 +17,7 @@ from kernelbot.agent.llm.llm_options import LLMOptions
 from kernelbot.agent.llm.loop import LLMSession, run_task
 from kernelbot.agent.llm.prompt import PromptContext, build_messages
 from kernelbot.agent.llm.redact import MASK, redact
-from kernelbot.agent.tasks.tasks import reference_source, write_task
+from kernelbot.agent.tasks.references import reference_source, write_task
 from kernelbot.agent.verify.evaluate import evaluate
 from kernelbot.records import Device, Task
 
@@ -249,7 +249,7 @@ def test_token_budget_stops_the_loop_and_is_respected(tmp_path):
 
 def test_endpoint_down_falls_back_to_the_builtin_proposer(tmp_path, monkeypatch):
     from kernelbot.agent import generate
-    from kernelbot.agent.journal.journal import Journal
+    from kernelbot.agent.journal.db import Journal
     from kernelbot.agent.journal.run_state import Clock, RunState
     from kernelbot.agent.optimize import OptimizeOptions
     from kernelbot.agent.stages import Stages

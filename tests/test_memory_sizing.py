@@ -17,7 +17,7 @@ from kernelbot.cli import main
 from kernelbot.engine import builtin_spec
 from kernelbot.engine.memory import GIB, ModelFootprint, kv_values_per_token, model_footprint
 from kernelbot.engine.models import build_model
-from kernelbot.engine.serving import served
+from kernelbot.engine.serving import served_engine
 from kernelbot.engine.serving.apis import APIS
 from kernelbot.engine.serving.load import Workload
 from kernelbot.engine.serving.serve_options import EngineKind, ServeOptions
@@ -113,8 +113,8 @@ def test_an_ab_that_does_not_fit_says_the_bytes_and_the_flags_in_one_line():
 
 def test_optimize_refuses_an_ab_that_does_not_fit_before_writing_the_model_or_starting_a_server(
         tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(served, "engine_version", lambda kind, python: "0.32.0")
-    monkeypatch.setattr(served, "host_available_bytes", lambda: 1 * GIB)
+    monkeypatch.setattr(served_engine, "engine_version", lambda kind, python: "0.32.0")
+    monkeypatch.setattr(served_engine, "host_available_bytes", lambda: 1 * GIB)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     run_dir = tmp_path / "run"
     code = main(["optimize", "--engine", "vllm", "--model", _model_dir(tmp_path, QWEN), "--dtype", "bfloat16",
@@ -125,13 +125,13 @@ def test_optimize_refuses_an_ab_that_does_not_fit_before_writing_the_model_or_st
     assert not (run_dir / "model").exists() and not (run_dir / "serve").exists()
 
 
-def _engine(tmp_path: Path, monkeypatch, server_args: list[str]) -> served.ServedEngine:
-    monkeypatch.setattr(served, "engine_version", lambda kind, python: "0.32.0")
+def _engine(tmp_path: Path, monkeypatch, server_args: list[str]) -> served_engine.ServedEngine:
+    monkeypatch.setattr(served_engine, "engine_version", lambda kind, python: "0.32.0")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     spec, _ = builtin_spec("llama-micro", dtype="float32", prompt_len=16, decode_steps=8)
     opts = ServeOptions(engine=EngineKind.VLLM, server_args=server_args)
     workload = Workload(num_prompts=4, input_len=16, output_len=8, concurrency=4)
-    return served.ServedEngine(opts, spec, workload, tmp_path, lambda _: None)
+    return served_engine.ServedEngine(opts, spec, workload, tmp_path, lambda _: None)
 
 
 def test_the_vllm_command_carries_the_workloads_limits(tmp_path, monkeypatch):

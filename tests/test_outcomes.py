@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from rich.console import Console
 
 from kernelbot.agent.optimize import OptimizeOptions
-from kernelbot.agent.report.report import _kernel_rows, summary_table
+from kernelbot.agent.report.markdown import _kernel_rows, summary_table
 from kernelbot.agent.tasks import plan as plan_mod
 from kernelbot.agent.tasks.plan import ModelTasks, plan_tasks, signature
 from kernelbot.agent.verify import evaluate as evaluate_mod
@@ -234,7 +234,7 @@ def test_a_candidates_origin_is_a_value_and_older_records_get_theirs_from_the_pr
 
 
 def test_the_reports_rows_are_built_once_from_what_was_learnt_later_and_the_evaluated_rows_stay_as_they_were() -> None:
-    from kernelbot.agent.measure.measure import Measured, final_rows
+    from kernelbot.agent.measure.end_to_end import Measured, final_rows
     from kernelbot.records import EndToEndTimes, Fidelity
 
     won, lost = _row("won", KernelOutcome.ACCEPTED, "verified; 2x"), _row("lost", KernelOutcome.FAILED, "failed x")
@@ -267,7 +267,7 @@ def test_setting_a_field_of_a_kernel_row_after_it_is_made_raises_so_later_steps_
 
 
 def test_a_duel_lost_is_joined_into_the_losers_row_whichever_step_made_it_and_takes_it_out_of_the_pack() -> None:
-    from kernelbot.agent.measure.measure import Measured, final_rows
+    from kernelbot.agent.measure.end_to_end import Measured, final_rows
     from kernelbot.records import EndToEndTimes, Fidelity
 
     incumbent = _row("builtin", KernelOutcome.ACCEPTED, "verified; 2x", 2.0)  # an earlier iteration's winner
@@ -286,7 +286,7 @@ def test_a_duel_benchmarks_the_challenger_against_the_incumbents_own_code_in_the
     # the benchmark's runner may read its own module only: the incumbent, kept elsewhere in the run, travels inside it
     from helpers import write_module
 
-    from kernelbot.agent.tasks.tasks import reference_source
+    from kernelbot.agent.tasks.references import reference_source
     from kernelbot.agent.verify.evaluate import duel
 
     task = _task().model_copy(update={"init_args": [128, 1e-6]})
@@ -326,11 +326,11 @@ def test_a_duel_on_a_gpu_run_is_benchmarked_on_the_runs_gpu(tmp_path, monkeypatc
     from rich.console import Console
 
     from kernelbot.agent import generate
-    from kernelbot.agent.journal.journal import Journal
+    from kernelbot.agent.journal.db import Journal
     from kernelbot.agent.journal.run_state import Clock, RunState
     from kernelbot.agent.run_options import OptimizeOptions
     from kernelbot.agent.stages import Stages
-    from kernelbot.agent.tasks.tasks import reference_source
+    from kernelbot.agent.tasks.references import reference_source
     from kernelbot.agent.verify import bench as bench_mod
     from kernelbot.records import Device
 

@@ -10,7 +10,7 @@ import subprocess
 import pytest
 from finished_run import fake_run
 
-from kernelbot.agent.report.report import write_report
+from kernelbot.agent.report.markdown import write_report
 
 SECTIONS = ["end-to-end", "figures", "accepted", "roofline", "spend", "rejected"]
 

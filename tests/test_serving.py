@@ -17,7 +17,7 @@ from kernelbot.engine.serving import fidelity
 from kernelbot.engine.serving.apis import APIS, ServerSetup, engine_version
 from kernelbot.engine.serving.load import Workload, run_load
 from kernelbot.engine.serving.serve_options import EngineKind
-from kernelbot.engine.serving.served import WORKER_TRACE, merge_captures
+from kernelbot.engine.serving.served_engine import WORKER_TRACE, captured_since, merge_captures
 from kernelbot.engine.serving.server import Launch, ServerProcess
 from kernelbot.hardware import telemetry
 from kernelbot.profiler.row_split import row_buckets, split_hotspots
@@ -192,6 +192,26 @@ def test_captured_variants_split_a_traced_class_into_decode_and_prefill_hotspots
     assert all(h.share == pytest.approx(0.55 * h.total_us / sum(x.total_us for x in every)) for h in every)
 
 
+def test_the_profiled_windows_captures_are_the_calls_made_in_it_not_the_warm_ups_or_the_engines_start_up():
+    def linear(calls: int, rows: dict[str, int]) -> LayerCapture:
+        return LayerCapture(engine_class="RowParallelLinear", family="linear", init_args=[896, 896, False],
+                            dtype="bfloat16", input_shapes=[[max(map(int, rows)), 896]], calls=calls, rows=rows,
+                            shapes={r: [[int(r), 896]] for r in rows}, agrees=True)
+
+    norm = LayerCapture(engine_class="RMSNorm", family="rmsnorm", init_args=[896, 1e-6], dtype="bfloat16",
+                        input_shapes=[[8, 896]], calls=50, rows={"8": 50}, shapes={"8": [[8, 896]]}, agrees=True)
+    before = [PluginReport(pid=7, rank=None, engine="vllm", captures=[linear(3100, {"8": 3072, "2048": 28}), norm])]
+    after = [PluginReport(pid=7, rank=None, engine="vllm", captures=[
+        linear(3100 + 408, {"8": 3072 + 384, "2048": 28 + 24}), norm,
+        linear(24, {"1": 24}).model_copy(update={"engine_class": "QKVParallelLinear"})]),
+        PluginReport(pid=9, rank=None, engine="vllm", captures=[linear(5, {"4": 5})])]  # a process seen only after
+    [first, second] = captured_since(before, after)
+    assert [(c.engine_class, c.calls, c.rows, c.input_shapes) for c in first.captures] == [
+        ("RowParallelLinear", 408, {"8": 384, "2048": 24}, [[2048, 896]]), ("QKVParallelLinear", 24, {"1": 24},
+                                                                            [[1, 896]])]
+    assert [(c.calls, c.rows) for c in second.captures] == [(5, {"4": 5})]
+
+
 def test_the_workers_traces_are_told_from_the_api_servers_whatever_the_engine_prefixes():
     workers = ["rank0.1796443882080849069.pt.trace.json.gz",  # vLLM, a dense model
                "dp0_pp0_tp0_dcp0_ep0_rank1.1796443882080849069.pt.trace.json.gz",  # vLLM, a MoE model
@@ -212,7 +232,7 @@ def test_a_round_waits_for_a_server_still_busy_after_its_last_request_and_not_fo
 
 
 def test_engagement_counts_the_processes_that_ran_layers_not_an_api_server_that_only_loaded_the_pack():
-    from kernelbot.engine.serving.served import ran_layers
+    from kernelbot.engine.serving.served_engine import ran_layers
     from kernelbot.records import KernelCalls
 
     api_server = PluginReport(pid=1, rank=None, engine="vllm", custom={"k": KernelCalls()})

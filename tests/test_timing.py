@@ -122,7 +122,7 @@ def test_a_gain_is_claimed_only_beyond_the_measured_noise() -> None:
 
 
 def test_end_to_end_timing_keeps_its_rounds_in_ms_per_engine(tmp_path) -> None:
-    from kernelbot.agent.measure.measure import time_end_to_end
+    from kernelbot.agent.measure.end_to_end import time_end_to_end
     from kernelbot.engine import TorchEngine
     from kernelbot.engine.models import resolve_spec
     from kernelbot.records import Pack
@@ -137,7 +137,7 @@ def test_end_to_end_timing_keeps_its_rounds_in_ms_per_engine(tmp_path) -> None:
 
 
 def test_the_packs_timed_rounds_are_held_and_a_later_change_of_answer_fails_fidelity(tmp_path) -> None:
-    from kernelbot.agent.measure.measure import time_end_to_end
+    from kernelbot.agent.measure.end_to_end import time_end_to_end
     from kernelbot.engine import TorchEngine
     from kernelbot.engine.models import resolve_spec
     from kernelbot.records import Fidelity, Pack
@@ -162,7 +162,7 @@ def test_the_packs_timed_rounds_are_held_and_a_later_change_of_answer_fails_fide
 def test_a_report_timed_on_a_busy_host_says_so_at_the_top(tmp_path) -> None:
     from finished_run import fake_run
 
-    from kernelbot.agent.report.report import render_markdown
+    from kernelbot.agent.report.markdown import render_markdown
     from kernelbot.hardware.host import BusyProcess, HostLoad
 
     quiet = fake_run(tmp_path)

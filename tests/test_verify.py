@@ -9,7 +9,7 @@ from helpers import write_module
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 from kernelbot import KernelbotError
-from kernelbot.agent.tasks.tasks import reference_source
+from kernelbot.agent.tasks.references import reference_source
 from kernelbot.agent.verify import cases
 from kernelbot.agent.verify.cases import WeakTask
 from kernelbot.agent.verify.run import CHECK_IDS, shape_sets, task_from_reference, verify
@@ -158,7 +158,8 @@ def test_nondeterminism_and_input_mutation_are_caught(tmp_path):
     ("def forward(self, x):\n    raise RuntimeError('kernel launch failed')\n", "crash"),
     ("def forward(self, x):\n    import ctypes\n    ctypes.string_at(0)\n", "crash"),
     ("def forward(self, x):\n    import os\n    os._exit(0)\n", "crash"),
-    ("def forward(self, x):\n    while True:\n        pass\n", "timeout"),
+    # a timeout's path stays fast in test_sandbox_and_bench and test_hostile
+    pytest.param("def forward(self, x):\n    while True:\n        pass\n", "timeout", marks=pytest.mark.slow),
 ])
 def test_broken_candidates_get_a_verdict_not_an_exception(tmp_path, body, check):
     # a loop that never ends is a timeout whatever the limit; the others must get to their verdict within it
@@ -297,7 +298,7 @@ def test_weak_task_is_refused_with_its_reason(tmp_path):
 
 
 def test_a_reference_in_a_runs_task_directory_is_verified_with_that_tasks_record(tmp_path):
-    from kernelbot.agent.tasks.tasks import write_task
+    from kernelbot.agent.tasks.references import write_task
 
     family = FAMILIES["rmsnorm"]
     task = Task(id="t", hotspot_id="h00", family="rmsnorm", module_class="LlamaRMSNorm", dtype="float32",

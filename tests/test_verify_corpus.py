@@ -11,7 +11,7 @@ import torch
 from helpers import write_module
 from test_verify import RMS_TASK
 
-from kernelbot.agent.tasks.tasks import reference_source
+from kernelbot.agent.tasks.references import reference_source
 from kernelbot.agent.verify import cases
 from kernelbot.agent.verify.bench import bench
 from kernelbot.agent.verify.numerics import compare
@@ -30,6 +30,7 @@ def _failed_alone(verdict, check: str) -> None:
     assert verdict.verdict == "fail" and verdict.failed == [check], verdict.problems
 
 
+@pytest.mark.slow  # an honest Triton kernel passing every case: the two-pass layer norm below stays fast
 def test_a_real_liger_kernel_softmax_passes(tmp_path):
     pytest.importorskip("liger_kernel", reason="liger-kernel is not installed (pip install --no-deps liger-kernel)")
     ref = write_module(tmp_path / "softmax.py", (CORPUS / "silu_ref.py").read_text().replace(
@@ -55,6 +56,7 @@ def test_a_lock_protected_accumulation_passes_and_reports_its_order_dependence(t
     assert any("writes inside a lock in _locked_colsum" in n for n in verdict.notes)
 
 
+@pytest.mark.slow  # the lockset and atomics rules: the lock-protected accumulation below stays fast
 def test_a_ticket_ordered_reduction_is_a_race_though_another_kernel_has_float_atomics(tmp_path):
     verdict = _verify(tmp_path, "colsum_ref", "colsum_ticket")
     _failed_alone(verdict, "race")
@@ -81,6 +83,7 @@ def test_a_reference_with_transposed_inputs_is_verified_in_its_own_layout(tmp_pa
     _failed_alone(verdict, "reference_fallback")  # itself: right everywhere, with no kernel of its own
 
 
+@pytest.mark.slow  # in-place changes of a timed call's inputs: test_sandbox_and_bench's fast benchmark tests keep it
 def test_the_benchmark_changes_elements_of_transposed_inputs_in_place(tmp_path):
     ref = CORPUS / "transposed_ref.py"
     cand = write_module(tmp_path / "self" / "candidate.py", ref.read_text() + "\nModelNew = Model\n")

@@ -9,7 +9,7 @@ import pytest
 from helpers import write_module
 from test_verify import RMS_TASK
 
-from kernelbot.agent.tasks.tasks import reference_source
+from kernelbot.agent.tasks.references import reference_source
 from kernelbot.agent.verify.cuda_check import compile_report, parse_ptxas
 from kernelbot.agent.verify.run import verify
 from kernelbot.agent.verify.sanitizer import parse_summary
@@ -313,7 +313,8 @@ def test_a_float32_gemm_whose_dot_a_gpu_runs_in_tf32_fails_precision_downcast_he
 
 @pytest.mark.parametrize("family,init_args,shape,wrapper", [
     ("linear", [48, 40, True, "float32"], [4, 1, 48], "linear.triton_kernel:LinearTriton"),
-    ("gated_mlp", [32, 48, "float32"], [4, 1, 32], "gated_mlp.triton_kernel:GatedMLPTriton"),
+    pytest.param("gated_mlp", [32, 48, "float32"], [4, 1, 32], "gated_mlp.triton_kernel:GatedMLPTriton",
+                 marks=pytest.mark.slow),  # the same precision rule as the linear's
 ])
 def test_the_librarys_float32_triton_gemms_choose_ieee_precision(tmp_path, family, init_args, shape, wrapper):
     """Their tl.dot would otherwise run in TF32 on a GPU and fail float32's tolerance there."""

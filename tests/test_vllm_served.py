@@ -21,7 +21,7 @@ from helpers import free_port, port_closed, recorded_candidates
 from llm_scripted import Script, ScriptedServer, rmsnorm_conversation
 
 from kernelbot.cli import main
-from kernelbot.engine.serving.served import ran_layers
+from kernelbot.engine.serving.served_engine import ran_layers
 from kernelbot.records import KernelOutcome, Pack, Report
 
 ROOT = Path(__file__).resolve().parents[1]

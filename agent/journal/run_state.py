@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kernelbot.agent.journal.journal import Journal
+from kernelbot.agent.journal.db import Journal
 from kernelbot.kernel_library.store import KernelStore
 from kernelbot.outcomes import Accepted, Outcome
 from kernelbot.records import Bench, Candidate, KernelResult, Task, Verdict

@@ -1,14 +1,23 @@
-"""Each pack kernel's gain alone (its benchmark) beside its gain in the model (the gate's leave-one-out trial), and,
-where they disagree by more than 2x, what the measurements say of why: the kernel's time a call in the packed
-model's profile against its benchmark's. A kernel benchmark that does not predict the model is a measurement defect
-to explain, not noise to average away.
+"""Each pack kernel's gain alone (its benchmark) beside its gain in the model — in-process the gate's leave-one-out
+trial, served the plugin's timing of the kernel beside the engine's own op inside the engine — and, where they
+disagree by more than 2x, what the measurements say of why: the kernel's time a call in the model against its
+benchmark's, and (served) the engine's own op against the reference the benchmark timed. A kernel benchmark that does
+not predict the model is a measurement defect to explain, not noise to average away.
 """
 
 from __future__ import annotations
 
 import statistics
 
-from kernelbot.records import AloneVsModel, EndToEndTimes, Hotspot, KernelResult
+from kernelbot.records import (
+    AloneVsModel,
+    EndToEndTimes,
+    Hotspot,
+    InModelSource,
+    KernelCalls,
+    KernelResult,
+    PluginReport,
+)
 
 NOISE = 0.02  # of the pack's median round: savings smaller than this are within the rounds' noise
 APART = 2.0  # savings further apart than this factor disagree
@@ -56,3 +65,55 @@ def _cause(bench_us: float, model_us: float | None, predicted: float, measured: 
     return (f"{gap}, while its calls take {model_us:.1f} us each in the model as in its benchmark ({bench_us:.1f} "
             "us): the rest of the model ran slower beside it (its neighbours' caches, threads handed between it and "
             "eager's ops)")
+
+
+def alone_vs_engine(rows: list[KernelResult], processes: list[PluginReport]) -> list[AloneVsModel]:
+    """One record per pack kernel the served engine timed beside its own op (`processes`: each engine process's
+    plugin counters over the served rounds); the process that timed the most calls speaks for the kernel."""
+    by_id = {r.candidate_id.replace("/", "__", 1): r for r in rows}
+    out = []
+    for cid in sorted({c for p in processes for c in p.custom}):
+        row = by_id.get(cid)
+        counted = [p.custom[cid] for p in processes if cid in p.custom]
+        timed = max(counted, key=lambda c: (c.timed, c.calls))
+        if (row is None or row.speedup is None or row.reference_us is None or row.time_us is None
+                or not timed.timed or timed.kernel_us is None or timed.engine_us is None):
+            continue
+        calls = sum(c.calls for c in counted)
+        predicted = calls * (row.reference_us - row.time_us) / 1e3
+        measured = calls * (timed.engine_us - timed.kernel_us) / 1e3
+        in_engine = timed.engine_us / timed.kernel_us if timed.kernel_us else float("inf")
+        disagrees = not 1 / APART <= in_engine / row.speedup <= APART
+        out.append(AloneVsModel(
+            candidate_id=cid.replace("__", "/", 1), speedup_alone=row.speedup, calls=calls,
+            predicted_ms=round(predicted, 2), measured_ms=round(measured, 2), bench_call_us=row.time_us,
+            model_call_us=timed.kernel_us, judged=True, disagrees=disagrees,
+            cause=_engine_cause(row, timed, in_engine) if disagrees else "", source=InModelSource.ENGINE_TIMING,
+            model_op_us=timed.engine_us))
+    return out
+
+
+def _engine_cause(row: KernelResult, timed: KernelCalls, in_engine: float) -> str:
+    """What the per-call times say of a served kernel whose gain in the engine is not its benchmark's."""
+    assert row.reference_us is not None and row.time_us is not None
+    assert timed.kernel_us is not None and timed.engine_us is not None
+    gap = f"{in_engine:.2f}x in the engine against {row.speedup:.2f}x in its benchmark"
+    causes = []
+    if row.reference_us > APART * timed.engine_us:
+        causes.append(f"the engine's own op takes {timed.engine_us:.1f} us a call where the reference its benchmark "
+                      f"timed took {row.reference_us:.1f} us: the engine runs a faster op than the family's reference, "
+                      "and that op is the one to beat")
+    elif timed.engine_us > APART * row.reference_us:
+        causes.append(f"the engine's own op takes {timed.engine_us:.1f} us a call against the reference's "
+                      f"{row.reference_us:.1f} us in the benchmark (other shapes, or a colder cache, in the engine)")
+    if timed.kernel_us > APART * row.time_us:
+        causes.append(f"the kernel takes {timed.kernel_us:.1f} us a call in the engine against {row.time_us:.1f} us "
+                      "in its benchmark (the router's work on each call, larger batches than the benchmark's, or "
+                      "caches the rest of the engine evicted)")
+    elif row.time_us > APART * timed.kernel_us:
+        causes.append(f"its benchmark timed it at {row.time_us:.1f} us a call where the engine runs it in "
+                      f"{timed.kernel_us:.1f} us (the benchmark's own stalls or colder weights)")
+    return f"{gap}: " + ("; ".join(causes) if causes else
+                         f"each time a call is within 2x of its counterpart ({row.reference_us:.1f} -> "
+                         f"{timed.engine_us:.1f} us for the op, {row.time_us:.1f} -> {timed.kernel_us:.1f} us for the "
+                         "kernel), and their ratios compound")

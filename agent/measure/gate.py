@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from kernelbot.records import EndToEndTimes
 
 if TYPE_CHECKING:
-    from kernelbot.agent.measure.measure import Measured
+    from kernelbot.agent.measure.end_to_end import Measured
     from kernelbot.outcomes import Accepted
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from kernelbot import KernelbotError
-from kernelbot.agent.journal.journal import Journal, lock_owner
+from kernelbot.agent.journal.db import Journal, lock_owner
 from kernelbot.records import KernelOutcome, KernelResult
 
 

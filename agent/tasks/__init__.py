@@ -1,2 +1,2 @@
-"""Hotspots into tasks: the planner (plan.py), a family's or an extracted reference as a KernelBench task (tasks.py,
-extract.py)."""
+"""Hotspots into tasks: the planner (plan.py), a family's or an extracted reference as a KernelBench task
+(references.py, extract.py)."""

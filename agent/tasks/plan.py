@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from kernelbot.agent.tasks.tasks import (
+from kernelbot.agent.tasks.references import (
     OWN_OPS,
     make_generic_task,
     make_tasks,

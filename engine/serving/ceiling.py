@@ -6,7 +6,7 @@ Run under the engine's own Python, which has vLLM (kernelbot is installed there 
 
     python -m kernelbot.engine.serving.ceiling MODEL_DIR DTYPE BATCH PROMPT_LEN OUTPUT_LEN CONTEXT_LEN KV_BYTES
 
-prints the median decode step's forward in ms as JSON. The served run (engine/serving/served.py) and
+prints the median decode step's forward in ms as JSON. The served run (engine/serving/served_engine.py) and
 benchmarks/served_ceiling.py call it so.
 """
 

@@ -14,7 +14,7 @@ from helpers import write_module
 from model_zoo import ZOO
 
 from kernelbot.agent.optimize import OptimizeOptions, optimize
-from kernelbot.agent.tasks.tasks import reference_source
+from kernelbot.agent.tasks.references import reference_source
 from kernelbot.agent.verify.run import verify
 from kernelbot.kernel_library import FAMILIES, classes_covered
 from kernelbot.kernel_library.base import OpCall

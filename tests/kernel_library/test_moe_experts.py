@@ -9,7 +9,7 @@ import pytest
 import torch
 from helpers import write_module
 
-from kernelbot.agent.tasks.tasks import reference_source
+from kernelbot.agent.tasks.references import reference_source
 from kernelbot.agent.verify.run import verify
 from kernelbot.kernel_library import FAMILIES
 from kernelbot.kernel_library.moe_experts.cpp import MoeExpertsCpp

@@ -8,7 +8,7 @@ import hashlib
 import json
 from typing import Any
 
-from kernelbot.agent.journal.journal import Journal
+from kernelbot.agent.journal.db import Journal
 from kernelbot.agent.llm.client import Answer, LLMClient
 
 

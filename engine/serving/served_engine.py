@@ -101,6 +101,29 @@ def merge_captures(reports: list[PluginReport]) -> list[LayerCapture]:
     return list(merged.values())
 
 
+def captured_since(before: list[PluginReport], after: list[PluginReport]) -> list[PluginReport]:
+    """What each process captured between two readings of its counters (the profiled load's window: its trace's
+    calls, not the warm-up's or the engine's start-up runs): every variant's calls and rows less those read before
+    (a process's variants only ever grow, in order); variants with no call in between are left out."""
+    earlier = {r.pid: r.captures for r in before}
+    out = []
+    for report in after:
+        old = earlier.get(report.pid, [])
+        captures = []
+        for i, c in enumerate(report.captures):
+            prior = old[i] if i < len(old) else None
+            calls = c.calls - (prior.calls if prior else 0)
+            if calls <= 0:
+                continue
+            rows = {r: n - (prior.rows.get(r, 0) if prior else 0) for r, n in c.rows.items()}
+            rows = {r: n for r, n in rows.items() if n > 0}
+            shapes = {r: s for r, s in c.shapes.items() if r in rows}
+            most = {"input_shapes": shapes[max(shapes, key=int)]} if shapes else {}
+            captures.append(c.model_copy(update={"calls": calls, "rows": rows, "shapes": shapes, **most}))
+        out.append(report.model_copy(update={"captures": captures}))
+    return out
+
+
 def merge_generic(reports: list[PluginReport]) -> list[GenericCapture]:
     """The generic calls every process captured, summed; a call one process extracted keeps its reference."""
     merged: dict[str, GenericCapture] = {}
@@ -209,15 +232,19 @@ class ServedEngine:
             self.say(f"      {name}: {self.opts.engine.value} {self.version} ready in {time.perf_counter() - t0:.0f} s "
                      f"on port {server.port}")
             self._warm(server)
+            assert setup.counts_dir is not None
+            time.sleep(2 * FLUSH_S)  # the plugin's counters reach their files
+            before = read_reports(setup.counts_dir)
             path, body = self.api.start_profile(setup.profile_dir)
             post(server.url + path, body)
             self._load(server, self.profiled_wave())
             post(server.url + "/stop_profile", {})
             traces = _collected(setup.profile_dir, self.opts.tp)
-            time.sleep(2 * FLUSH_S)  # the plugin's counters reach their files
+            time.sleep(2 * FLUSH_S)
         shutil.copyfile(traces[0], trace)
-        assert setup.counts_dir is not None
-        return traces, read_reports(setup.counts_dir)
+        # the traced window's calls: the trace's time is spread over them, and its floor counts them (the warm-up's
+        # and the engine's start-up runs would inflate both)
+        return traces, captured_since(before, read_reports(setup.counts_dir))
 
     # -- measure ----------------------------------------------------------------------------------------------
     def measure(self, pack: Pack, pack_dir: Path, rounds: int, twin: TwinLogprobs) -> tuple[ServedComparison, Fidelity]:

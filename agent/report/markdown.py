@@ -76,25 +76,30 @@ def _spend_section(r: Report) -> list[str]:
             f"- {spend}"] + ([f"- reused from the kernel store: {', '.join(r.reused)}"] if r.reused else [])
 
 
+def _us(value: float | None) -> str:
+    return f"{value:.1f}" if value is not None else "—"
+
+
 def _alone_vs_model_section(r: Report) -> list[str]:
-    """Each kernel's saving as its benchmark predicts it beside the gate's measurement of it in the model."""
+    """Each kernel's saving as its benchmark predicts it beside its saving measured in the model."""
     if not r.alone_vs_model:
         return []
     lines = ["", "## Alone vs in the model", "",
-             "Per workload run: the saving its benchmark predicts (calls x the op's time less the kernel's) and the "
-             "saving measured in the model (the pack's median round without it, less with it: the gate's "
-             "leave-one-out). A call's time in the model is its module's in the packed model's profile (the "
-             "router's work included).", "",
-             "| candidate | alone | calls | predicted ms | measured ms | µs a call: benchmark | in the model "
-             "| verdict |",
-             "|---|---:|---:|---:|---:|---:|---:|---|"]
+             "The saving its benchmark predicts (calls x the op's time less the kernel's) beside the saving measured "
+             "in the model. In-process (gate trial): per workload run, the pack's median round without the kernel less "
+             "with it (the gate's leave-one-out); a call's time in the model is its module's in the packed model's "
+             "profile (the router's work included). Served (engine timing): over the calls of the served rounds, the "
+             "kernel timed beside the engine's own op on the same calls inside the engine.", "",
+             "| candidate | alone | calls | predicted ms | measured ms | µs a call in the benchmark: op, kernel "
+             "| in the model: op, kernel | from | verdict |",
+             "|---|---:|---:|---:|---:|---:|---:|---|---|"]
     for c in r.alone_vs_model:
         verdict = ("**disagree**: " + c.cause if c.disagrees else "agree" if c.judged
                    else "within the rounds' noise")
-        model_us = f"{c.model_call_us:.1f}" if c.model_call_us is not None else "—"
-        bench_us = f"{c.bench_call_us:.1f}" if c.bench_call_us is not None else "—"
+        bench_op = c.bench_call_us * c.speedup_alone if c.bench_call_us is not None else None
         lines.append(f"| {c.candidate_id} | {c.speedup_alone:.2f}x | {c.calls} | {c.predicted_ms:.1f} | "
-                     f"{c.measured_ms:.1f} | {bench_us} | {model_us} | {verdict} |")
+                     f"{c.measured_ms:.1f} | {_us(bench_op)}, {_us(c.bench_call_us)} | {_us(c.model_op_us)}, "
+                     f"{_us(c.model_call_us)} | {c.source.value} | {verdict} |")
     return lines
 
 
@@ -166,8 +171,8 @@ def render_markdown(r: Report, figures: Iterable[str] = ()) -> str:
 
 def write_report(report: Report, run_dir: Path, console: Console | None = None) -> None:
     """report.json, report.md (figures under plots/) and report.html (self-contained)."""
+    from kernelbot.agent.report.html import render_html
     from kernelbot.agent.report.plots import figures as make_figures
-    from kernelbot.agent.report.report_html import render_html
 
     write_record(run_dir / "report.json", report)
     figures = make_figures(report)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import base64
 from html import escape
 
+from kernelbot.agent.report.markdown import llm_line, outcome_label
 from kernelbot.agent.report.plots import roofline_points
-from kernelbot.agent.report.report import llm_line, outcome_label
 from kernelbot.records import Hotspot, KernelResult, Report
 
 CAPTIONS = {
