@@ -22,7 +22,7 @@ from kernelbot.agent.journal.run_state import BudgetSpent, Clock, RunState
 from kernelbot.agent.measure.alone_vs_model import alone_vs_engine, alone_vs_model
 from kernelbot.agent.measure.compile_baseline import RegionCompile, time_region_compile
 from kernelbot.agent.measure.end_to_end import Measured, final_rows, median
-from kernelbot.agent.measure.gate import TAKE_APART_S, faster, leave_one_out_s, never_slower, ratio
+from kernelbot.agent.measure.gate import TAKE_APART_S, engine_losers, faster, leave_one_out_s, never_slower, ratio
 from kernelbot.agent.pack import build_pack
 from kernelbot.agent.report.markdown import write_report
 from kernelbot.agent.run_options import OptimizeOptions
@@ -370,10 +370,23 @@ class OptimizeRun:
                               "measured)")
         if not self.accepted or (won and not take_apart):
             return measured
-        self.stages.say(f"[6/7] gate: the pack is {ratio(measured.times):.2f}x of the baseline"
-                        + (": leaving each kernel out once, to find any that hurts the model" if won else
-                           ", not faster: looking for the kernels that hurt the model (leave one out)"),
-                        style="" if won else "yellow")
+        losers = engine_losers(self.accepted, measured.serving.processes) if measured.serving and not won else []
+        if losers:
+            self.stages.say(f"[6/7] gate: the pack is {ratio(measured.times):.2f}x of the baseline; {len(losers)} "
+                            "kernel(s) the engine timed no faster than its own op leave it", style="yellow")
+            for a, why in losers:
+                self._drop(a, why)
+            if self.accepted:
+                measured = self._trial(self.accepted, finish, False)
+                won = faster(measured.times)
+        if self.accepted and won and not take_apart:
+            self.pack = build_pack(self.accepted, self.run_dir.name, self.device.name, self.pack_dir)
+            return measured
+        if self.accepted:
+            self.stages.say(f"[6/7] gate: the pack is {ratio(measured.times):.2f}x of the baseline"
+                            + (": leaving each kernel out once, to find any that hurts the model" if won else
+                               ", not faster: looking for the kernels that hurt the model (leave one out)"),
+                            style="" if won else "yellow")
         result = never_slower(self.accepted, measured, lambda subset, again: self._trial(subset, finish, again),
                               take_apart_faster=take_apart)
         self.trials = {f"{a.task.id}/{a.candidate.id}": (whole, without) for a, whole, without in result.trials}

@@ -176,3 +176,13 @@ def test_real_scale_kernels_times_each_kernel_against_its_floor_at_the_smallest_
     assert {"o_proj, decode", "gated MLP, prefill", "LM head, decode", "attention, prefill of 16"} <= labels, labels
     assert all(row.count("|") == 10 and row.rstrip().endswith("% |") for row in rows), rows
     assert "peaks" in out and "bfloat16 GEMM" in out and "host over the run" in out
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not VLLM_PY.exists(), reason=f"no vLLM engine environment at {VLLM_PY.parent.parent} "
+                                                 "(create it with .ci/vllm_env.sh)")
+def test_served_attention_times_vllms_kernel_beside_kernelbots_and_the_floor(tmp_path):
+    out = _run("served_attention.py", "--smallest", cwd=tmp_path, python=VLLM_PY)
+    rows = [line for line in out.splitlines() if line.startswith("| 256 |")]
+    assert len(rows) == 1 and rows[0].count("|") == 10 and rows[0].rstrip().endswith("% |"), rows
+    assert "host over the run" in out

@@ -1,6 +1,7 @@
 """The never-slower gate (agent/measure/gate.py): kernels that win their own benchmark and lose in the model are
 dropped, with the reason, from a pack that is not faster and, where trials are cheap, from one that is; a pack that
-is not faster as a whole ships nothing."""
+is not faster as a whole ships nothing; a served pack first loses the kernels the engine timed no faster than its own
+op."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from types import SimpleNamespace
 import pytest
 
 from kernelbot.agent.measure.end_to_end import Measured
-from kernelbot.agent.measure.gate import TAKE_APART_S, faster, leave_one_out_s, never_slower, ratio
-from kernelbot.records import EndToEndTimes, Fidelity
+from kernelbot.agent.measure.gate import TAKE_APART_S, engine_losers, faster, leave_one_out_s, never_slower, ratio
+from kernelbot.records import EndToEndTimes, Fidelity, KernelCalls, PluginReport
 
 EAGER = [100.0, 103.0, 99.0, 101.0, 102.0, 100.0, 98.0]
 FID = Fidelity(max_abs_logit_diff=0.0, greedy_match=True, token_agreement=1.0)
@@ -123,3 +124,25 @@ def test_a_faster_pack_is_taken_apart_where_its_trials_take_seconds_and_not_wher
     real = EndToEndTimes(eager=[17000.0] * 5, kernelbot=[7000.0] * 5)  # a 0.5B model at 8 x 512 + 128 tokens
     assert leave_one_out_s(toy, kernels=6, rounds=5) == pytest.approx(4.98) and 4.98 <= TAKE_APART_S
     assert leave_one_out_s(real, kernels=7, rounds=5) == pytest.approx(840.0) and 840.0 > TAKE_APART_S
+
+
+def _served(task: str, alone: float) -> SimpleNamespace:
+    return SimpleNamespace(task=SimpleNamespace(id=task), candidate=SimpleNamespace(id="cpp-0"),
+                           bench=SimpleNamespace(speedup=alone))
+
+
+def test_a_served_kernel_the_engine_timed_no_faster_or_switched_off_is_named_and_a_faster_one_kept():
+    attention, linear, norm, untimed = (_served("h00", 7.4), _served("h01", 2.0), _served("h02", 1.5),
+                                        _served("h03", 1.2))
+    processes = [
+        PluginReport(pid=1, rank=None, engine="vllm", custom={"h00__cpp-0": KernelCalls(calls=3, timed=0)}),
+        PluginReport(pid=2, rank=None, engine="vllm", custom={
+            "h00__cpp-0": KernelCalls(calls=9000, timed=16, kernel_us=401.0, engine_us=393.0),
+            "h01__cpp-0": KernelCalls(calls=9000, timed=16, kernel_us=615.0, engine_us=750.0),
+            "h02__cpp-0": KernelCalls(calls=40, timed=16, kernel_us=9.0, engine_us=8.0,
+                                      disabled="slower in the engine"),
+            "h03__cpp-0": KernelCalls(calls=10, timed=0)})]
+    losers = dict((a.task.id, why) for a, why in engine_losers([attention, linear, norm, untimed], processes))
+    assert set(losers) == {"h00", "h02"}
+    assert "401.0 against the engine's own 393.0 us" in losers["h00"] and "7.40x" in losers["h00"]
+    assert "switched off in the engine: slower in the engine" in losers["h02"]

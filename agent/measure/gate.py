@@ -7,7 +7,10 @@ that is faster is taken apart the same way where trials are cheap (in-process: a
 loses a kernel only where leaving it out gained `HELPS` more both in its trial and timed again: a pack slower than
 one of its subsets does not ship either. At most two trials a kernel: a served trial starts two servers (about
 100 s on a 2-core host; a faster served pack is left whole), and re-running the whole leave-one-out after every
-drop took an hour for nine kernels. A pack that still is not faster ships no kernel."""
+drop took an hour for nine kernels. A served pack that is not faster first loses the kernels the engine itself timed
+as no faster than its own op (`engine_losers`: the plugin times each kernel beside the engine's path on the same calls,
+inside the engine), then is timed once without them, before any leave-one-out: each served trial is two servers
+and minutes of load. A pack that still is not faster ships no kernel."""
 
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from kernelbot.records import EndToEndTimes
+from kernelbot.records import EndToEndTimes, PluginReport
 
 if TYPE_CHECKING:
     from kernelbot.agent.measure.end_to_end import Measured
@@ -91,3 +94,21 @@ def never_slower(accepted: list[Accepted], measured: Measured,
         current = current.model_copy(update={"times": current.times.model_copy(
             update={"kernelbot": list(current.times.eager)})})
     return Gated(kept, current, dropped, trials)
+
+
+def engine_losers(accepted: list[Accepted], processes: list[PluginReport]) -> list[tuple[Accepted, str]]:
+    """The served pack's kernels that the engine timed as no faster than its own op (median of the timed calls, in
+    the process that timed the most), or that a process switched off, each with why."""
+    out = []
+    for a in accepted:
+        counted = [p.custom[cid] for p in processes if (cid := f"{a.task.id}__{a.candidate.id}") in p.custom]
+        off = next((c.disabled for c in counted if c.disabled), "")
+        timed = max(counted, key=lambda c: (c.timed, c.calls), default=None)
+        if off:
+            out.append((a, f"faster alone ({a.bench.speedup:.2f}x), switched off in the engine: {off}"))
+        elif timed is not None and timed.timed and timed.kernel_us is not None and timed.engine_us is not None \
+                and timed.kernel_us >= timed.engine_us:
+            out.append((a, f"faster alone ({a.bench.speedup:.2f}x), no faster in the engine: {timed.kernel_us:.1f} "
+                           f"against the engine's own {timed.engine_us:.1f} us a call (medians of {timed.timed} "
+                           "calls timed side by side)"))
+    return out

@@ -2,7 +2,7 @@
 // (block, kv head) of the cache holds the block's keys transposed ([head_size][block_size]) then its values
 // ([block_size][head_size]). One task per (request, kv head): the query heads sharing that kv head go together, so
 // each block's keys and values are read once for all of them. Scores block by block (for each dim, a row of the
-// transposed keys times the query: contiguous over the block's tokens), softmax and the weighted sum in fp32.
+// transposed keys times the query: contiguous over the block's tokens), softmax in fp32, sums accumulated in fp32.
 #include "../extension.h"
 #include <algorithm>
 #include <cmath>
@@ -80,7 +80,8 @@ static void attend(const T* qt, const T* ct, const int32_t* table, const int32_t
   });
 }
 
-// bf16 on a CPU with AVX-512, head_size = 16 * DV, at most MAXG query heads per kv head: sixteen keys' scores at a
+// bf16 on a CPU with AVX-512-BF16, at most MAXG query heads per kv head: by vdpbf16ps (dot_token) where the head size
+// is a multiple of 32, else widened to fp32 (token), head_size = 16 * DV: sixteen keys' scores at a
 // time (one row of the transposed keys, widened to fp32, times each query head's broadcast dim), the query heads of
 // the kv head together so each key row is read once; values accumulated in DV registers per head. The same sums in
 // the same order per key as the generic path gives up to fp32 rounding of the dot products' association.
@@ -192,13 +193,135 @@ struct PagedBf16 {
     for (int64_t u = t; u < n; ++u) s[u] *= 1.f / total;
   }
 
-  // token<D / 16> where this path covers the head size; false where it does not (the generic path takes it).
+  // The same token by vdpbf16ps, for head sizes of 32 * NC and even block sizes: half the multiply-add
+  // instructions of the widening path, which bound it (a query head's 16 fp32 FMAs per key and dim pair become 8).
+  //   - Scores: per block, 32 keys at a time; rows 2x and 2x+1 of the transposed keys interleaved by unpacklo/hi
+  //     into pairs (key t's dims 2x, 2x+1) and dotted with each head's pair of query dims (broadcast): bf16 products
+  //     exact in fp32, sums in fp32, the scale applied after. The unpacks leave the keys in an order that one
+  //     permute per 16 scores puts back (UNPACKED).
+  //   - Values: keys t, t+1's rows interleaved the same way into pairs of (t, t+1) per dim and dotted with the
+  //     head's probabilities of t and t+1 rounded to bf16 (relative error 2^-9 per weight; sums in fp32), HG heads
+  //     at a time so their accumulators stay in registers.
+  static constexpr int32_t UNPACKED[2][16] = {{0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23},
+                                              {8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31}};
+  std::vector<uint16_t> probs;  // each head's probabilities in bf16, an even count (zero-padded)
+  static constexpr int64_t AHEAD = 2;  // blocks prefetched ahead of the one being read
+
+  template <int NC>
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void dot_token(
+      const uint16_t* q, const uint16_t* cache, const int32_t* blocks, int64_t seen, int64_t G, int64_t kv_heads,
+      int64_t kh, int64_t bs, float scale, uint16_t* out) {
+    constexpr int64_t D = 32 * NC, D2 = D / 2;
+    constexpr int HG = std::max(1, 12 / NC);  // heads whose 2 * NC accumulators fit in registers at once
+    const int64_t stride = seen + 32, pairs = (seen + 1) / 2;
+    if (static_cast<int64_t>(scores.size()) < G * stride) scores.resize(G * stride);
+    if (static_cast<int64_t>(probs.size()) < G * 2 * pairs) probs.resize(G * 2 * pairs);
+    float* s = scores.data();
+    const int64_t nblocks = (seen + bs - 1) / bs;
+    const uint32_t* q2 = reinterpret_cast<const uint32_t*>(q);  // head g's dims 2x, 2x+1 at q2[g * D2 + x]
+    const __m512i first = _mm512_loadu_si512(UNPACKED[0]), second = _mm512_loadu_si512(UNPACKED[1]);
+    const __m512 sc = _mm512_set1_ps(scale);
+    for (int64_t j = 0; j < nblocks; ++j) {
+      const uint16_t* keys = cache + (static_cast<int64_t>(blocks[j]) * kv_heads + kh) * 2 * bs * D;
+      const int64_t width = std::min(bs, seen - j * bs);
+      // blocks AHEAD on into L2 while this one computes (blocks are scattered, so no hardware prefetcher can guess
+      // them; a decode step streams the cache from memory), the first ones before the first block
+      for (int64_t ahead = j == 0 ? 0 : j + AHEAD; ahead <= j + AHEAD && ahead < nblocks; ++ahead) {
+        const char* next = reinterpret_cast<const char*>(cache + (static_cast<int64_t>(blocks[ahead]) * kv_heads +
+                                                                  kh) * 2 * bs * D);
+        for (int64_t b = 0; b < 2 * bs * D * 2; b += 64) _mm_prefetch(next + b, _MM_HINT_T1);
+      }
+      for (int64_t t = 0; t < width; t += 32) {
+        const int64_t n = std::min<int64_t>(32, width - t);
+        const __mmask32 m = n == 32 ? ~__mmask32(0) : (__mmask32(1) << n) - 1;
+        __m512 lo[MAXG], hi[MAXG];
+        for (int64_t g = 0; g < G; ++g) lo[g] = hi[g] = _mm512_setzero_ps();
+        for (int64_t x = 0; x < D2; ++x) {
+          const __m512i a = _mm512_maskz_loadu_epi16(m, keys + 2 * x * bs + t);
+          const __m512i b = _mm512_maskz_loadu_epi16(m, keys + (2 * x + 1) * bs + t);
+          const __m512bh pl = (__m512bh)_mm512_unpacklo_epi16(a, b), ph = (__m512bh)_mm512_unpackhi_epi16(a, b);
+          for (int64_t g = 0; g < G; ++g) {
+            const __m512bh qq = (__m512bh)_mm512_set1_epi32(static_cast<int>(q2[g * D2 + x]));
+            lo[g] = _mm512_dpbf16_ps(lo[g], pl, qq);
+            hi[g] = _mm512_dpbf16_ps(hi[g], ph, qq);
+          }
+        }
+        for (int64_t g = 0; g < G; ++g) {  // past `width`: scores of zeroed keys, overwritten or never read
+          float* dst = s + g * stride + j * bs + t;
+          _mm512_storeu_ps(dst, _mm512_mul_ps(_mm512_permutex2var_ps(lo[g], first, hi[g]), sc));
+          _mm512_storeu_ps(dst + 16, _mm512_mul_ps(_mm512_permutex2var_ps(lo[g], second, hi[g]), sc));
+        }
+      }
+    }
+    uint16_t* pb = probs.data();
+    for (int64_t g = 0; g < G; ++g) {
+      softmax(s + g * stride, seen);
+      uint16_t* pg = pb + g * 2 * pairs;
+      int64_t t = 0;
+      for (; t + 32 <= seen; t += 32)
+        _mm512_storeu_si512(pg + t, (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(s + g * stride + t + 16),
+                                                                 _mm512_loadu_ps(s + g * stride + t)));
+      for (; t < 2 * pairs; ++t) pg[t] = t < seen ? Lanes<c10::BFloat16>::out(s[g * stride + t]) : uint16_t(0);
+    }
+    const uint32_t* p2 = reinterpret_cast<const uint32_t*>(pb);  // head g's probabilities of keys 2i, 2i+1
+    for (int64_t g0 = 0; g0 < G; g0 += HG) {
+      const int64_t hg = std::min<int64_t>(HG, G - g0);
+      __m512 acc[HG][NC][2];
+      for (int h = 0; h < HG; ++h)
+        for (int c = 0; c < NC; ++c) acc[h][c][0] = acc[h][c][1] = _mm512_setzero_ps();
+      for (int64_t j = 0; j < nblocks; ++j) {
+        const uint16_t* values = cache + (static_cast<int64_t>(blocks[j]) * kv_heads + kh) * 2 * bs * D + bs * D;
+        const int64_t width = std::min(bs, seen - j * bs), pair0 = j * bs / 2;
+        for (int64_t t = 0; t < width; t += 2) {
+          const uint16_t* ra = values + t * D;
+          for (int c = 0; c < NC; ++c) {
+            const __m512i a = _mm512_loadu_si512(ra + 32 * c);
+            const __m512i b = t + 1 < width ? _mm512_loadu_si512(ra + D + 32 * c) : _mm512_setzero_si512();
+            const __m512bh pl = (__m512bh)_mm512_unpacklo_epi16(a, b), ph = (__m512bh)_mm512_unpackhi_epi16(a, b);
+            for (int h = 0; h < HG; ++h) {
+              if (h >= hg) break;
+              const __m512bh pp =
+                  (__m512bh)_mm512_set1_epi32(static_cast<int>(p2[(g0 + h) * pairs + pair0 + t / 2]));
+              acc[h][c][0] = _mm512_dpbf16_ps(acc[h][c][0], pl, pp);
+              acc[h][c][1] = _mm512_dpbf16_ps(acc[h][c][1], ph, pp);
+            }
+          }
+        }
+      }
+      for (int64_t h = 0; h < hg; ++h)
+        for (int c = 0; c < NC; ++c) {
+          uint16_t* o = out + (g0 + h) * D + 32 * c;
+          const __m512 d0 = _mm512_permutex2var_ps(acc[h][c][0], first, acc[h][c][1]);
+          const __m512 d1 = _mm512_permutex2var_ps(acc[h][c][0], second, acc[h][c][1]);
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(o), (__m256i)_mm512_cvtneps_pbh(d0));
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + 16), (__m256i)_mm512_cvtneps_pbh(d1));
+        }
+    }
+  }
+
+  // The vdpbf16ps path where the head size is 32 * NC (NC <= 8) and blocks hold an even number of keys.
+  template <int NC = 8>
+  bool dot_dispatch(int64_t D, const uint16_t* q, const uint16_t* cache, const int32_t* blocks, int64_t seen,
+                    int64_t G, int64_t kv_heads, int64_t kh, int64_t bs, float scale, uint16_t* out) {
+    if constexpr (NC == 0) {
+      return false;
+    } else {
+      if (D != 32 * NC || bs % 2 != 0)
+        return dot_dispatch<NC - 1>(D, q, cache, blocks, seen, G, kv_heads, kh, bs, scale, out);
+      dot_token<NC>(q, cache, blocks, seen, G, kv_heads, kh, bs, scale, out);
+      return true;
+    }
+  }
+
+  // dot_token where it covers the head size, else token<D / 16>; false where neither does (the generic path takes
+  // it).
   template <int DV = 16>
   bool dispatch(int64_t D, const uint16_t* q, const uint16_t* cache, const int32_t* blocks, int64_t seen, int64_t G,
                 int64_t kv_heads, int64_t kh, int64_t bs, float scale, uint16_t* out) {
     if constexpr (DV == 0) {
       return false;
     } else {
+      if (DV == 16 && dot_dispatch(D, q, cache, blocks, seen, G, kv_heads, kh, bs, scale, out)) return true;
       if (D != 16 * DV) return dispatch<DV - 1>(D, q, cache, blocks, seen, G, kv_heads, kh, bs, scale, out);
       if (G <= 2) token<DV, 4>(q, cache, blocks, seen, G, kv_heads, kh, bs, scale, out);  // 4+ chains in flight
       else if (G <= 4) token<DV, 2>(q, cache, blocks, seen, G, kv_heads, kh, bs, scale, out);
