@@ -19,7 +19,7 @@ from kernelbot.agent.engines import engine_for
 from kernelbot.agent.generate import Generation
 from kernelbot.agent.journal.db import Journal
 from kernelbot.agent.journal.run_state import BudgetSpent, Clock, RunState
-from kernelbot.agent.measure.alone_vs_model import alone_vs_engine, alone_vs_model
+from kernelbot.agent.measure.alone_vs_model import alone_vs_engine, alone_vs_model, alone_vs_profiles
 from kernelbot.agent.measure.compile_baseline import RegionCompile, time_region_compile
 from kernelbot.agent.measure.end_to_end import Measured, final_rows, median
 from kernelbot.agent.measure.gate import TAKE_APART_S, engine_losers, faster, leave_one_out_s, never_slower, ratio
@@ -432,9 +432,14 @@ class OptimizeRun:
         compared = alone_vs_model(rows, self.trials, hotspots_after)
         if measured.serving is not None:
             compared += alone_vs_engine(rows, measured.serving.processes)
+        else:
+            compared += alone_vs_profiles(rows, self.hotspots_before, hotspots_after, set(self.trials))
         for c in compared:
             if c.disagrees:
                 self.notes.append(f"{c.candidate_id}: {c.speedup_alone:.2f}x alone, but {c.cause}")
+            elif c.judged and c.measured_ms < 0:
+                self.notes.append(f"{c.candidate_id}: {c.speedup_alone:.2f}x alone, but slower in the model "
+                                  f"({c.source.value}: {c.measured_ms:.1f} ms a run)")
         report = Report(
             run_id=self.run_dir.name, model=self.spec, device=self.device, baseline_ms=baseline,
             optimized_ms=optimized, compiled_ms=comp, speedup=round(baseline / optimized, 3),

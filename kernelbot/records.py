@@ -525,12 +525,15 @@ class InModelSource(str, Enum):
 
     GATE_TRIAL = "gate trial"  # the pack's rounds without it against with it (in-process leave-one-out)
     ENGINE_TIMING = "engine timing"  # the served plugin's calls timed beside the engine's own op, in the engine
+    # the op's time a call in the model's profile before the pack against the kernel's in the packed model's profile
+    PROFILES = "profiles"
 
 
 class AloneVsModel(BaseModel):
     """One pack kernel's gain alone (its benchmark) beside its gain in the model: in-process the gate's leave-one-out
-    trial, per workload run; served the plugin's in-engine timing, over the calls the served rounds made. Where they
-    disagree by more than 2x, what was measured of why."""
+    trial, per workload run, or (a pack the gate left whole) the profiles before and after the pack; served the
+    plugin's in-engine timing, over the calls the served rounds made. Where they disagree by more than 2x, what was
+    measured of why."""
 
     model_config = ConfigDict(frozen=True)
 

@@ -44,10 +44,11 @@ def row_buckets(capture: LayerCapture) -> list[tuple[LayerCapture, bool]]:
 def split_hotspots(hotspots: list[Hotspot], captures: list[LayerCapture], device: Device,
                    decode_scale: float = 1.0) -> list[Hotspot]:
     """Each traced layer class the plugin captured becomes one hotspot per variant (family, arguments, dtype) and
-    row bucket (row_buckets): its calls and their share of the class's time (by bytes moved, the variants being
-    memory-bound at serving sizes), its roofline floor summed over the row counts the engine ran; its dims are the
+    row bucket (row_buckets): its calls and their share of the class's time (by roofline floor: decode buckets are
+    memory-bound, prefill chunks compute-bound, and a split by bytes alone credited prefill with more FLOP/s than the
+    device has), its roofline floor summed over the row counts the engine ran; its dims are the
     bucket's at its most rows. `decode_scale`: the load's decode steps per profiled one (the trace covers fewer):
-    decode buckets' calls, time and floor count that many times, at the class's traced time per byte."""
+    decode buckets' calls, time and floor count that many times, at the class's traced time per floor."""
     by_class: dict[str, list[tuple[LayerCapture, bool]]] = {}
     for c in captures:
         by_class.setdefault(c.module_class or c.engine_class, []).extend(row_buckets(c))
@@ -58,11 +59,12 @@ def split_hotspots(hotspots: list[Hotspot], captures: list[LayerCapture], device
             out.append(h)
             continue
         costs = [_variant_cost(c) for c, _ in variants]
-        weight = sum(b for _, b, _ in costs) or 1.0
-        for (c, decode), (flops, nbytes, floor) in zip(variants, costs, strict=True):
+        floors = [floor(device) for _, _, floor in costs]
+        weight = sum(floors) or 1.0
+        for (c, decode), (flops, nbytes, _), own in zip(variants, costs, floors, strict=True):
             times = decode_scale if decode else 1.0
-            share = nbytes / weight
-            us, floor_us = h.total_us * share * times, floor(device) * times
+            share = own / weight
+            us, floor_us = h.total_us * share * times, own * times
             out.append(Hotspot(
                 id="", module_class=h.module_class, module_paths=h.module_paths, family=c.family,
                 input_dims=profiled_dims(c), dtype=c.dtype, calls=round(c.calls * times), total_us=round(us, 1),

@@ -1,6 +1,7 @@
 """A pack kernel's gain alone beside its gain in the model: the saving its benchmark predicts against the gate's
-leave-one-out measurement (in-process), judged only beyond the rounds' noise, or against the plugin's timing of the
-kernel beside the engine's own op (served); where they disagree, what the per-call times say of why."""
+leave-one-out measurement (in-process), judged only beyond the rounds' noise, or against the profiles before and after
+the pack (a pack the gate left whole), or against the plugin's timing of the kernel beside the engine's own op
+(served); where they disagree, what the per-call times say of why."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 
 from finished_run import fake_run
 
-from kernelbot.agent.measure.alone_vs_model import alone_vs_engine, alone_vs_model
+from kernelbot.agent.measure.alone_vs_model import alone_vs_engine, alone_vs_model, alone_vs_profiles
 from kernelbot.agent.report.markdown import render_markdown
 from kernelbot.records import (
     EndToEndTimes,
@@ -99,3 +100,29 @@ def test_a_served_kernel_slower_in_the_engine_than_in_its_benchmark_says_so():
     rows = [_row("t1/cpp-0", 40.0, 10.0, 0)]
     [c] = alone_vs_engine(rows, [_process(1, "t1__cpp-0", 500, 16, 45.0, 40.0)])
     assert c.disagrees and c.measured_ms < 0 and "45.0 us a call in the engine against 10.0 us" in c.cause
+
+
+def _profiled(hid: str, us_a_call: float, calls: int, kernel: str = "") -> Hotspot:
+    return Hotspot(id=hid, module_class="LlamaRMSNorm", module_paths=["m"], family="rmsnorm",
+                   input_dims=[[8, 512, 896]], dtype="bfloat16", calls=calls, total_us=us_a_call * calls, share=0.1,
+                   kernel=kernel)
+
+
+def test_a_pack_left_whole_gets_each_kernels_gain_from_the_profiles_before_and_after_it():
+    # as measured on the Qwen2.5-0.5B shape: prefill attention 1.91x alone and 1.92x in the profiles (agree); a
+    # prefill RMSNorm 3.87x alone, 10.2x in the profiles (eager's op in the model was slower than the benchmark's)
+    rows = [_row("h03/cpp-2", 73625.1, 38570.7, 24).model_copy(update={"hotspot_id": "h03"}),
+            _row("h05/cpp-1", 2664.6, 689.1, 49).model_copy(update={"hotspot_id": "h05"}),
+            _row("h06/cpp-0", 45.0, 22.5, 6272).model_copy(update={"hotspot_id": "h06"}),
+            _row("h07/cpp-0", 27.0, 22.5, 100).model_copy(update={"hotspot_id": "h07"})]
+    before = [_profiled("h03", 75962.7, 24), _profiled("h05", 9558.3, 49), _profiled("h06", 65.1, 6272),
+              _profiled("h07", 30.0, 100)]
+    after = [_profiled("a0", 39486.5, 24, "h03__cpp-2"), _profiled("a1", 939.1, 49, "h05__cpp-1"),
+             _profiled("a2", 31.1, 6272, "h06__cpp-0"), _profiled("a3", 40.0, 100, "h07__cpp-0")]
+    found = {c.candidate_id: c for c in alone_vs_profiles(rows, before, after, skip={"h06/cpp-0"})}
+    assert set(found) == {"h03/cpp-2", "h05/cpp-1", "h07/cpp-0"}  # h06's saving was measured by a gate trial
+    attention, norm, slower = found["h03/cpp-2"], found["h05/cpp-1"], found["h07/cpp-0"]
+    assert attention.source is InModelSource.PROFILES and not attention.disagrees and attention.model_op_us == 75962.7
+    assert norm.disagrees and "10.18x in the model's profiles against 3.87x" in norm.cause
+    assert "the op takes 9558.3 us a call in the model against the reference's 2664.6 us" in norm.cause
+    assert not slower.disagrees and slower.measured_ms < 0  # 1.2x alone, 0.75x in the model: within 2x, yet slower

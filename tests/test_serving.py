@@ -192,6 +192,23 @@ def test_captured_variants_split_a_traced_class_into_decode_and_prefill_hotspots
     assert all(h.share == pytest.approx(0.55 * h.total_us / sum(x.total_us for x in every)) for h in every)
 
 
+def test_a_class_time_is_shared_by_roofline_floor_so_no_prefill_bucket_beats_the_devices_peak():
+    # a linear's decode calls (8 rows, memory-bound) and prefill chunks (2048 rows, compute-bound) in one traced class
+    # whose time is 1.25x its floor: shared by bytes, the prefill bucket got too little time and "attained" more FLOP/s
+    # than the device has (vLLM's Qwen2.5-0.5B profile raised a 933 GFLOP/s peak to 1924)
+    linear = LayerCapture(engine_class="RowParallelLinear", family="linear", init_args=[4864, 896, False],
+                          dtype="bfloat16", input_shapes=[[2048, 4864]], calls=240, rows={"8": 192, "2048": 48},
+                          shapes={"8": [[8, 4864]], "2048": [[2048, 4864]]}, agrees=True)
+    floors = [h.floor_us for h in split_hotspots([Hotspot(
+        id="h0", module_class="RowParallelLinear", module_paths=["m"], family="linear", input_dims=[[8, 4864]],
+        dtype="bfloat16", calls=240, total_us=1.0, share=0.5)], [linear], CPU)]
+    traced = Hotspot(id="h0", module_class="RowParallelLinear", module_paths=["m"], family="linear",
+                     input_dims=[[8, 4864]], dtype="bfloat16", calls=240, total_us=1.25 * sum(floors), share=0.5)
+    for h in split_hotspots([traced], [linear], CPU):
+        assert h.total_us == pytest.approx(1.25 * h.floor_us, rel=1e-3)  # each bucket at the class's share of floor
+        assert h.flops * h.calls / (h.total_us * 1e3) <= CPU.peak_gflops
+
+
 def test_the_profiled_windows_captures_are_the_calls_made_in_it_not_the_warm_ups_or_the_engines_start_up():
     def linear(calls: int, rows: dict[str, int]) -> LayerCapture:
         return LayerCapture(engine_class="RowParallelLinear", family="linear", init_args=[896, 896, False],

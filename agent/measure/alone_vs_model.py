@@ -14,7 +14,6 @@ from kernelbot.records import (
     EndToEndTimes,
     Hotspot,
     InModelSource,
-    KernelCalls,
     KernelResult,
     PluginReport,
 )
@@ -88,32 +87,62 @@ def alone_vs_engine(rows: list[KernelResult], processes: list[PluginReport]) -> 
             candidate_id=cid.replace("__", "/", 1), speedup_alone=row.speedup, calls=calls,
             predicted_ms=round(predicted, 2), measured_ms=round(measured, 2), bench_call_us=row.time_us,
             model_call_us=timed.kernel_us, judged=True, disagrees=disagrees,
-            cause=_engine_cause(row, timed, in_engine) if disagrees else "", source=InModelSource.ENGINE_TIMING,
+            cause=_per_call_cause(f"{in_engine:.2f}x in the engine against {row.speedup:.2f}x in its benchmark", row,
+                                  timed.engine_us, timed.kernel_us, "the engine") if disagrees else "",
+            source=InModelSource.ENGINE_TIMING,
             model_op_us=timed.engine_us))
     return out
 
 
-def _engine_cause(row: KernelResult, timed: KernelCalls, in_engine: float) -> str:
-    """What the per-call times say of a served kernel whose gain in the engine is not its benchmark's."""
+def _per_call_cause(gap: str, row: KernelResult, op_us: float, kernel_us: float, where: str) -> str:
+    """What the per-call times say of a kernel whose gain in the model (`where`: "the engine", "the model") is not
+    its benchmark's: the op it replaced there against the benchmark's reference, the kernel there against its
+    benchmark."""
     assert row.reference_us is not None and row.time_us is not None
-    assert timed.kernel_us is not None and timed.engine_us is not None
-    gap = f"{in_engine:.2f}x in the engine against {row.speedup:.2f}x in its benchmark"
     causes = []
-    if row.reference_us > APART * timed.engine_us:
-        causes.append(f"the engine's own op takes {timed.engine_us:.1f} us a call where the reference its benchmark "
-                      f"timed took {row.reference_us:.1f} us: the engine runs a faster op than the family's reference, "
-                      "and that op is the one to beat")
-    elif timed.engine_us > APART * row.reference_us:
-        causes.append(f"the engine's own op takes {timed.engine_us:.1f} us a call against the reference's "
-                      f"{row.reference_us:.1f} us in the benchmark (other shapes, or a colder cache, in the engine)")
-    if timed.kernel_us > APART * row.time_us:
-        causes.append(f"the kernel takes {timed.kernel_us:.1f} us a call in the engine against {row.time_us:.1f} us "
-                      "in its benchmark (the router's work on each call, larger batches than the benchmark's, or "
-                      "caches the rest of the engine evicted)")
-    elif row.time_us > APART * timed.kernel_us:
-        causes.append(f"its benchmark timed it at {row.time_us:.1f} us a call where the engine runs it in "
-                      f"{timed.kernel_us:.1f} us (the benchmark's own stalls or colder weights)")
+    if row.reference_us > APART * op_us:
+        causes.append(f"the op takes {op_us:.1f} us a call in {where} where the reference its benchmark timed took "
+                      f"{row.reference_us:.1f} us: {where} runs a faster op than the family's reference, and that op "
+                      "is the one to beat")
+    elif op_us > APART * row.reference_us:
+        causes.append(f"the op takes {op_us:.1f} us a call in {where} against the reference's {row.reference_us:.1f} "
+                      f"us in the benchmark (other shapes, or a colder cache, in {where})")
+    if kernel_us > APART * row.time_us:
+        causes.append(f"the kernel takes {kernel_us:.1f} us a call in {where} against {row.time_us:.1f} us in its "
+                      "benchmark (the router's work on each call, larger batches than the benchmark's, or caches the "
+                      "rest of the model evicted)")
+    elif row.time_us > APART * kernel_us:
+        causes.append(f"its benchmark timed it at {row.time_us:.1f} us a call where {where} runs it in "
+                      f"{kernel_us:.1f} us (the benchmark's own stalls or colder weights)")
     return f"{gap}: " + ("; ".join(causes) if causes else
-                         f"each time a call is within 2x of its counterpart ({row.reference_us:.1f} -> "
-                         f"{timed.engine_us:.1f} us for the op, {row.time_us:.1f} -> {timed.kernel_us:.1f} us for the "
-                         "kernel), and their ratios compound")
+                         f"each time a call is within 2x of its counterpart ({row.reference_us:.1f} -> {op_us:.1f} us "
+                         f"for the op, {row.time_us:.1f} -> {kernel_us:.1f} us for the kernel), and their ratios "
+                         "compound")
+
+def alone_vs_profiles(rows: list[KernelResult], before: list[Hotspot], after: list[Hotspot],
+                      skip: set[str]) -> list[AloneVsModel]:
+    """One record per accepted kernel of the first iteration not in `skip` (those the gate measured) whose op the
+    first profile (`before`, which its task's hotspot id names) and whose calls the packed model's profile both show:
+    the op's time a call in the model before the pack against the kernel's after it (both under the profiler, the
+    router's work included after), per workload run."""
+    by_id = {h.id: h for h in before}
+    in_model = {h.kernel.replace("__", "/", 1): h for h in after if h.kernel}
+    out = []
+    for row in rows:
+        op, kernel = by_id.get(row.hotspot_id), in_model.get(row.candidate_id)
+        if (not row.accepted or row.iteration or row.candidate_id in skip or op is None or kernel is None
+                or not op.calls or not kernel.calls or row.speedup is None or row.reference_us is None
+                or row.time_us is None):
+            continue
+        op_us, kernel_us = op.total_us / op.calls, kernel.total_us / kernel.calls
+        in_model_gain = op_us / kernel_us if kernel_us else float("inf")
+        disagrees = not 1 / APART <= in_model_gain / row.speedup <= APART
+        out.append(AloneVsModel(
+            candidate_id=row.candidate_id, speedup_alone=row.speedup, calls=row.calls,
+            predicted_ms=round(row.calls * (row.reference_us - row.time_us) / 1e3, 2),
+            measured_ms=round(row.calls * (op_us - kernel_us) / 1e3, 2), bench_call_us=row.time_us,
+            model_call_us=round(kernel_us, 2), judged=True, disagrees=disagrees,
+            cause=_per_call_cause(f"{in_model_gain:.2f}x in the model's profiles against {row.speedup:.2f}x in its "
+                                  "benchmark", row, op_us, kernel_us, "the model") if disagrees else "",
+            source=InModelSource.PROFILES, model_op_us=round(op_us, 2)))
+    return out
