@@ -5,9 +5,11 @@ hotspots. tests/test_vllm_served.py runs the real vLLM engine."""
 
 from __future__ import annotations
 
+import gzip
 import os
 import socket
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -17,7 +19,7 @@ from kernelbot.engine.serving import fidelity
 from kernelbot.engine.serving.apis import APIS, ServerSetup, engine_version
 from kernelbot.engine.serving.load import Workload, run_load
 from kernelbot.engine.serving.serve_options import EngineKind
-from kernelbot.engine.serving.served_engine import WORKER_TRACE, captured_since, merge_captures
+from kernelbot.engine.serving.served_engine import WORKER_TRACE, _collected, captured_since, merge_captures
 from kernelbot.engine.serving.server import Launch, ServerProcess
 from kernelbot.hardware import telemetry
 from kernelbot.profiler.row_split import row_buckets, split_hotspots
@@ -268,3 +270,12 @@ def test_decode_steps_count_for_fidelity_up_to_the_first_token_the_servers_chose
     assert fidelity.same_context_steps(answer([1, 2, 3, 4]), answer([1, 2, 3, 4])) == 4
     assert fidelity.same_context_steps(answer([1, 2, 3, 4]), answer([1, 2, 9, 4])) == 3  # the parting step's context
     assert fidelity.same_context_steps(answer([1, 2]), Generated(tokens=[1, 2], top=[], prompt_top=[])) == 0
+
+
+def test_a_worker_trace_still_being_compressed_is_not_collected_until_its_gzip_stream_is_whole(tmp_path):
+    whole = gzip.compress(b'{"traceEvents": []}' * 1000)
+    trace = tmp_path / "rank0.123.pt.trace.json.gz"
+    trace.write_bytes(whole[:len(whole) // 2])  # the profiler paused mid-file: its size holds still for a while
+    threading.Timer(2.5, lambda: trace.write_bytes(whole)).start()
+    [found] = _collected(tmp_path, 1, timeout=20)
+    assert gzip.decompress(found.read_bytes()) == b'{"traceEvents": []}' * 1000

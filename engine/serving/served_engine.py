@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
 import shutil
@@ -355,11 +356,23 @@ def _collected(out_dir: Path, ranks: int, timeout: float = 300.0) -> list[Path]:
     while time.monotonic() < deadline:
         traces = sorted(p for p in out_dir.glob("*.trace.json.gz") if WORKER_TRACE.search(p.name))
         now = {t: t.stat().st_size for t in traces}
-        if len(traces) >= ranks and now == sizes:
+        if len(traces) >= ranks and now == sizes and all(_whole_gzip(t) for t in traces):
             return traces
         sizes = now
         time.sleep(1.0)
     raise KernelbotError(f"the server's profiler wrote {len(sizes)} complete worker trace(s) of {ranks} in {out_dir}")
+
+
+def _whole_gzip(path: Path) -> bool:
+    """Whether the file is a gzip stream to its end (its trailer written): a profiler still compressing its trace
+    can pause longer than a look apart, and a size that held still for one look is no proof the file is done."""
+    try:
+        with gzip.open(path, "rb") as f:
+            while f.read(1 << 24):
+                pass
+        return True
+    except (EOFError, OSError):
+        return False
 
 
 def _median(rounds: list[ServingMetrics]) -> ServingMetrics:
