@@ -22,10 +22,10 @@ def build_pack(accepted: list[Accepted], run_id: str, device: str, pack_dir: Pat
     (pack_dir / "kernels").mkdir(parents=True)
     entries = []
     for a in accepted:
-        rel = f"kernels/{a.task.id}__{a.candidate.id}.py"
+        rel = f"kernels/{a.entry_id}.py"
         shutil.copyfile(a.source, pack_dir / rel)
         entries.append(PackEntry(
-            task_id=a.task.id, candidate_id=f"{a.task.id}__{a.candidate.id}", family=a.task.family,
+            task_id=a.task.id, candidate_id=a.entry_id, family=a.task.family,
             module_class=a.task.module_class, input_shapes=a.task.input_shapes, init_args=a.task.init_args,
             profiled_dims=a.task.profiled_dims, dtype=a.task.dtype,
             backend=a.candidate.backend, config=a.candidate.config, source_file=rel,

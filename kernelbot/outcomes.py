@@ -18,6 +18,11 @@ class Accepted:
     verdict: Verdict
     bench: Bench
 
+    @property
+    def entry_id(self) -> str:
+        """Its pack entry's id (PackEntry.candidate_id), which the engines' call counters are keyed by."""
+        return f"{self.task.id}__{self.candidate.id}"
+
 
 @dataclass(frozen=True)
 class Outcome:

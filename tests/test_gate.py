@@ -128,7 +128,7 @@ def test_a_faster_pack_is_taken_apart_where_its_trials_take_seconds_and_not_wher
 
 def _served(task: str, alone: float) -> SimpleNamespace:
     return SimpleNamespace(task=SimpleNamespace(id=task), candidate=SimpleNamespace(id="cpp-0"),
-                           bench=SimpleNamespace(speedup=alone))
+                           bench=SimpleNamespace(speedup=alone), entry_id=f"{task}__cpp-0")
 
 
 def test_a_served_kernel_the_engine_timed_no_faster_or_switched_off_is_named_and_a_faster_one_kept():

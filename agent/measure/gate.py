@@ -101,7 +101,7 @@ def engine_losers(accepted: list[Accepted], processes: list[PluginReport]) -> li
     the process that timed the most), or that a process switched off, each with why."""
     out = []
     for a in accepted:
-        counted = [p.custom[cid] for p in processes if (cid := f"{a.task.id}__{a.candidate.id}") in p.custom]
+        counted = [p.custom[a.entry_id] for p in processes if a.entry_id in p.custom]
         off = next((c.disabled for c in counted if c.disabled), "")
         timed = max(counted, key=lambda c: (c.timed, c.calls), default=None)
         if off:
