@@ -3,13 +3,14 @@
 
 - the decode step as the server runs it: a stock vLLM server (the model's seeded weights, `kernelbot optimize`'s
   server flags) under served.py's load; inter-token latency p50, tok/s, and the cores its worker is bound to;
-- the model's forward in that step: the same engine in this process (vLLM's in-process executor), the median
-  decode step of `model.forward`;
+- the model's forward and LM head in that step, and a plain read of the weights it streams: the same engine in one
+  process (vLLM's in-process executor) bound to the worker's cores (engine/serving/ceiling.py);
 - the step's weight GEMMs alone (every projection of every layer and the LM head, distinct weights as the model
   streams them) on the worker's one thread: vLLM's own oneDNN GEMM, kernelbot's small-M GEMM, and the stream
   ceiling (a plain sum reading the same bytes);
 - the served gain those imply: the step with vLLM's GEMMs replaced by kernelbot's, by GEMMs at the stream ceiling,
-  and with the whole forward taking no time at all (no kernel can beat that).
+  with the forward only reading its weights (a step, and the load's throughput with prefill as measured), and with
+  the whole forward taking no time at all (no kernel can beat that).
 
     .venv-vllm/bin/python benchmarks/served_ceiling.py [--models llama-tiny,smollm2-135m] [--batch 8] [--rounds 3]
                                                        [--prompt-len 32] [--output-len 32] [--smallest]
@@ -26,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import tempfile
 import time
 from collections.abc import Callable
@@ -37,13 +37,14 @@ from served import model_argument
 
 from kernelbot.engine import builtin_spec
 from kernelbot.engine.serving.apis import VLLMAPI, ServerSetup
-from kernelbot.engine.serving.ceiling import forward_ms
+from kernelbot.engine.serving.ceiling import measure_ceiling
 from kernelbot.engine.serving.load import Workload, run_load
 from kernelbot.engine.serving.served_engine import served_memory, served_model_dir
 from kernelbot.engine.serving.server import Launch, ServerProcess, free_port
 from kernelbot.engine.serving.sizing import ServerLimits
 from kernelbot.hardware import host
 from kernelbot.kernel_library.linear.cpp import LinearCpp
+from kernelbot.records import ServingMetrics
 
 
 def best_of(fn: Callable[[], object], repeats: int = 5) -> float:
@@ -91,8 +92,8 @@ def gemm_step_seconds(shapes: list[tuple[int, int]], rows: int) -> dict[str, flo
 
 
 def served_step(model_dir: Path, vocab: int, args: argparse.Namespace, work: Path, workload: Workload,
-                limits: ServerLimits) -> dict[str, float | str]:
-    """Stock vLLM under served.py's load: ITL p50, tok/s (medians of the rounds), the worker's cores."""
+                limits: ServerLimits) -> tuple[ServingMetrics, list[int]]:
+    """Stock vLLM under served.py's load: its median round (by tok/s), and the cores it binds its worker to."""
     api = VLLMAPI()
     setup = ServerSetup(model_dir=model_dir, dtype="bfloat16", limits=limits)
     program = [args.engine_python, "-m", api.module]
@@ -104,29 +105,8 @@ def served_step(model_dir: Path, vocab: int, args: argparse.Namespace, work: Pat
         for _ in range(args.rounds):
             server.settle()
             rounds.append(run_load(api, server.url, workload, vocab))
-        worker = worker_cores(server.proc.pid if server.proc else 0)
-    return {"itl_ms": statistics.median(r.median_itl_ms for r in rounds),
-            "tok_s": statistics.median(r.output_throughput for r in rounds), "worker_cores": worker}
-
-
-def worker_cores(root: int) -> str:
-    """The CPU affinity of the server's `VLLM::Worker` processes (vLLM binds each worker's threads)."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            if open(f"/proc/{pid}/comm").read().startswith("VLLM::Worker") and _descends(int(pid), root):
-                found.append(",".join(map(str, sorted(os.sched_getaffinity(int(pid))))))
-        except OSError:
-            continue
-    return " / ".join(found) or "?"
-
-
-def _descends(pid: int, root: int) -> bool:
-    while pid > 1:
-        if pid == root:
-            return True
-        pid = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
-    return False
+        cores = server.bound_cores()
+    return sorted(rounds, key=lambda r: r.output_throughput)[len(rounds) // 2], cores
 
 
 def measure(name: str, args: argparse.Namespace, work: Path) -> str:
@@ -137,21 +117,22 @@ def measure(name: str, args: argparse.Namespace, work: Path) -> str:
     limits = served_memory(spec, workload).limits  # the servers kernelbot starts are sized so too
     model_dir = served_model_dir(spec, work / name)
     vocab = spec.vocab
-    served = served_step(model_dir, vocab, args, work / name, workload, limits)
-    forward = forward_ms(model_dir, "bfloat16", workload.concurrency, workload.input_len, workload.output_len,
-                         limits, vocab)
+    stock, cores = served_step(model_dir, vocab, args, work / name, workload, limits)
+    ceiling = measure_ceiling([args.engine_python], model_dir, "bfloat16", workload.concurrency, workload.input_len,
+                              workload.output_len, limits, vocab, stock, cores)
     timed = gemm_step_seconds(weight_shapes(model_dir), args.batch)
     gemm = {k: v * 1e3 if k != "bytes" else v for k, v in timed.items()}
-    step = float(served["itl_ms"])
+    step, forward = ceiling.step_ms, ceiling.forward_ms
 
     def gain(saved_ms: float) -> str:
         return f"{step / max(step - saved_ms, 1e-9):.2f}x"
 
     stream_gbps = gemm["bytes"] / gemm["stream"] / 1e6
-    return (f"| {name} | {step:.1f} | {served['tok_s']:.0f} | {served['worker_cores']} | {forward:.1f} "
-            f"({forward / step:.0%}) | {gemm['onednn']:.1f} | {gemm['kernelbot']:.1f} | {gemm['stream']:.1f} "
-            f"({stream_gbps:.1f} GB/s) | {gain(gemm['onednn'] - gemm['kernelbot'])} | "
-            f"{gain(gemm['onednn'] - gemm['stream'])} | {gain(forward)} |")
+    return (f"| {name} | {step:.1f} | {stock.output_throughput:.0f} | {','.join(map(str, cores)) or 'all'} | "
+            f"{forward:.1f} ({forward / step:.0%}) | {ceiling.read_ms} ({ceiling.read_gbps} GB/s) | "
+            f"{gemm['onednn']:.1f} | {gemm['kernelbot']:.1f} | {gemm['stream']:.1f} ({stream_gbps:.1f} GB/s) | "
+            f"{gain(gemm['onednn'] - gemm['kernelbot'])} | {gain(gemm['onednn'] - gemm['stream'])} | "
+            f"{ceiling.read_gain or '—'}x; {ceiling.load_read_gain or '—'}x | {gain(forward)} |")
 
 
 def main() -> None:
@@ -170,10 +151,11 @@ def main() -> None:
     args.engine_python = str(Path(args.engine_python).absolute())
     start = host.sample()
     print(f"bf16, batch {args.batch}, {args.prompt_len} + {args.output_len} tokens")
-    print("| model | served step (ITL p50, ms) | served tok/s | worker cores | forward in the step, ms (share) | "
-          "GEMMs: vLLM oneDNN, ms | kernelbot, ms | stream ceiling, ms | gain at kernelbot's GEMMs | "
-          "at the stream ceiling | forward free |")
-    print("|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("| model | served step (ITL p50, ms) | served tok/s | worker cores | forward + LM head on them, ms (share) | "
+          "a read of its weights there, ms | GEMMs on one thread: vLLM oneDNN, ms | kernelbot, ms | stream ceiling, "
+          "ms | gain at kernelbot's GEMMs | at the stream ceiling | forward at the read: a step; the load | "
+          "forward free |")
+    print("|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     with tempfile.TemporaryDirectory(prefix="kb_ceiling_") as tmp:
         for name in models:
             print(measure(name, args, Path(tmp)), flush=True)

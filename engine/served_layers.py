@@ -40,7 +40,7 @@ PACK_ENV = "KERNELBOT_PACK_DIR"
 COUNTS_ENV = "KERNELBOT_COUNTS_DIR"
 CAPTURE_ENV = "KERNELBOT_CAPTURE_DIR"
 MAX_ROW_BUCKETS = 32  # distinct row counts kept per captured variant
-PROBE_CALLS = 16  # calls of a kernel in a process timed beside the engine's own path
+PROBE_CALLS = 16  # timed calls of a kernel, and as many of the engine's own path, in a process
 PROBE_AFTER = 64  # ... once it has taken this many (an engine's first calls of a shape build and cache its kernels)
 PROBE_EVERY = 8  # ... one call in this many, so the samples span the batches continuous batching makes
 FLUSH_S = 0.5  # the counters reach their file within this long of changing (kernelbot waits more before a stop)
@@ -289,21 +289,23 @@ class Router:
                timed: bool) -> Any:
         """The engine's own path beside the kernel, on copies of what it writes. On a layer's first call: a layer
         whose own output the kernel does not give (numerics its class and arguments do not show) keeps the engine's
-        path. `timed` (PROBE_CALLS calls spread out once the kernel has warmed, PROBE_EVERY apart): both paths
-        timed, the order alternating, the op the kernel replaces benchmarked where it runs; a kernel slower there
-        than the engine's own path stops taking calls."""
+        path. `timed` (PROBE_CALLS calls of each path spread out once the kernel has warmed, PROBE_EVERY apart): the
+        op the kernel replaces benchmarked where it runs. Only the path that runs first is timed, in the cache the
+        model's previous ops left (the second would find the weights the first just read), the order alternating
+        between calls; a kernel slower there than the engine's own path stops taking calls."""
         copies = {k: v.clone() for k, v in call.items() if isinstance(v, torch.Tensor)
                   and (spec.written is None or k in spec.written)}
         own_call = {**call, **copies}
-        times = self.timings.setdefault(entry.candidate_id, ([], []))
-        first = len(times[0]) % 2 == 0
+        engine_times, kernel_times = self.timings.setdefault(entry.candidate_id, ([], []))
+        kernel_first = len(kernel_times) < len(engine_times)
+
         def engine_path() -> Any:
             return original(*[own_call[p] for p in spec.params[:len(args)]], **{k: own_call[k] for k in kwargs})
 
-        if first:
+        if not kernel_first:
             own, engine_s = _timed("engine", engine_path)
         result, kernel_s = _timed("kernel", lambda: spec.run(run, call))
-        if not first:
+        if kernel_first:
             own, engine_s = _timed("engine", engine_path)
         state = self._of(layer)
         if entry.candidate_id not in state.probed:
@@ -315,16 +317,17 @@ class Router:
                 self._fallback(layer, f"the kernel's output differs from this layer's own on its first call ({why})")
                 return original(*args, **kwargs)
         if timed:
-            self._timed_call(entry, engine_s, kernel_s)
+            (kernel_times if kernel_first else engine_times).append((kernel_s if kernel_first else engine_s) * 1e6)
+            self._timed_call(entry)
         self._counted(entry)
         return result
 
-    def _timed_call(self, entry: PackEntry, engine_s: float, kernel_s: float) -> None:
+    def _timed_call(self, entry: PackEntry) -> None:
         counts = self.custom[entry.candidate_id]
         engine, kernel = self.timings[entry.candidate_id]
-        engine.append(engine_s * 1e6)
-        kernel.append(kernel_s * 1e6)
-        counts.timed = len(kernel)
+        counts.timed = min(len(engine), len(kernel))
+        if not counts.timed:
+            return
         counts.engine_us, counts.kernel_us = round(statistics.median(engine), 2), round(statistics.median(kernel), 2)
         if counts.timed >= PROBE_CALLS and counts.kernel_us > counts.engine_us:
             counts.disabled = (f"slower in the engine than its own path ({counts.kernel_us:.1f} vs "

@@ -44,6 +44,9 @@ class Family:
     # does this live module produce these dims (same weights' shapes, supported variant)?
     matches: Callable[[torch.nn.Module, list[list[int]]], bool]
     inputs: int = 1  # how many of the call's dims are forward()'s inputs (the rest are weights)
+    # forward()'s inputs a model reads from memory on each call, not fresh from the op before (a layer's KV cache,
+    # written steps ago): the benchmark rotates enough draws of them to leave the caches, as it does weights
+    state_inputs: tuple[int, ...] = ()
     # per input, the dims that change between calls; by default every dim but the feature dim
     free_dims: Callable[[list[list[int]]], list[list[int]]] = _leading_dims
     # the call's (dims, type names) from the ops the module ran, where its first op does not show them

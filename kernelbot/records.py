@@ -714,18 +714,30 @@ class ServingMetrics(BaseModel):
 
 
 class ServedCeiling(BaseModel):
-    """What kernels can gain at most on this server: the model's forward in a decode step (the engine in one process,
-    the same model and load) against the served step (the stock server's ITL p50)."""
+    """What kernels can gain at most on this server (engine/serving/ceiling.py): a decode step's forward and LM head
+    (the engine in one process on the worker's cores, the same model and load) against the served step (the stock
+    server's ITL p50), and a plain read of the weights that step streams."""
 
     step_ms: float
-    forward_ms: float
+    forward_ms: float  # the model's forward and its LM head
     share: float  # of the step
     max_gain: float | None  # the step over the step without the forward (None: the forward took all of it)
+    cores: list[int] = Field(default_factory=list)  # where the forward was timed: the server's worker's (all: empty)
+    read_ms: float | None = None  # a plain read of every weight the step streams, on those cores
+    read_gbps: float | None = None
+    read_gain: float | None = None  # the step over the step whose forward took only the read
+    load_read_gain: float | None = None  # the load's throughput so: decode steps at read_gain, the rest as measured
 
     def summary(self) -> str:
         free = f"{self.max_gain:.2f}x" if self.max_gain is not None else "unbounded"
-        return (f"the model's forward takes {self.forward_ms:.1f} ms of the {self.step_ms:.1f} ms served decode step "
-                f"({self.share:.0%}); with the whole forward free the step would be {free} faster")
+        where = f" on the worker's {len(self.cores)} core{'s' if len(self.cores) != 1 else ''}" if self.cores else ""
+        text = (f"the model's forward and LM head take {self.forward_ms:.1f} ms of the {self.step_ms:.1f} ms served "
+                f"decode step{where} ({self.share:.0%}); with the whole forward free the step would be {free} faster")
+        if self.read_gain is not None and self.read_ms is not None:
+            text += (f"; with the forward only reading its weights ({self.read_ms:.1f} ms, a plain read at "
+                     f"{self.read_gbps} GB/s) {self.read_gain:.2f}x a step, {self.load_read_gain or 1.0:.2f}x the "
+                     f"load's throughput (prefill and scheduling as measured)")
+        return text
 
 
 class ServedComparison(BaseModel):

@@ -121,3 +121,27 @@ def test_weights_are_cycled_over_copies_enough_to_stream_them_from_memory(monkey
     assert bench_module.weight_copies(lm_head, "cpu") == 1  # streams from memory as it is
     assert bench_module.weight_copies(4096, "cpu") == 64  # the most copies
     assert bench_module.weight_copies(1 << 30, "cpu") == 1 and bench_module.weight_copies(mlp, "cuda:0") == 1
+
+
+def test_a_kv_cache_input_is_rotated_over_enough_draws_to_leave_the_cache_and_activations_are_not(monkeypatch):
+    import torch
+
+    from kernelbot.agent.verify import bench as bench_module
+    from kernelbot.records import Task
+
+    monkeypatch.setattr(bench_module.host, "last_level_cache_bytes", lambda: 32 << 20)
+
+    def task(family: str) -> Task:
+        return Task(id="t", hotspot_id="h", family=family, module_class="M", dtype="bfloat16", input_shapes=[],
+                    free_dims=[], init_args=[], share=0.1, floor_us=1.0)
+
+    query, cache = torch.zeros(8, 14, 64, dtype=torch.bfloat16), torch.zeros(60, 2, 128, 128, dtype=torch.bfloat16)
+    paged = [query, cache, torch.zeros(8, 5, dtype=torch.int32), torch.zeros(8, dtype=torch.int32)]
+    # a 3.9 MB cache: 18 draws fill twice the 32 MiB cache, as a model's 24 layers' caches do between one layer's calls
+    assert bench_module.input_draws(task("paged_attention"), paged, "cpu") == 18
+    past = torch.zeros(8, 2, 512, 64, dtype=torch.bfloat16)  # decode attention's past keys and values, 1 MB each
+    assert bench_module.input_draws(task("decode_attention"), [torch.zeros(8, 1, 896), None, None, past, past],
+                                    "cpu") == 32
+    assert bench_module.input_draws(task("rmsnorm"), [torch.zeros(8, 896, dtype=torch.bfloat16)], "cpu") == \
+        bench_module.POOL  # an activation comes warm from the op before it
+    assert bench_module.input_draws(task("paged_attention"), paged, "cuda:0") == bench_module.POOL

@@ -123,11 +123,12 @@ def test_the_rows_a_kernel_takes_follow_the_familys_free_dims():
 
 def test_a_kernel_slower_than_the_engines_own_path_in_the_engine_stops_taking_calls(monkeypatch, tmp_path):
     router = _router(monkeypatch, tmp_path, pack=True, capture=False)
-    # the kernel takes 5 µs a call, the engine's own path 1 µs, on the calls timed side by side: PROBE_CALLS of them,
-    # PROBE_EVERY apart once PROBE_AFTER calls have warmed both paths (an engine's first calls of a shape are slow)
+    # the kernel takes 5 µs a call, the engine's own path 1 µs, on the calls timed side by side: PROBE_CALLS of each
+    # path (one path timed a call), PROBE_EVERY apart once PROBE_AFTER calls have warmed both paths (an engine's first
+    # calls of a shape are slow)
     monkeypatch.setattr(served_layers, "_timed", lambda path, run: (run(), 5e-6 if path == "kernel" else 1e-6))
     norm = RMSNorm(HIDDEN, EPS)
-    taken = served_layers.PROBE_AFTER + served_layers.PROBE_EVERY * (served_layers.PROBE_CALLS - 1) + 1
+    taken = served_layers.PROBE_AFTER + served_layers.PROBE_EVERY * (2 * served_layers.PROBE_CALLS - 1) + 1
     with torch.no_grad():
         for i in range(taken + 3):
             x = torch.randn(4, HIDDEN)
@@ -141,6 +142,31 @@ def test_a_kernel_slower_than_the_engines_own_path_in_the_engine_stops_taking_ca
     assert norm_calls.kernel_us == 5.0 and norm_calls.engine_us == 1.0
     assert norm_calls.disabled.startswith("slower in the engine than its own path (5.0 vs 1.0 µs")
     assert report.fallback["RMSNorm"] == {norm_calls.disabled: 3}
+
+
+def test_only_the_path_that_runs_first_in_a_timed_call_is_timed_so_neither_finds_the_others_weights(monkeypatch,
+                                                                                                     tmp_path):
+    router = _router(monkeypatch, tmp_path, pack=True, capture=False)
+    # cold (first in the call) the engine's path takes 10 µs and the kernel 8; warm (second) 1 and 0.5: what the model
+    # sees is the cold pair, where timing both sides would mix in the warm ones
+    order: list[str] = []
+
+    def timed(path, run):
+        order.append(path)
+        cold = len(order) % 2 == 1
+        return run(), {("engine", True): 10e-6, ("engine", False): 1e-6, ("kernel", True): 8e-6,
+                       ("kernel", False): 0.5e-6}[path, cold]
+
+    monkeypatch.setattr(served_layers, "_timed", timed)
+    norm = RMSNorm(HIDDEN, EPS)
+    with torch.no_grad():
+        for _ in range(served_layers.PROBE_AFTER + served_layers.PROBE_EVERY * 2 * served_layers.PROBE_CALLS):
+            _call(router, norm, torch.randn(4, HIDDEN))
+    calls = router.custom["norm"]
+    assert calls.timed == served_layers.PROBE_CALLS and not calls.disabled
+    assert (calls.engine_us, calls.kernel_us) == (10.0, 8.0)
+    firsts = order[2::2]  # after the untimed first call's pair, each timed call's first path alternates
+    assert firsts.count("engine") == firsts.count("kernel") == served_layers.PROBE_CALLS
 
 
 class RoutedExperts(nn.Module):

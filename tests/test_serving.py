@@ -6,10 +6,13 @@ hotspots. tests/test_vllm_served.py runs the real vLLM engine."""
 from __future__ import annotations
 
 import gzip
+import json
+import math
 import os
 import socket
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -17,13 +20,14 @@ import pytest
 from kernelbot import KernelbotError
 from kernelbot.engine.serving import fidelity
 from kernelbot.engine.serving.apis import APIS, ServerSetup, engine_version
+from kernelbot.engine.serving.ceiling import StepTiming, ceiling_of, streamed_elements
 from kernelbot.engine.serving.load import Workload, run_load
 from kernelbot.engine.serving.serve_options import EngineKind
 from kernelbot.engine.serving.served_engine import WORKER_TRACE, _collected, captured_since, merge_captures
 from kernelbot.engine.serving.server import Launch, ServerProcess
 from kernelbot.hardware import telemetry
 from kernelbot.profiler.row_split import row_buckets, split_hotspots
-from kernelbot.records import Device, Hotspot, LayerCapture, PluginReport
+from kernelbot.records import Device, Hotspot, LayerCapture, PluginReport, ServingMetrics
 
 STANDIN = [sys.executable, str(Path(__file__).with_name("standin_sglang_server.py"))]
 SGLANG = APIS[EngineKind.SGLANG]
@@ -279,3 +283,61 @@ def test_a_worker_trace_still_being_compressed_is_not_collected_until_its_gzip_s
     threading.Timer(2.5, lambda: trace.write_bytes(whole)).start()
     [found] = _collected(tmp_path, 1, timeout=20)
     assert gzip.decompress(found.read_bytes()) == b'{"traceEvents": []}' * 1000
+
+
+def _stock(step_ms: float, duration_s: float, requests: int, tokens: int) -> ServingMetrics:
+    return ServingMetrics(source="kernelbot generator", requests=requests, output_tokens=tokens, duration_s=duration_s,
+                          output_throughput=tokens / duration_s, mean_ttft_ms=0.0, median_ttft_ms=0.0,
+                          mean_itl_ms=step_ms, median_itl_ms=step_ms)
+
+
+def test_the_served_ceiling_bounds_the_load_by_its_decode_steps_reading_the_weights_at_a_plain_reads_speed():
+    timing = StepTiming(forward_ms=40.0, read_ms=20.0, read_gb=0.76)
+    ceiling = ceiling_of(timing, _stock(60.0, 60.0, requests=32, tokens=4096), concurrency=8, cores=[0])
+    assert ceiling.max_gain == pytest.approx(60 / 20, abs=0.01)  # the step without its 40 ms forward
+    step_at_read = 60 / (60 - 40 + 20)
+    assert ceiling.read_gain == pytest.approx(step_at_read, abs=0.01)
+    decode_s = (4096 - 32) / 8 * 0.060  # every token after a request's first is a decode step, 8 in flight
+    assert ceiling.load_read_gain == pytest.approx(60 / (60 - decode_s * (1 - 1 / step_at_read)), abs=0.01)
+    assert ceiling.read_gbps == pytest.approx(38.0) and "worker's 1 core" in ceiling.summary()
+    assert "1.20x the load's throughput" in ceiling.summary()
+
+
+def test_a_forward_that_reads_no_faster_than_it_runs_or_fills_the_step_bounds_nothing():
+    slow_read = ceiling_of(StepTiming(forward_ms=40.0, read_ms=45.0, read_gb=1.0), _stock(60.0, 60.0, 32, 4096), 8, [])
+    assert slow_read.read_gain is None and slow_read.load_read_gain is None and slow_read.max_gain == 3.0
+    whole = ceiling_of(StepTiming(forward_ms=70.0, read_ms=20.0, read_gb=1.0), _stock(60.0, 60.0, 32, 4096), 8, [])
+    assert whole.max_gain is None and whole.read_gain is None and "unbounded" in whole.summary()
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="binding needs a host with two cores or more")
+def test_a_servers_worker_cores_are_the_narrowest_affinity_among_its_processes(tmp_path):
+    core = min(os.sched_getaffinity(0))
+    binds = (f"import os, subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', "
+             f"'import os, time; os.sched_setaffinity(0, {{{core}}}); time.sleep(60)']); time.sleep(60)")
+    for code, want in ((binds, [core]), ("import time; time.sleep(60)", [])):
+        with ServerProcess(Launch(name="s", command=lambda port, c=code: [sys.executable, "-c", c]),
+                           tmp_path / "server.log", 18990) as server:
+            deadline = time.monotonic() + 10
+            while server.bound_cores() != want and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert server.bound_cores() == want
+
+
+def _safetensors(path: Path, shapes: dict[str, list[int]]) -> None:
+    header, offset = {}, 0
+    for name, shape in shapes.items():
+        size = 2 * math.prod(shape)
+        header[name] = {"dtype": "BF16", "shape": shape, "data_offsets": [offset, offset + size]}
+        offset += size
+    raw = json.dumps(header).encode()
+    path.write_bytes(len(raw).to_bytes(8, "little") + raw + bytes(offset))
+
+
+def test_a_decode_step_streams_every_weight_but_an_untied_input_embedding(tmp_path):
+    layer = {"model.layers.0.mlp.down_proj.weight": [16, 48], "model.norm.weight": [16]}
+    _safetensors(tmp_path / "model.safetensors", {"model.embed_tokens.weight": [100, 16], **layer})
+    assert streamed_elements(tmp_path) == 100 * 16 + 16 * 48 + 16  # tied: the embedding is the LM head, read whole
+    _safetensors(tmp_path / "model.safetensors", {"model.embed_tokens.weight": [100, 16], "lm_head.weight": [100, 16],
+                                                  **layer})
+    assert streamed_elements(tmp_path) == 100 * 16 + 16 * 48 + 16  # untied: the embedding gives only the step's rows

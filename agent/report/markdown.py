@@ -237,8 +237,9 @@ def _served_section(s: ServedComparison) -> list[str]:
         lines.append(f"| {p.pid} | {p.rank} | {calls} | {fallbacks} | {why} |")
     timed = [(cid, c) for p in s.processes for cid, c in p.custom.items() if c.timed]
     if timed:
-        lines += ["", "Each kernel's first calls in the server ran the engine's own path too, on the same inputs, both "
-                  "timed (the op it replaces, benchmarked where it runs); a kernel slower there stops taking calls.",
+        lines += ["", "Each kernel's first calls in the server ran the engine's own path too, on the same inputs, the "
+                  "order alternating and the path that ran first timed (the op it replaces, benchmarked where it "
+                  "runs, in the cache the model left); a kernel slower there stops taking calls.",
                   "", "| kernel | calls | timed | kernel µs | engine's own µs | stopped |",
                   "|---|---:|---:|---:|---:|---|"]
         lines += [f"| {cid} | {c.calls} | {c.timed} | {c.kernel_us} | {c.engine_us} | {c.disabled or '—'} |"

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import statistics
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -25,12 +26,13 @@ from kernelbot.agent.verify.numerics import compare, reference_outputs
 from kernelbot.agent.verify.run import load_reference
 from kernelbot.hardware import host
 from kernelbot.hardware.device import DeviceChoice
+from kernelbot.kernel_library import FAMILIES
 from kernelbot.kernel_library.cpp_build import library_env
 from kernelbot.records import Bench, GpuState, Task
 from kernelbot.sandbox import run_job
 from kernelbot.sandbox.gpu import device_kind, job_gpu
 
-POOL = 3  # independent input draws the timed calls rotate through
+POOL = 3  # independent input draws the timed calls rotate through (more where the inputs hold a model's state)
 
 
 MAX_COPIES = 64
@@ -47,6 +49,16 @@ def weight_copies(weights: int, device: str) -> int:
         return 1
     wanted = -(-2 * host.last_level_cache_bytes() // weights)
     return max(1, min(MAX_COPIES, wanted, COPIES_BYTES // weights))
+
+
+def input_draws(task: Task, first: list[Any], device: str) -> int:
+    """How many input draws the timed calls rotate through: POOL; on a CPU, where the family's inputs hold state a
+    model reads from memory on each call (a KV cache), enough draws for that state to fill twice the last-level cache
+    as weight_copies does for weights (an attention timed over one warm cache hid a loss in the engine)."""
+    family = FAMILIES.get(task.family)
+    state = sum(t.numel() * t.element_size() for i, t in enumerate(first)
+                if family is not None and i in family.state_inputs and isinstance(t, torch.Tensor))
+    return max(POOL, weight_copies(state, device)) if state else POOL
 
 
 def per_round(report: BenchResult) -> tuple[list[float], list[float], bool]:
@@ -85,7 +97,9 @@ def bench(task: Task, reference_path: Path, candidate_path: Path, workdir: Path,
     torch.save(model.state_dict(), workdir / "state_dict.pt")
     weights = sum(t.numel() * t.element_size() for t in model.state_dict().values())
     copies = weight_copies(weights, device)
-    torch.save([inputs_at(references.module, task, seed + k) for k in range(POOL)], workdir / "inputs.pt")
+    first = inputs_at(references.module, task, seed)
+    draws = [first, *(inputs_at(references.module, task, seed + k) for k in range(1, input_draws(task, first, device)))]
+    torch.save(draws, workdir / "inputs.pt")
     job = BenchJob(reference=str(reference_path.resolve()), candidate=str(candidate_path.resolve()),
                    init_args=task.init_args, state_dict=str((workdir / "state_dict.pt").resolve()),
                    inputs=str((workdir / "inputs.pt").resolve()), rounds=rounds, device=device, copies=copies)

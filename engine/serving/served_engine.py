@@ -275,15 +275,16 @@ class ServedEngine:
                          f"{p.output_throughput:.1f} tok/s")
             load = host.host_load(since)
             fidelity = self._fidelity(stock, packed, twin)
-            command = packed.reproduce()
+            command, cores = packed.reproduce(), stock.bound_cores()
             time.sleep(2 * FLUSH_S)  # the plugin's counters reach their files
         assert pack_setup.counts_dir is not None
         reports = read_reports(pack_setup.counts_dir)
         comparison = _comparison(self.opts.engine.value, self.version, command, results, reports, load)
-        return comparison.model_copy(update=self._ceiling(comparison)), fidelity
+        return comparison.model_copy(update=self._ceiling(comparison, cores)), fidelity
 
-    def _ceiling(self, comparison: ServedComparison) -> dict[str, object]:
-        """The ceiling measured now, the servers stopped (vLLM: its in-process executor); else a note why not."""
+    def _ceiling(self, comparison: ServedComparison, cores: list[int]) -> dict[str, object]:
+        """The ceiling measured now, the servers stopped (vLLM: its in-process executor on the stock worker's
+        `cores`); else a note why not."""
         if self.opts.engine is not EngineKind.VLLM:
             return {"notes": [*comparison.notes, "the served ceiling is measured on vLLM only"]}
         self.say("      the ceiling: the model's forward timed in one vLLM process under the same load")
@@ -291,7 +292,7 @@ class ServedEngine:
             ceiling = measure_ceiling(self.opts.python, self.model_dir, self.spec.dtype, self.workload.concurrency,
                                       self.workload.input_len, self.workload.output_len,
                                       self.limits or served_memory(self.spec, self.workload, self.opts.tp).limits,
-                                      self.vocab, comparison.stock.median_itl_ms)
+                                      self.vocab, comparison.stock, cores)
         except KernelbotError as exc:
             return {"notes": [*comparison.notes, f"no served ceiling: {exc}"]}
         self.say(f"      {ceiling.summary()}")

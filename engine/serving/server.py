@@ -149,6 +149,21 @@ class ServerProcess:
                 break
         return time.monotonic() - start
 
+    def bound_cores(self) -> list[int]:
+        """The cores the engine binds its worker to: the narrowest CPU affinity among the server's processes (vLLM
+        binds its worker's threads and leaves the API server the rest); empty when none is narrower than the host."""
+        if self.proc is None or self.proc.poll() is not None:
+            return []
+        masks = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                if os.getpgid(int(pid)) == self.proc.pid:
+                    masks.append(sorted(os.sched_getaffinity(int(pid))))
+            except OSError:
+                continue
+        narrowest = min(masks, key=len, default=[])
+        return narrowest if len(narrowest) < len(os.sched_getaffinity(0)) else []
+
     def stop(self, grace: float = 20.0) -> None:
         """SIGTERM to the server's process group (its engine and worker processes too), SIGKILL what is left."""
         if self.proc is None or self.proc.returncode is not None:

@@ -53,7 +53,7 @@ def kv_cache_inputs(inputs: int) -> dict[str, Any]:
     def group_dims(dims: list[list[int]]) -> list[list[int]]:
         return [[*x[:2], *x[3:]] if i in caches and len(x) == 4 else x for i, x in enumerate(dims)]
 
-    return {"inputs": inputs, "free_dims": free_dims, "group_dims": group_dims}
+    return {"inputs": inputs, "free_dims": free_dims, "group_dims": group_dims, "state_inputs": caches}
 
 
 def mha_step_cost(x: list[int], heads: int, past: int, d: int) -> tuple[float, int]:

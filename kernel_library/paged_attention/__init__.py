@@ -29,6 +29,7 @@ FAMILY = Family(
     cost=_cost,
     matches=lambda m, dims: len(dims) >= 5,
     inputs=5,
+    state_inputs=(1,),  # the KV cache
     free_dims=lambda shapes: [[0], [0], [0, 1], [0], [0]][:len(shapes)],
 )
 register(FAMILY)
