@@ -260,7 +260,9 @@ class Bench(BaseModel):
     host: HostLoad | None = None  # over the benchmark: other processes' CPU time makes its ratio doubtful
     # the timed calls cycled over this many copies of the weights, to stream them from memory as a model does
     weight_copies: int = 1
-    cache_resident: bool = False  # the copies together still fit twice the last-level cache: a warm-cache figure
+    input_draws: int = 3  # ... and this many input draws (more where the inputs hold a model's state: a KV cache)
+    # the weights' copies and the state's draws together still fit twice the last-level cache: a warm-cache figure
+    cache_resident: bool = False
     # each round timed by its mean call, not its median: the candidate's slow calls cost more than the host's stalls
     by_mean: bool = False
     gpu_before: GpuState | None = None  # NVML on the benchmark's GPU before and after: clocks, temperature, throttling

@@ -138,10 +138,12 @@ def test_a_kv_cache_input_is_rotated_over_enough_draws_to_leave_the_cache_and_ac
     query, cache = torch.zeros(8, 14, 64, dtype=torch.bfloat16), torch.zeros(60, 2, 128, 128, dtype=torch.bfloat16)
     paged = [query, cache, torch.zeros(8, 5, dtype=torch.int32), torch.zeros(8, dtype=torch.int32)]
     # a 3.9 MB cache: 18 draws fill twice the 32 MiB cache, as a model's 24 layers' caches do between one layer's calls
-    assert bench_module.input_draws(task("paged_attention"), paged, "cpu") == 18
+    assert bench_module.input_draws(bench_module.state_bytes(task("paged_attention"), paged), "cpu") == 18
     past = torch.zeros(8, 2, 512, 64, dtype=torch.bfloat16)  # decode attention's past keys and values, 1 MB each
-    assert bench_module.input_draws(task("decode_attention"), [torch.zeros(8, 1, 896), None, None, past, past],
-                                    "cpu") == 32
-    assert bench_module.input_draws(task("rmsnorm"), [torch.zeros(8, 896, dtype=torch.bfloat16)], "cpu") == \
-        bench_module.POOL  # an activation comes warm from the op before it
-    assert bench_module.input_draws(task("paged_attention"), paged, "cuda:0") == bench_module.POOL
+    decode = bench_module.state_bytes(task("decode_attention"), [torch.zeros(8, 1, 896), None, None, past, past])
+    assert decode == 2 << 20 and bench_module.input_draws(decode, "cpu") == 32
+    # an activation comes warm from the op before it
+    assert bench_module.state_bytes(task("rmsnorm"), [torch.zeros(8, 896, dtype=torch.bfloat16)]) == 0
+    assert bench_module.input_draws(0, "cpu") == bench_module.POOL
+    assert bench_module.input_draws(bench_module.state_bytes(task("paged_attention"), paged), "cuda:0") == \
+        bench_module.POOL

@@ -358,3 +358,28 @@ def test_a_duel_on_a_gpu_run_is_benchmarked_on_the_runs_gpu(tmp_path, monkeypatc
                      _verdict(cid, True), _bench(cid, 2.0)) for cid in ("store-triton", "llm-r0-s0"))
         winner, _ = generation._crown(task, incumbent, challenger)
     assert jobs == [("cuda", gpu)] and winner in (incumbent, challenger)
+
+
+@pytest.mark.parametrize("fails_in", ["nothing", "bench"])
+def test_the_tensors_a_candidates_jobs_exchanged_are_deleted_once_read_and_their_records_stay(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fails_in: str) -> None:
+    def job(files: tuple[str, ...], result: Any) -> Any:
+        def run(task: Task, reference: Path, path: Path, workdir: Path, **_: Any) -> Any:
+            workdir.mkdir(parents=True, exist_ok=True)
+            for name in files:
+                (workdir / name).write_bytes(b"tensor")
+            (workdir / "result.json").write_text("{}")
+            if fails_in == "bench" and "inputs.pt" in files:
+                raise RuntimeError("benchmark refused")
+            return result
+        return run
+
+    monkeypatch.setattr(evaluate_mod, "verify", job(("plan.pt", "state_dict_0.pt", "outputs.pt"), _verdict("c", True)))
+    monkeypatch.setattr(evaluate_mod, "bench", job(("state_dict.pt", "inputs.pt", "outputs.pt"), _bench("c", 2.0)))
+    path = tmp_path / "c" / "candidate.py"
+    path.parent.mkdir()
+    out = evaluate(_task(), tmp_path, _cand("c"), path, "cpu", seed=0, timeout=5.0, bench_rounds=3)
+    assert out.row.outcome is (KernelOutcome.FASTER if fails_in == "nothing" else KernelOutcome.HARNESS_ERROR)
+    assert not list(path.parent.rglob("*.pt"))
+    assert (path.parent / "verify" / "result.json").exists() and (path.parent / "bench" / "result.json").exists()
+    assert (path.parent / "verdict.json").exists()

@@ -303,11 +303,14 @@ def test_the_served_ceiling_bounds_the_load_by_its_decode_steps_reading_the_weig
     assert "1.20x the load's throughput" in ceiling.summary()
 
 
-def test_a_forward_that_reads_no_faster_than_it_runs_or_fills_the_step_bounds_nothing():
+def test_a_forward_that_reads_no_faster_than_it_runs_bounds_nothing_and_one_timed_over_the_step_is_all_of_it():
     slow_read = ceiling_of(StepTiming(forward_ms=40.0, read_ms=45.0, read_gb=1.0), _stock(60.0, 60.0, 32, 4096), 8, [])
     assert slow_read.read_gain is None and slow_read.load_read_gain is None and slow_read.max_gain == 3.0
+    # the forward timed in one process at 70 ms of a 60 ms served step: the step is all forward, and reading the
+    # weights is all it could be brought down to
     whole = ceiling_of(StepTiming(forward_ms=70.0, read_ms=20.0, read_gb=1.0), _stock(60.0, 60.0, 32, 4096), 8, [])
-    assert whole.max_gain is None and whole.read_gain is None and "unbounded" in whole.summary()
+    assert whole.max_gain is None and "unbounded" in whole.summary() and whole.read_gain == 3.0
+    assert whole.load_read_gain is not None and 1.0 < whole.load_read_gain < whole.read_gain
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="binding needs a host with two cores or more")

@@ -51,13 +51,18 @@ def weight_copies(weights: int, device: str) -> int:
     return max(1, min(MAX_COPIES, wanted, COPIES_BYTES // weights))
 
 
-def input_draws(task: Task, first: list[Any], device: str) -> int:
-    """How many input draws the timed calls rotate through: POOL; on a CPU, where the family's inputs hold state a
-    model reads from memory on each call (a KV cache), enough draws for that state to fill twice the last-level cache
-    as weight_copies does for weights (an attention timed over one warm cache hid a loss in the engine)."""
+def state_bytes(task: Task, inputs: list[Any]) -> int:
+    """The bytes of the inputs that hold state a model reads from memory on each call (the family's state_inputs:
+    a KV cache), in one draw."""
     family = FAMILIES.get(task.family)
-    state = sum(t.numel() * t.element_size() for i, t in enumerate(first)
-                if family is not None and i in family.state_inputs and isinstance(t, torch.Tensor))
+    return sum(t.numel() * t.element_size() for i, t in enumerate(inputs)
+               if family is not None and i in family.state_inputs and isinstance(t, torch.Tensor))
+
+
+def input_draws(state: int, device: str) -> int:
+    """How many input draws the timed calls rotate through: POOL; on a CPU, where the inputs hold `state` bytes of a
+    model's state (a KV cache), enough draws for it to fill twice the last-level cache as weight_copies does for
+    weights (an attention timed over one warm cache hid a loss in the engine)."""
     return max(POOL, weight_copies(state, device)) if state else POOL
 
 
@@ -98,7 +103,8 @@ def bench(task: Task, reference_path: Path, candidate_path: Path, workdir: Path,
     weights = sum(t.numel() * t.element_size() for t in model.state_dict().values())
     copies = weight_copies(weights, device)
     first = inputs_at(references.module, task, seed)
-    draws = [first, *(inputs_at(references.module, task, seed + k) for k in range(1, input_draws(task, first, device)))]
+    state = state_bytes(task, first)
+    draws = [first, *(inputs_at(references.module, task, seed + k) for k in range(1, input_draws(state, device)))]
     torch.save(draws, workdir / "inputs.pt")
     job = BenchJob(reference=str(reference_path.resolve()), candidate=str(candidate_path.resolve()),
                    init_args=task.init_args, state_dict=str((workdir / "state_dict.pt").resolve()),
@@ -129,8 +135,9 @@ def bench(task: Task, reference_path: Path, candidate_path: Path, workdir: Path,
                  candidate_us=round(cand_med, 2), reference_spread=round(spread(ref), 3),
                  candidate_spread=round(spread(cand), 3), speedup=round(speedup, 3),
                  significant=_quantile(ratios, 0.25) > 1.0 and speedup > 1.03, host=load, gpu_before=gpu_before,
-                 gpu_after=gpu_after, weight_copies=copies, by_mean=by_mean,
-                 cache_resident=not device.startswith("cuda") and copies * weights < 2 * host.last_level_cache_bytes())
+                 gpu_after=gpu_after, weight_copies=copies, input_draws=len(draws), by_mean=by_mean,
+                 cache_resident=not device.startswith("cuda") and (weights + state) > 0
+                 and copies * weights + len(draws) * state < 2 * host.last_level_cache_bytes())
 
 
 def gpu_state(index: int | None) -> GpuState | None:

@@ -56,6 +56,17 @@ def evaluate(task: Task, task_dir: Path, cand: Candidate, path: Path, device: st
         (path.parent / "error.txt").write_text(traceback.format_exc())
         row = new_row(task, cand, KernelOutcome.HARNESS_ERROR, reason, verdict=verdict)
         return Outcome(row, verdict, timed, report=reason)
+    finally:
+        drop_tensors(path.parent / "verify", path.parent / "bench")
+
+
+def drop_tensors(*workdirs: Path) -> None:
+    """The tensors a job exchanged with its sandbox (weights, input draws, outputs: up to a gigabyte a candidate at a
+    0.5B model's sizes), deleted once read: the verdict and benchmark records keep what was found, and the seeds to
+    draw them again. A job's logs and result stay."""
+    for workdir in workdirs:
+        for scratch in workdir.glob("*.pt"):
+            scratch.unlink(missing_ok=True)
 
 
 def _failed(task: Task, cand: Candidate, path: Path, verdict: Verdict) -> Outcome:
@@ -85,7 +96,8 @@ def _timed(task: Task, cand: Candidate, path: Path, verdict: Verdict, timed: Ben
     if timed.by_mean:
         busy += "; timed by each round's mean call: its slow calls cost more than the host's stalls"
     if timed.cache_resident:
-        busy += f"; its weights fit the cache even over {timed.weight_copies} copies: a warm-cache figure"
+        busy += (f"; what it reads fits the cache even over {timed.weight_copies} copies of its weights and "
+                 f"{timed.input_draws} draws of its inputs: a warm-cache figure")
     if timed.significant:
         outcome, reason = KernelOutcome.FASTER, f"verified; {timed.speedup:.2f}x beyond noise{busy}"
     else:
@@ -139,7 +151,10 @@ def duel(task: Task, task_dir: Path, incumbent: Accepted, challenger: Accepted, 
     reference = where / "reference.py"
     reference.write_text((task_dir / "reference.py").read_text() + DUEL.format(
         source=incumbent.source.read_text(), path=str(incumbent.source.resolve())))
-    result = bench(task, reference, challenger.source, where, rounds=rounds, seed=seed, timeout=timeout,
-                   device=device)
+    try:
+        result = bench(task, reference, challenger.source, where, rounds=rounds, seed=seed, timeout=timeout,
+                       device=device)
+    finally:
+        drop_tensors(where)
     write_record(where / "bench.json", result)
     return result

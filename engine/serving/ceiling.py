@@ -139,8 +139,9 @@ def ceiling_of(timing: StepTiming, stock: ServingMetrics, concurrency: int, core
     """The bounds `timing` puts on the stock load: a step is the ITL p50; a round's decode steps are its tokens after
     each request's first, `concurrency` at a time; the rest of the round (prefill, scheduling) stays as measured."""
     step, forward = stock.median_itl_ms, timing.forward_ms
-    free = step / (step - forward) if forward < step else None
-    at_read = step / (step - forward + timing.read_ms) if timing.read_ms < forward < step else None
+    rest = max(step - forward, 0.0)  # a forward timed at or over the step (one process's noise) leaves nothing else
+    free = step / rest if rest > 0 else None
+    at_read = step / (rest + timing.read_ms) if timing.read_ms < min(forward, step) else None
     load = None
     if at_read is not None and stock.duration_s > 0:
         decode_s = (stock.output_tokens - stock.requests) / concurrency * step / 1e3
