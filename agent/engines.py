@@ -35,7 +35,7 @@ from kernelbot.engine.serving.served_engine import (
 )
 from kernelbot.engine.torch_engine import TorchEngine, without_grouped_experts
 from kernelbot.hardware.device import DeviceChoice
-from kernelbot.hardware.peaks import with_attained
+from kernelbot.hardware.peaks import PeakOverride, on_worker_cores, with_attained
 from kernelbot.kernel_library import classes_covered
 from kernelbot.profiler.hotspots import op_breakdown, rank_hotspots
 from kernelbot.profiler.row_split import split_hotspots
@@ -139,8 +139,10 @@ class ServedRunEngine:
 
     graph_decode_baseline = False
 
-    def __init__(self, served: ServedEngine, device: Device, spec: ModelSpec, say: Callable[[str], None]) -> None:
+    def __init__(self, served: ServedEngine, device: Device, spec: ModelSpec, say: Callable[[str], None],
+                 override: PeakOverride | None = None) -> None:
         self.served, self.device, self.spec, self.say = served, device, spec, say
+        self.override = override  # the command line's peaks, which win over the worker's measured ones
         self.kind = served.opts.engine.value
         self._profiles = 0
 
@@ -148,14 +150,17 @@ class ServedRunEngine:
         self._profiles += 1
         name = "profile" if not pack.entries else f"profile_with_pack_{self._profiles}"
         traces, reports = self.served.profile(name, trace, pack, pack_dir)
+        # the floors at the peaks of the cores the engine's kernels run on, not the whole host's
+        self.device = on_worker_cores(self.device, self.served.worker_cores, self.spec.dtype, self.override)
         captures = merge_captures(reports)
         loaded = load_trace(traces[0])  # TP ranks run the same layers at the same shapes
         op_breakdown(loaded).to_csv(trace.with_name(trace.name.replace(".json.gz", "_ops.csv")), index=False)
         covered = {c.module_class or c.engine_class: c.family for c in captures}
         generic = merge_generic(reports)
-        return rank_at_attained_peaks(lambda device: Profiled(hotspots=split_hotspots(
+        profiled = rank_at_attained_peaks(lambda device: Profiled(hotspots=split_hotspots(
             rank_hotspots(loaded, device, covered, by_name=False), captures, device, self.served.decode_scale),
             captures=captures, generic=generic), self)
+        return profiled.model_copy(update={"device": self.device})
 
     def tasks(self, profiled: Profiled, generic_refused: str | None) -> TaskSource:
         return ServedTasks(self.kind, profiled.captures, profiled.generic, generic_refused)
@@ -231,10 +236,10 @@ def _twin_logprobs(spec: ModelSpec, model_dir: Path, contexts: list[list[int]],
 
 
 def engine_for(serve: ServeOptions | None, spec: ModelSpec, device: Device, choice: DeviceChoice, run_dir: Path,
-               workload: Workload, say: Callable[[str], None]) -> RunEngine:
+               workload: Workload, say: Callable[[str], None], override: PeakOverride | None = None) -> RunEngine:
     """The run's engine: in this process when `serve` is None, else the served engine."""
     if serve is None:
         free = gpu_free_bytes(choice.index)[0] if choice.is_gpu else host_available_bytes()
         check_in_process_fits(spec, model_footprint(spec), free, choice.is_gpu)
         return InProcessEngine(TorchEngine(spec, device=choice), device)
-    return ServedRunEngine(ServedEngine(serve, spec, workload, run_dir, say), device, spec, say)
+    return ServedRunEngine(ServedEngine(serve, spec, workload, run_dir, say), device, spec, say, override)

@@ -102,7 +102,7 @@ class OptimizeRun:
                                            f"the model for {serve.engine.value} to serve") + " and the device's peaks")
         self.device = self._device(spec_notes)
         self.engine = engine_for(serve, self.spec, self.device, self.choice, self.run_dir, self.workload,
-                                 self.stages.say)
+                                 self.stages.say, PeakOverride(tflops=opts.peak_tflops, gbps=opts.peak_gbps))
         self.notes = list(spec_notes)  # the report's
         self.generation = Generation(opts, self.run_dir, self.state, self.stages, self.device, executor)
         self.kernels: list[KernelResult] = []  # every candidate's row as its generate step made it (frozen)

@@ -81,6 +81,37 @@ def measure_cpu(dtype: str = "float32") -> Device:
                   peaks_source=f"measured on this machine: {side}^3 {dtype} GEMM, {copy_bytes >> 20} MiB copy")
 
 
+def measure_cpu_on(cores: list[int], dtype: str) -> Device:
+    """measure_cpu with this thread bound to `cores` and torch's threads as many: the peaks of the cores an engine
+    binds its worker to (vLLM gives it all but one on a small host), where every kernel of a served model runs."""
+    import os
+
+    affinity, threads = os.sched_getaffinity(0), torch.get_num_threads()
+    try:
+        os.sched_setaffinity(0, cores)
+        torch.set_num_threads(len(cores))
+        measured = measure_cpu(dtype)
+    finally:
+        os.sched_setaffinity(0, affinity)
+        torch.set_num_threads(threads)
+    return measured.model_copy(update={"peaks_source": f"{measured.peaks_source}, on the {len(cores)} of "
+                                                       f"{len(affinity)} cores the engine binds its worker to "
+                                                       f"({','.join(map(str, cores))})"})
+
+
+def on_worker_cores(device: Device, cores: list[int], dtype: str, override: PeakOverride | None) -> Device:
+    """A CPU run's device as a served engine's worker has it: the peaks measured again on the worker's `cores` where
+    the engine binds it to fewer cores than the run measured on (the command line's peaks still win); else as it
+    is."""
+    if device.kind != "cpu" or not cores or len(cores) >= device.threads:
+        return device
+    worker = with_override(measure_cpu_on(cores, dtype), override)
+    return worker.model_copy(update={"notes": [
+        *device.notes, f"peaks measured again on the engine's worker's {len(cores)} of {device.threads} cores, where "
+                       f"every kernel of the served model runs: {device.peak_gflops} → {worker.peak_gflops} GFLOP/s, "
+                       f"{device.peak_gbps} → {worker.peak_gbps} GB/s"]})
+
+
 def measure_gpu(device: DeviceChoice, dtype: str) -> Device:
     """A GPU's peaks at the run's dtype, measured on it now (about a second), beside the datasheet's where the table
     knows the GPU; its multiprocessors are the record's threads."""

@@ -260,3 +260,33 @@ def test_the_float64_twin_widens_the_models_own_weights_tensor_by_tensor_and_kee
     assert all(p.dtype == torch.float64 for p in twin.parameters())
     assert all(p.dtype == torch.bfloat16 for p in engine.model.parameters())  # the model itself untouched
     assert torch.equal(twin.model.norm.weight, engine.model.model.norm.weight.double())
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="a narrower worker needs a host with two cores or more")
+def test_a_served_cpu_runs_peaks_are_measured_again_on_the_cores_the_engine_binds_its_worker_to(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from kernelbot.hardware import peaks
+    from kernelbot.records import Device
+
+    host = Device(kind="cpu", name="cpu", threads=len(os.sched_getaffinity(0)), peak_gflops=900.0, peak_gbps=100.0,
+                  peaks_source="measured")
+    core, seen = min(os.sched_getaffinity(0)), []
+
+    def measured(dtype: str) -> Device:  # what the cores it ran on would give: half the peaks on one core
+        seen.append((sorted(os.sched_getaffinity(0)), torch.get_num_threads(), dtype))
+        return host.model_copy(update={"threads": torch.get_num_threads(), "peak_gflops": 450.0, "peak_gbps": 40.0})
+
+    monkeypatch.setattr(peaks, "measure_cpu", measured)
+    affinity, threads = os.sched_getaffinity(0), torch.get_num_threads()
+    worker = peaks.on_worker_cores(host, [core], "bfloat16", None)
+    assert seen == [([core], 1, "bfloat16")]  # measured bound to the worker's core, with one thread
+    assert os.sched_getaffinity(0) == affinity and torch.get_num_threads() == threads  # this process as it was
+    assert (worker.peak_gflops, worker.peak_gbps, worker.threads) == (450.0, 40.0, 1)
+    assert f"({core})" in worker.peaks_source and "900.0 → 450.0 GFLOP/s" in worker.notes[-1]
+    given = peaks.on_worker_cores(host, [core], "bfloat16", peaks.PeakOverride(gbps=55.0))
+    assert given.peak_gbps == 55.0 and given.peak_gflops == 450.0  # the command line's peak still wins
+    # an engine that binds no narrower, or a GPU's record: as it was, nothing measured
+    assert peaks.on_worker_cores(host, sorted(affinity), "bfloat16", None) is host
+    assert peaks.on_worker_cores(host, [], "bfloat16", None) is host
+    gpu = host.model_copy(update={"kind": "cuda"})
+    assert peaks.on_worker_cores(gpu, [core], "bfloat16", None) is gpu and len(seen) == 2

@@ -172,6 +172,7 @@ class ServedEngine:
             say(f"      {memory.summary()}")
         self.model_dir = served_model_dir(spec, run_dir)
         self.vocab = spec.vocab
+        self.worker_cores: list[int] = []  # where the profiled server bound its worker (empty: not narrower)
         self.program = opts.launch or [*opts.python, "-m", self.api.module]
 
     def _launch(self, setup: ServerSetup) -> Launch:
@@ -242,6 +243,7 @@ class ServedEngine:
             post(server.url + "/stop_profile", {})
             traces = _collected(setup.profile_dir, self.opts.tp)
             time.sleep(2 * FLUSH_S)
+            self.worker_cores = server.bound_cores()
         shutil.copyfile(traces[0], trace)
         # the traced window's calls: the trace's time is spread over them, and its floor counts them (the warm-up's
         # and the engine's start-up runs would inflate both)
