@@ -100,9 +100,10 @@ class OptimizeRun:
         serve = opts.serve
         self.stages.say("[1/7] engine: " + ("building the model" if serve is None else
                                            f"the model for {serve.engine.value} to serve") + " and the device's peaks")
+        self.peaks_given = PeakOverride(tflops=opts.peak_tflops, gbps=opts.peak_gbps)
         self.device = self._device(spec_notes)
         self.engine = engine_for(serve, self.spec, self.device, self.choice, self.run_dir, self.workload,
-                                 self.stages.say, PeakOverride(tflops=opts.peak_tflops, gbps=opts.peak_gbps))
+                                 self.stages.say, self.peaks_given)
         self.notes = list(spec_notes)  # the report's
         self.generation = Generation(opts, self.run_dir, self.state, self.stages, self.device, executor)
         self.kernels: list[KernelResult] = []  # every candidate's row as its generate step made it (frozen)
@@ -151,8 +152,7 @@ class OptimizeRun:
     def _device(self, spec_notes: list[str]) -> Device:
         self.state.stage("engine")
         device = Device.model_validate(self.state.memo(
-            "device", "stage", lambda: device_record(self.choice, self.spec.dtype, PeakOverride(
-                tflops=self.opts.peak_tflops, gbps=self.opts.peak_gbps)).model_dump()))
+            "device", "stage", lambda: device_record(self.choice, self.spec.dtype, self.peaks_given).model_dump()))
         device.notes.extend(n for n in spec_notes if n not in device.notes)
         self.state.device_name = f"{device.kind}:{device.name}"
         write_record(self.run_dir / "model.json", self.spec)

@@ -54,9 +54,8 @@ def weight_copies(weights: int, device: str) -> int:
 def state_bytes(task: Task, inputs: list[Any]) -> int:
     """The bytes of the inputs that hold state a model reads from memory on each call (the family's state_inputs:
     a KV cache), in one draw."""
-    family = FAMILIES.get(task.family)
-    return sum(t.numel() * t.element_size() for i, t in enumerate(inputs)
-               if family is not None and i in family.state_inputs and isinstance(t, torch.Tensor))
+    state = FAMILIES[task.family].state_inputs if task.family in FAMILIES else ()
+    return sum(t.numel() * t.element_size() for i, t in enumerate(inputs) if i in state and isinstance(t, torch.Tensor))
 
 
 def input_draws(state: int, device: str) -> int:
