@@ -14,7 +14,14 @@ from typing import Protocol
 import torch
 
 from kernelbot import KernelbotError
-from kernelbot.agent.measure.end_to_end import Measured, count_calls, fidelity, layer_routes_note, time_end_to_end
+from kernelbot.agent.measure.end_to_end import (
+    Measured,
+    count_calls,
+    fidelity,
+    layer_routes_note,
+    router_report,
+    time_end_to_end,
+)
 from kernelbot.agent.stages import Stages
 from kernelbot.agent.tasks.plan import ModelTasks, ServedTasks, TaskSource
 from kernelbot.engine.memory import (
@@ -109,7 +116,8 @@ class InProcessEngine:
                                            spec.decode_steps),
                             {"eager": _median(times.eager), "kernelbot": _median(times.kernelbot),
                              "torch.compile": _median(times.compiled)})
-        return Measured(calls=calls, fallbacks=fallbacks, fidelity=fid, times=times, floor=floor, notes=notes)
+        return Measured(calls=calls, fallbacks=fallbacks, fidelity=fid, times=times, floor=floor,
+                        router=router_report(self.engine, pack), notes=notes)
 
     def _time(self, pack: Pack, pack_dir: Path, rounds: int, compile_: bool, stages: Stages,
               notes: list[str]) -> EndToEndTimes:

@@ -370,10 +370,10 @@ class OptimizeRun:
                               "measured)")
         if not self.accepted or (won and not take_apart):
             return measured
-        losers = engine_losers(self.accepted, measured.serving.processes) if measured.serving and not won else []
+        losers = engine_losers(self.accepted, measured.routers) if not won else []
         if losers:
             self.stages.say(f"[6/7] gate: the pack is {ratio(measured.times):.2f}x of the baseline; {len(losers)} "
-                            "kernel(s) the engine timed no faster than its own op leave it", style="yellow")
+                            "kernel(s) timed in the model no faster than the op they replace leave it", style="yellow")
             for a, why in losers:
                 self._drop(a, why)
             if self.accepted:
@@ -430,10 +430,12 @@ class OptimizeRun:
             self.notes.append(f"stopped early by the {stop_reason}")
         rows = final_rows(self.kernels, self.counted, self.region_speedups, self.dropped, self.outpaced)
         compared = alone_vs_model(rows, self.trials, hotspots_after)
-        if measured.serving is not None:
-            compared += alone_vs_engine(rows, measured.serving.processes)
-        else:
-            compared += alone_vs_profiles(rows, self.hotspots_before, hotspots_after, set(self.trials))
+        in_engine = alone_vs_engine(rows, measured.routers)
+        compared += in_engine
+        if measured.serving is None:  # what the router did not time, from the profiles before and after
+            timed = {c.candidate_id for c in in_engine}
+            compared += [c for c in alone_vs_profiles(rows, self.hotspots_before, hotspots_after, set(self.trials))
+                         if c.candidate_id not in timed]
         for c in compared:
             if c.disagrees:
                 self.notes.append(f"{c.candidate_id}: {c.speedup_alone:.2f}x alone, but {c.cause}")

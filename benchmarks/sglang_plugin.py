@@ -61,7 +61,7 @@ def main(rounds: int = 15, iters: int = 300) -> None:
     import torch
     from sglang_child import _torchvision_ops  # the CPU wheel's torchvision needs two schemas declared
 
-    from kernelbot.engine.served_layers import COUNTS_ENV, PACK_ENV
+    from kernelbot.engine.router import COUNTS_ENV, PACK_ENV
 
     pack_dir = Path(tempfile.mkdtemp(prefix="kb-bench-")) / "pack"
     write_pack(pack_dir)

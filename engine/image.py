@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from kernelbot import KernelbotError, __version__
-from kernelbot.engine.served_layers import PACK_ENV
+from kernelbot.engine.router import PACK_ENV
 from kernelbot.engine.serving.apis import PLUGIN_NAME
 from kernelbot.records import Fidelity, Pack
 

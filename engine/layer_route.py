@@ -4,8 +4,8 @@ without nn.Module's call, the part's own forward or the layer's Python, which on
 of a small model's decode step. A layer gets this route only if, on probe calls at each shape its attention kernel
 was verified at (random hidden states, a random cache), it gives exactly what the layer's own forward gives, with
 the same cache after; any layer of another shape (parallel residual, extra norms, scaled residuals) keeps its
-forward. A part without a kernel for a call runs its module; under the profiler the layer runs its own forward, so
-re-profiles see every module and kernel where they were."""
+forward. A part without a kernel for a call runs its own forward (the router's fallback); under the profiler the layer
+runs its own forward, so re-profiles see every module and kernel where they were."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ import torch
 from kernelbot.engine.kv_cache import cache_kwarg
 
 PARTS = ("input_layernorm", "self_attn", "post_attention_layernorm", "mlp")
-# a part's route: the pack kernel's run for a call to `module`, or None when the pack has none for it
-Resolve = Callable[[torch.nn.Module, tuple, dict], Callable[[], Any] | None]
+# a part's route: what runs a call to `module` (its pack kernel, or its own forward where the kernel does not take it)
+Resolve = Callable[[torch.nn.Module, tuple, dict], Callable[[], Any]]
 
 
 def has_parts(module: torch.nn.Module) -> bool:
@@ -36,8 +36,7 @@ class LeanLayer:
 
     def _part(self, i: int, args: tuple, kwargs: dict) -> Any:
         resolve = self.resolvers[i]
-        run = resolve(self.parts[i], args, kwargs) if resolve is not None else None
-        return run() if run is not None else self.parts[i](*args, **kwargs)
+        return resolve(self.parts[i], args, kwargs)() if resolve is not None else self.parts[i](*args, **kwargs)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         hidden = args[0] if args else kwargs.get("hidden_states")

@@ -1,185 +1,176 @@
-"""Route a model's module calls to a kernel pack's kernels, counting every call both ways."""
+"""A kernel pack on a model in this process: each module a pack entry matches has its forward routed through the one
+router (engine/router.py), which counts every call both ways, checks a kernel's first call on each module against
+the module's own output, times it beside the module's own path and switches off a kernel slower there; decoder
+layers whose attention takes a kernel run part to part (engine/layer_route.py)."""
 
 from __future__ import annotations
 
-import json
+import inspect
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch.utils import _pytree as pytree
 
+from kernelbot.engine.generic_layers import GenericCall
 from kernelbot.engine.layer_route import PARTS, LeanLayer, has_parts, probe_agrees
+from kernelbot.engine.router import LayerSpec, Router
 from kernelbot.kernel_library import FAMILIES
 from kernelbot.kernel_library.base import GENERIC, hot_path
-from kernelbot.loading import load_module
-from kernelbot.records import KERNEL_LABEL, CallSignature, Pack, PackEntry
+from kernelbot.records import Pack, PackEntry
+
+Route = tuple[list[LayerSpec], Callable[..., Any]]  # a module's specs and its own forward
 
 
-@dataclass
-class CallCounts:
-    calls: int = 0  # calls that ran the pack's kernel
-    fallback_calls: int = 0  # calls on matching modules whose shapes the pack does not cover
+def _params(module: torch.nn.Module) -> tuple[str, ...]:
+    """The named parameters of the module's forward, in order (not *args or **kwargs)."""
+    params = list(inspect.signature(type(module).forward).parameters.values())[1:]
+    return tuple(p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD))
 
 
-def _signature(args: tuple, kwargs: dict) -> tuple | None:
-    """(shape, dtype) of each argument: torch.Size hashes and compares as the tuple of its dims."""
-    if kwargs or not args or not all(isinstance(a, torch.Tensor) for a in args):
-        return None
-    return tuple((a.shape, a.dtype) for a in args)
+def _profiled_dims(entry: PackEntry, shapes: list[list[int]]) -> list[list[int]]:
+    """A kernel's trace label names the dims the profiler saw it replace (its roofline cost's), not its inputs'."""
+    return entry.profiled_dims
 
 
-def kernel_label(entry: PackEntry) -> str:
-    """The trace annotation for a pack kernel: its id, dtype and the dims the profiler saw it replace."""
-    return f"{KERNEL_LABEL}{entry.candidate_id} {entry.dtype} {json.dumps(entry.profiled_dims)}"
+def _plain_spec(family: str, params: tuple[str, ...]) -> LayerSpec:
+    """A module called with its reference's inputs, as tensors: the kernel takes exactly the verified shapes."""
+
+    def inputs(call: dict[str, Any]) -> list[torch.Tensor]:
+        return [call[p] for p in params if p in call]
+
+    def fits(entry: PackEntry, layer: torch.nn.Module, call: dict[str, Any]) -> bool:
+        given = inputs(call)
+        return ([list(t.shape) for t in given] == entry.input_shapes
+                and all(t.dtype == getattr(torch, entry.dtype) for t in given))
+
+    return LayerSpec(family, params, inputs=inputs, run=lambda k, c: k(*inputs(c)),
+                     accepts=lambda c: bool(c) and all(isinstance(v, torch.Tensor) for v in c.values()),
+                     fits=fits, written=(), label_dims=_profiled_dims)
 
 
-class GenericCall:
-    """Routes a module call to a generic kernel when the call has exactly the extracted signature: the same
-    argument structure and constants, tensors of the same shapes and dtypes; the kernel's output tensors are put
-    back into the module's own output structure."""
+def _engine_call_spec(family: str, params: tuple[str, ...]) -> LayerSpec:
+    """A module called with more than its reference's inputs (an attention's cache object): the family's engine_call
+    says whether the kernel was verified for the call and runs it; the module's own path writes the cache, so its
+    first call is not run beside the kernel (the layer route's probe compares whole layers on fresh caches)."""
+    engine_call = FAMILIES[family].engine_call
+    assert engine_call is not None
+    first = params[0]
 
-    def __init__(self, sig: CallSignature) -> None:
-        self.spec = pytree.treespec_loads(sig.spec)
-        self.out_spec = pytree.treespec_loads(sig.output_spec)
-        self.none = sig.output_none
-        self.tensors = [(t.index, torch.Size(t.shape), getattr(torch, t.dtype)) for t in sig.tensors]
-        self.constants = [(int(i), c) for i, c in sig.constants]
+    def split(call: dict[str, Any]) -> tuple[tuple, dict]:
+        return (call[first],), {k: v for k, v in call.items() if k != first}
 
-    def inputs(self, args: tuple, kwargs: dict) -> list[torch.Tensor] | None:
-        leaves, spec = pytree.tree_flatten((args, kwargs))
-        if spec != self.spec or any(repr(leaves[i]) != c for i, c in self.constants):
-            return None
-        found = [leaves[i] for i, _, _ in self.tensors]
-        if any(not isinstance(x, torch.Tensor) or x.shape != shape or x.dtype != dtype
-               for x, (_, shape, dtype) in zip(found, self.tensors, strict=True)):
-            return None
-        return found
+    def stepper(kernel: torch.nn.Module, entry: PackEntry, layer: torch.nn.Module) -> Callable[..., Any]:
+        step = hot_path(kernel, entry.dtype) or kernel
+        return lambda call: engine_call(step, layer, *split(call), entry.input_shapes)()
 
-    def output(self, result: torch.Tensor | tuple) -> object:
-        produced = iter(result if isinstance(result, tuple | list) else (result,))
-        return pytree.tree_unflatten([None if none else next(produced) for none in self.none], self.out_spec)
+    return LayerSpec(family, params, inputs=lambda c: [c[first]], run=lambda k, c: k(c),
+                     accepts=lambda c: isinstance(c.get(first), torch.Tensor),
+                     fits=lambda e, layer, c: engine_call(None, layer, *split(c), e.input_shapes) is not None,
+                     cached=False, settles=False, probes=False, stepper=stepper, label_dims=_profiled_dims,
+                     open_kwargs=True)
 
 
-def _generic_run(call: GenericCall, kernel: torch.nn.Module, inputs: list[torch.Tensor]) -> object:
-    return call.output(kernel.forward(*inputs))
+def _generic_spec(params: tuple[str, ...]) -> LayerSpec:
+    """A module no family covers, on a kernel extracted from its forward: any call with exactly the extracted
+    signature, constants included (so every call is matched, not settled by shapes)."""
+
+    def inputs(call: dict[str, Any]) -> list[torch.Tensor]:
+        return [t for t in pytree.tree_leaves(call) if isinstance(t, torch.Tensor)]
+
+    return LayerSpec(GENERIC, params, inputs=inputs, run=lambda k, c: k(c), accepts=lambda c: bool(inputs(c)),
+                     cached=False, settles=False, written=(), label_dims=_profiled_dims)
 
 
-def _counted(run: Callable[[], Any], counts: CallCounts, label: str) -> Callable[[], Any]:
-    def counted() -> Any:
-        counts.calls += 1
-        if torch.autograd._profiler_enabled():  # name the kernel in traces, so re-profiles can rank it
-            with torch.profiler.record_function(label):
-                return run()
-        return run()
-    return counted
-
-
-@dataclass
-class _Route:
-    kernels: dict[tuple, tuple[Callable[..., Any], CallCounts, str]] = field(default_factory=dict)
-    generic: list[tuple[GenericCall, torch.nn.Module, CallCounts, str]] = field(default_factory=list)
-    # families whose calls carry more than the reference's inputs (an attention's cache): their own engine_call
-    engine: list[tuple[Callable, Any, CallCounts, str, list[list[int]]]] = field(default_factory=list)
-    fallback: CallCounts = field(default_factory=CallCounts)
-
-    def resolve(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> Callable[[], Any] | None:
-        """The pack kernel's run for this call (counted and labelled when it runs), or None: not a verified call."""
-        for engine_call, kernel, counts, label, shapes in self.engine:
-            run = engine_call(kernel, module, args, kwargs, shapes)
-            if run is not None:
-                return _counted(run, counts, label)
-        for call, kernel, counts, label in self.generic:
-            inputs = call.inputs(args, kwargs)
-            if inputs is not None:
-                return _counted(partial(_generic_run, call, kernel, inputs), counts, label)
-        hit = self.kernels.get(_signature(args, kwargs))
-        if hit is None:
-            return None
-        run, counts, label = hit
-        return _counted(lambda: run(*args), counts, label)
+def _specs(module: torch.nn.Module, entries: list[PackEntry]) -> list[LayerSpec]:
+    """How each family among `entries` takes the module's calls: attention-like families first, then generic kernels,
+    then the plain ones."""
+    params = _params(module)
+    families = list(dict.fromkeys(e.family for e in entries))
+    specs = [_engine_call_spec(f, params) for f in families
+             if f != GENERIC and FAMILIES[f].engine_call is not None and params]
+    specs += [_generic_spec(params) for f in families if f == GENERIC]
+    return specs + [_plain_spec(f, params) for f in families if f != GENERIC and FAMILIES[f].engine_call is None]
 
 
 class PackPatcher:
-    """Wraps forward() of each module the pack covers; calls with the shapes and dtype the kernel was
-    verified and measured on go to the kernel, everything else to the original forward. Kernels are called
-    through their forward() (no nn.Module call): no hooks' cost, and no module of their own in traces, so a
-    re-profile sees the replaced module as the unit it was, with the kernel's label inside."""
+    """Installs packs on one model: wraps forward() of each module a pack's entry matches, the call then going where
+    the router sends it (the kernel for the shapes and dtype it was verified and measured on, else the module's own
+    forward). Kernels are called through their forward() (no nn.Module call): no hooks' cost, and no module of their
+    own in traces, so a re-profile sees the replaced module as the unit it was, with the kernel's label inside. The
+    router outlives remove(): re-applying a pack neither rebuilds kernels nor repacks their weights, and what the
+    router measured of a kernel on this model (its first-call checks, its in-model timing) stands."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
-        self.counts: dict[str, CallCounts] = {}  # candidate id -> counts
-        self.fallbacks: dict[str, CallCounts] = {}  # module class -> counts
+        self.router = Router(engine="torch", pack_dir=None, counts_dir=None, capturing=False)
+        self.pack: Pack | None = None
         self._patched: list[torch.nn.Module] = []
         self.lean_layers: list[str] = []  # decoder layers run part to part (engine/layer_route.py)
-        # Kernels outlive remove(): re-applying a pack must not rebuild them or repack their weights.
-        self._kernels: dict[tuple[str, int], torch.nn.Module] = {}
 
     def apply(self, pack: Pack, pack_dir: Path) -> None:
         self.remove()
-        routes: dict[int, _Route] = {}
+        self.pack, self.router.pack_dir = pack, pack_dir
+        named: dict[torch.nn.Module, list[PackEntry]] = {}
         for entry in pack.entries:
-            counts = self.counts.setdefault(entry.candidate_id, CallCounts())
             for module in self._matching(entry):
-                kernel = self._kernel(entry, pack_dir, module)
-                route = routes.setdefault(id(module), _Route(fallback=self.fallbacks.setdefault(
-                    entry.module_class, CallCounts())))
-                if entry.signature is not None:
-                    route.generic.append((GenericCall(entry.signature), kernel, counts, kernel_label(entry)))
-                    continue
-                engine_call = FAMILIES[entry.family].engine_call
-                if engine_call is not None:
-                    stepper = hot_path(kernel, entry.dtype) or kernel
-                    route.engine.append((engine_call, stepper, counts, kernel_label(entry), entry.input_shapes))
-                    continue
-                sig = tuple((tuple(s), getattr(torch, entry.dtype)) for s in entry.input_shapes)
-                route.kernels[sig] = (hot_path(kernel, entry.dtype) or kernel.forward, counts, kernel_label(entry))
-        for module in self.model.modules():
-            if id(module) in routes:
-                self._wrap(module, routes[id(module)])
+                named.setdefault(module, []).append(entry)
+        routes: dict[torch.nn.Module, Route] = {}
+        for module, entries in named.items():
+            entries = [e for e in entries if e.family != GENERIC or self._generic_named(e, _params(module))]
+            if not entries:
+                continue
+            specs = _specs(module, entries)
+            self.router.named_for(module, entries)
+            routes[module] = (specs, module.forward)
+            self._wrap(module, routes[module])
         for name, module in self.model.named_modules():
             attention = getattr(module, "self_attn", None)
-            if has_parts(module) and id(attention) in routes and routes[id(attention)].engine:
-                self._route_layer(name, module, routes)
+            if has_parts(module) and attention in routes and self._attention_shapes(named[attention]):
+                self._route_layer(name, module, routes, self._attention_shapes(named[attention]))
 
-    def _route_layer(self, name: str, layer: torch.nn.Module, routes: dict[int, _Route]) -> None:
+    def _generic_named(self, entry: PackEntry, params: tuple[str, ...]) -> bool:
+        """Gives the router the generic entry's signature in its by-name form; False (listed as unrouted) where the
+        extracted call does not bind to the forward's named parameters."""
+        assert entry.signature is not None, "a generic pack entry without its call signature"
+        matcher = GenericCall(entry.signature).by_name(params)
+        if matcher is None:
+            self.router.unrouted.append({"candidate_id": entry.candidate_id, "family": GENERIC,
+                                         "reason": f"its call does not bind to {entry.module_class}.forward's named "
+                                                   "parameters"})
+            return False
+        self.router.generic.matchers[entry.candidate_id] = matcher
+        return True
+
+    @staticmethod
+    def _attention_shapes(entries: list[PackEntry]) -> list[list[list[int]]]:
+        return [e.input_shapes for e in entries if e.family != GENERIC and FAMILIES[e.family].engine_call is not None]
+
+    def _route_layer(self, name: str, layer: torch.nn.Module, routes: dict[torch.nn.Module, Route],
+                     shapes: list[list[list[int]]]) -> None:
         """Run the layer part to part (engine/layer_route.py) if it probes the same as its own forward at every
         shape its attention kernel takes; the probe's calls are not counted."""
-        resolvers = [routes[id(p)].resolve if id(p) in routes else None
-                     for p in (getattr(layer, part) for part in PARTS)]
+        resolvers = [self._resolver(routes[part]) if part in routes else None
+                     for part in (getattr(layer, p) for p in PARTS)]
         lean = LeanLayer(layer, layer.forward, resolvers)
-        counts = [*self.counts.values(), *self.fallbacks.values()]
-        before = [(c.calls, c.fallback_calls) for c in counts]
+        calls = {cid: c.calls for cid, c in self.router.custom.items()}
+        fallback = {cls: dict(reasons) for cls, reasons in self.router.fallback.items()}
         try:
-            agrees = all(probe_agrees(layer, lean, shapes) for *_, shapes in routes[id(layer.self_attn)].engine)
+            agrees = all(probe_agrees(layer, lean, s) for s in shapes)
         except Exception:  # a layer whose forward takes other arguments: it keeps its forward
             agrees = False
-        for c, (calls, fallback_calls) in zip(counts, before, strict=True):
-            c.calls, c.fallback_calls = calls, fallback_calls
+        for cid, c in self.router.custom.items():
+            c.calls = calls.get(cid, 0)
+        self.router.fallback = fallback
         if agrees:
             layer.forward = lean
             self._patched.append(layer)
             self.lean_layers.append(name)
 
-    def _kernel(self, entry: PackEntry, pack_dir: Path, module: torch.nn.Module) -> torch.nn.Module:
-        key = (f"{pack_dir.resolve()}/{entry.candidate_id}", id(module))
-        if key not in self._kernels:
-            name = f"kb_pack_{entry.candidate_id}"
-            kernel = load_module(pack_dir / entry.source_file, name).ModelNew(*entry.init_args)
-            if entry.family == GENERIC:  # every parameter and buffer, non-persistent ones too, by name
-                names = dict(module.named_parameters())
-                names.update(module.named_buffers())
-                kernel.load_state_dict({n: names[n] for n in kernel.state_dict()})
-            else:
-                kernel.load_state_dict(module.state_dict())
-            place = next(module.parameters(), None)
-            if place is not None:
-                kernel.to(place.device)
-            self._kernels[key] = kernel.eval()
-        return self._kernels[key]
+    def _resolver(self, route: Route) -> Callable[[torch.nn.Module, tuple, dict], Callable[[], Any]]:
+        specs, original = route
+        return lambda module, args, kwargs: self.router.resolve(specs, module, original, args, kwargs)
 
     def _matching(self, entry: PackEntry) -> list[torch.nn.Module]:
         if entry.family == GENERIC:
@@ -188,15 +179,12 @@ class PackPatcher:
         return [m for m in self.model.modules()
                 if type(m).__name__ == entry.module_class and family.init_args(m) == entry.init_args]
 
-    def _wrap(self, module: torch.nn.Module, route: _Route) -> None:
-        original = module.forward
+    def _wrap(self, module: torch.nn.Module, route: Route) -> None:
+        specs, original = route
+        router = self.router
 
-        def forward(*args, **kwargs):
-            run = route.resolve(module, args, kwargs)
-            if run is None:
-                route.fallback.fallback_calls += 1
-                return original(*args, **kwargs)
-            return run()
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            return router.handle(specs, module, original, args, kwargs)
 
         module.forward = forward  # instance attribute shadows the class method; removed by remove()
         self._patched.append(module)
@@ -206,7 +194,28 @@ class PackPatcher:
             del module.forward
         self._patched.clear()
         self.lean_layers.clear()
+        self.router.layer_entries.clear()
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """Calls of each of the applied pack's kernels."""
+        entries = self.pack.entries if self.pack is not None else []
+        return {e.candidate_id: c.calls if (c := self.router.custom.get(e.candidate_id)) else 0 for e in entries}
+
+    @property
+    def fallbacks(self) -> dict[str, int]:
+        """Calls of each class of the applied pack's modules that ran the module's own forward."""
+        classes = dict.fromkeys(e.module_class for e in (self.pack.entries if self.pack is not None else []))
+        return {cls: sum(self.router.fallback.get(cls, {}).values()) for cls in classes}
+
+    @property
+    def switched_off(self) -> dict[str, str]:
+        """The applied pack's kernels the router stopped sending calls to in this model, and why."""
+        entries = self.pack.entries if self.pack is not None else []
+        return {e.candidate_id: c.disabled for e in entries
+                if (c := self.router.custom.get(e.candidate_id)) is not None and c.disabled}
 
     def reset_counts(self) -> None:
-        for c in [*self.counts.values(), *self.fallbacks.values()]:
-            c.calls = c.fallback_calls = 0
+        for c in self.router.custom.values():
+            c.calls = 0
+        self.router.fallback.clear()

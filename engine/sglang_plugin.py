@@ -3,14 +3,14 @@
 SGLang runs `register()` through its `sglang.srt.plugins` entry point (`load_plugins()`, first thing in every
 scheduler/TP-rank process, before the model is built; `SGLANG_PLUGINS=kernelbot_pack` allowlists it). It registers
 AROUND hooks on the `forward` of the layer classes in `LAYERS` (RMSNorm plain and with its fused residual add,
-SiluAndMul, RotaryEmbedding), so every instance goes through engine/served_layers.py's router however it later
+SiluAndMul, RotaryEmbedding), so every instance goes through engine/router.py's router however it later
 resolves its own backend method: to a pack kernel for the variants, shapes and dtypes it was verified on, to SGLang's
 own path otherwise (counted, with the reason), and, when capturing, recorded as the tasks' source. Every other fused op
 of SGLang's layer modules (a `BaseFusedOp` with its own native forward: GemmaRMSNorm, GeluAndMul, ...) is hooked the
-same way for generic kernels (engine/served_generic.py): captured as a task whose reference is its forward_native,
+same way for generic kernels (engine/generic_layers.py): captured as a task whose reference is its forward_native,
 routed by its attributes and the call's exact signature.
 
-Environment: see engine/served_layers.py (KERNELBOT_PACK_DIR, KERNELBOT_COUNTS_DIR, KERNELBOT_CAPTURE_DIR).
+Environment: see engine/router.py (KERNELBOT_PACK_DIR, KERNELBOT_COUNTS_DIR, KERNELBOT_CAPTURE_DIR).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from kernelbot.engine.served_layers import LayerSpec, Router, generic_spec, router_from_env
+from kernelbot.engine.router import LayerSpec, Router, generic_spec, router_from_env
 
 CLASSES = {  # SGLang's layer classes by name → the module that defines them
     "RMSNorm": "sglang.srt.layers.layernorm",

@@ -1,5 +1,5 @@
 """kernelbot's CPU attention backend for vLLM: vLLM's own CPU backend (its KV-cache layout, metadata builder and cache
-writes), with each attention call routed through engine/served_layers.py — to the pack's paged attention kernel
+writes), with each attention call routed through engine/router.py — to the pack's paged attention kernel
 where it was verified for the call, to vLLM's kernel otherwise. Registered over CPU_ATTN through vLLM's attention
 backend registry (`register_backend`) by engine/vllm_plugin.py; imported only inside vLLM's processes."""
 
@@ -12,7 +12,7 @@ import torch
 from vllm.v1.attention.backend import AttentionType
 from vllm.v1.attention.backends import cpu_attn
 
-from kernelbot.engine.served_layers import LayerSpec
+from kernelbot.engine.router import LayerSpec
 
 PARAMS = ("layer", "query", "key", "value", "kv_cache", "attn_metadata", "output", "output_scale",
           "output_block_scale")

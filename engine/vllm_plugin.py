@@ -7,15 +7,15 @@ RMSNorm (plain and with its fused residual add), SiluAndMul, RotaryEmbedding and
 FusedMoE's experts, once vLLM's router has chosen them), `PluggableLayer.register_oot` for the linear layers and the
 LM head (`ParallelLMHead`, whose GEMM runs inside `LogitsProcessor`). Each replacement is a subclass of vLLM's own
 class with the same name: vLLM builds it wherever the model asks for the original, and
-every call goes through engine/served_layers.py's router — to a pack kernel for the variants, shapes and dtypes it
+every call goes through engine/router.py's router — to a pack kernel for the variants, shapes and dtypes it
 was verified on, to vLLM's own path for everything else (counted, with the reason). Linear layers and the LM head
 are routed at their GEMM (the unquantized method's `apply`), so vLLM's own forward keeps its tensor-parallel gathers
 and reductions; their weights (and the experts') are kept before vLLM repacks them for its CPU kernels. Every other
 CustomOp with a native forward (GemmaRMSNorm, GeluAndMul, ...) is hooked the same way for generic kernels
-(engine/served_generic.py): captured as a task whose reference is its native forward, routed by its attributes and
+(engine/generic_layers.py): captured as a task whose reference is its native forward, routed by its attributes and
 the call's exact signature.
 
-Environment: see engine/served_layers.py (KERNELBOT_PACK_DIR, KERNELBOT_COUNTS_DIR, KERNELBOT_CAPTURE_DIR).
+Environment: see engine/router.py (KERNELBOT_PACK_DIR, KERNELBOT_COUNTS_DIR, KERNELBOT_CAPTURE_DIR).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from kernelbot.engine.served_layers import LayerSpec, Router, generic_spec, router_from_env
+from kernelbot.engine.router import LayerSpec, Router, generic_spec, router_from_env
 
 KNOWN_VERSIONS = ("0.32.0",)  # the vLLM releases whose layer classes and seams this plugin was tested against
 
@@ -188,7 +188,7 @@ def _rope_classes() -> dict[str, type]:
 
 def _generic_classes(taken: dict[str, type]) -> dict[str, type]:
     """vLLM's CustomOps (the ones its imported layer modules registered) that no family's table takes and that have a
-    native forward: each may become a generic task, its native forward the reference (engine/served_generic.py)."""
+    native forward: each may become a generic task, its native forward the reference (engine/generic_layers.py)."""
     from vllm.model_executor.custom_op import CustomOp, op_registry
 
     found = {}

@@ -649,7 +649,7 @@ class KernelCalls(BaseModel):
 
 
 class LayerCapture(BaseModel):
-    """One variant of an engine layer as the engine really ran it (engine/served_layers.py, capture mode): which
+    """One variant of an engine layer as the engine really ran it (engine/router.py, capture mode): which
     family stands in for it, built how, at which shapes; and whether the family's reference gave the layer's own
     outputs on a live call."""
 
@@ -667,7 +667,7 @@ class LayerCapture(BaseModel):
 
 
 class GenericCapture(BaseModel):
-    """A call of an engine layer that no family covers, as the engine ran it (engine/served_generic.py, capture mode):
+    """A call of an engine layer that no family covers, as the engine ran it (engine/generic_layers.py, capture mode):
     the layer's class and attributes, the call's signature, and the task's reference, extracted in the engine's own
     process from the layer's native (pure PyTorch) forward and checked there against the engine's own output."""
 

@@ -113,3 +113,13 @@ def family_pair(family_name: str, backend: str, *init_args: object) -> tuple[Any
 # assert_close's tolerances per activation dtype for a kernel against its reference in the same dtype
 TOLERANCE = {"float32": {"rtol": 1e-4, "atol": 1e-5}, "bfloat16": {"rtol": 1.6e-2, "atol": 1e-2},
              "float16": {"rtol": 1e-3, "atol": 1e-3}}
+
+
+def norm_off_after_first_call(scale: str) -> str:
+    """A pack kernel source: the library's C++ RMSNorm, right on its first call on each layer (the call the router
+    checks against the layer's own output) and `scale` times its output after: wrong where only fidelity sees it."""
+    return ("from kernelbot.kernel_library.rmsnorm.cpp import RMSNormCpp\n\n\nclass ModelNew(RMSNormCpp):\n"
+            "    calls = 0\n\n"
+            "    def forward(self, x):\n"
+            "        self.calls += 1\n"
+            f"        return super().forward(x) * (1.0 if self.calls == 1 else {scale})\n")

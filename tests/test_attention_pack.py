@@ -45,9 +45,9 @@ def test_decode_steps_of_any_cache_length_run_the_kernel_and_the_tokens_stay(tmp
     tokens_after = engine.run_workload()
     engine.remove_pack()
     layers = spec.layers or 0
-    assert engine.patcher.counts["decode"].calls == layers * spec.decode_steps  # cache lengths 6..10, one kernel
-    assert engine.patcher.counts["prefill"].calls == layers
-    assert engine.patcher.fallbacks["LlamaAttention"].fallback_calls == 0
+    assert engine.patcher.counts["decode"] == layers * spec.decode_steps  # cache lengths 6..10, one kernel
+    assert engine.patcher.counts["prefill"] == layers
+    assert engine.patcher.fallbacks["LlamaAttention"] == 0
     assert torch.equal(tokens_before, tokens_after)
 
 
@@ -61,5 +61,5 @@ def test_a_batch_the_kernel_was_not_verified_for_falls_back(tmp_path):
     engine.apply_pack(pack, tmp_path)
     engine.run_workload()
     engine.remove_pack()
-    assert engine.patcher.counts["b2"].calls == 0
-    assert engine.patcher.fallbacks["LlamaAttention"].fallback_calls == (spec.layers or 0) * (1 + spec.decode_steps)
+    assert engine.patcher.counts["b2"] == 0
+    assert engine.patcher.fallbacks["LlamaAttention"] == (spec.layers or 0) * (1 + spec.decode_steps)

@@ -1,5 +1,6 @@
 import pytest
 import torch
+from helpers import norm_off_after_first_call
 
 from kernelbot import KernelbotError
 from kernelbot.engine import TorchEngine, builtin_spec
@@ -59,8 +60,8 @@ def test_pack_routes_only_verified_shapes_and_counts_both_ways(tmp_path):
     engine.apply_pack(pack, tmp_path)
     tokens = engine.run_workload()
     norms_per_step = 2 * spec.layers + 1
-    assert engine.patcher.counts["norm"].calls == 3 * norms_per_step  # decode steps only
-    assert engine.patcher.fallbacks["LlamaRMSNorm"].fallback_calls == norms_per_step  # the prefill
+    assert engine.patcher.counts["norm"] == 3 * norms_per_step  # decode steps only
+    assert engine.patcher.fallbacks["LlamaRMSNorm"] == norms_per_step  # the prefill
     assert torch.equal(tokens, expected)
     # A re-profile names the pack kernel where it ran, with the dims of the op it replaced, so it keeps a floor.
     engine.profile(tmp_path / "after.json.gz")
@@ -82,9 +83,8 @@ def test_fidelity_sets_the_packs_logit_change_beside_the_dtypes_own_error(tmp_pa
     spec, _ = builtin_spec("llama-micro", dtype=dtype, batch=2, prompt_len=5, decode_steps=6)
     engine = TorchEngine(spec)
     source = LIBRARY_NORM
-    if scale:  # verified-looking but 1% off: far beyond fp32's own error
-        source = ("from kernelbot.kernel_library.rmsnorm.cpp import RMSNormCpp\n\n\nclass ModelNew(RMSNormCpp):\n"
-                  f"    def forward(self, x):\n        return super().forward(x) * {scale}\n")
+    if scale:  # verified-looking but 1% off after its checked first call: far beyond fp32's own error
+        source = norm_off_after_first_call(scale)
     fid = fidelity(engine, *_norm_pack(tmp_path, source, dtype, [2, 5, spec.hidden]))
     assert fid.dtype_noise is not None and fid.dtype_noise > 0
     assert fid.within_noise is within and (fid.pack_error <= 2 * fid.dtype_noise) is within

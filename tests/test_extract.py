@@ -113,31 +113,54 @@ def test_trace_labels_map_to_the_live_modules_in_first_call_order():
     assert labels["LlamaDecoderLayer_1"] == "model.layers.1"
 
 
-def test_a_generic_pack_entry_routes_only_calls_with_the_extracted_signature(tmp_path):
-    model = tiny_llama()
-    norm = model.model.norm
-    path, ex = write_reference(norm, model, tmp_path, "norm")
+def _generic_pack(model: torch.nn.Module, tmp_path, scale: float) -> tuple[Pack, Path, list[int]]:
+    """A pack of one generic kernel for the model's final norm: the extracted reference itself, times `scale`."""
+    path, ex = write_reference(model.model.norm, model, tmp_path, "norm")
     pack_dir = tmp_path / "pack"
     (pack_dir / "kernels").mkdir(parents=True)
-    # a stand-in kernel: the reference itself, scaled so that a routed call is visible in the output
-    (pack_dir / "kernels" / "k.py").write_text(path.read_text() + "\n\nclass ModelNew(Model):\n"
-                                               "    def forward(self, x0):\n        return super().forward(x0) * 2\n")
+    kernel = f"class ModelNew(Model):\n    def forward(self, x0):\n        return super().forward(x0) * {scale}\n"
+    (pack_dir / "kernels" / "k.py").write_text(path.read_text() + "\n\n" + kernel)
     entry = PackEntry(task_id="t", candidate_id="t__k", family="generic", module_class="LlamaRMSNorm",
                       input_shapes=[t.shape for t in ex.signature.tensors], init_args=[], dtype="float32",
                       backend="cpp", config={}, source_file="kernels/k.py", source_hash="0", verification="pass",
                       speedup=1.0, signature=ex.signature, module_paths=["model.norm"])
+    return Pack(version="v", run_id="r", device="cpu", entries=[entry]), pack_dir, ex.signature.tensors[0].shape
+
+
+def test_a_generic_pack_entry_routes_only_calls_with_the_extracted_signature(tmp_path):
+    model = tiny_llama()
+    norm = model.model.norm
+    pack, pack_dir, shape = _generic_pack(model, tmp_path, scale=1.0)
     patcher = PackPatcher(model)
-    patcher.apply(Pack(version="v", run_id="r", device="cpu", entries=[entry]), pack_dir)
-    x = torch.randn(ex.signature.tensors[0].shape)
+    patcher.apply(pack, pack_dir)
+    x = torch.randn(shape)
     with torch.inference_mode():
         routed = norm(x)
         other = norm(torch.randn(3, 1, 64))  # another shape: falls back to the module's own forward
     patcher.remove()
     with torch.inference_mode():
-        assert torch.allclose(routed, 2 * norm(x), atol=1e-6)
+        assert torch.allclose(routed, norm(x), atol=1e-6)
     assert other.shape == (3, 1, 64)
-    assert patcher.counts["t__k"].calls == 1
-    assert patcher.fallbacks["LlamaRMSNorm"].fallback_calls == 1
+    assert patcher.counts["t__k"] == 1
+    assert patcher.fallbacks["LlamaRMSNorm"] == 1
+
+
+def test_a_kernel_whose_first_call_differs_from_the_modules_own_output_stops_taking_its_calls(tmp_path):
+    model = tiny_llama()
+    norm = model.model.norm
+    pack, pack_dir, shape = _generic_pack(model, tmp_path, scale=2.0)  # verified elsewhere, wrong in this model
+    patcher = PackPatcher(model)
+    patcher.apply(pack, pack_dir)
+    x = torch.randn(shape)
+    with torch.inference_mode():
+        first, second = norm(x), norm(x)
+    patcher.remove()
+    with torch.inference_mode():
+        own = norm(x)
+    assert torch.equal(first, own) and torch.equal(second, own)
+    assert patcher.counts["t__k"] == 0 and patcher.fallbacks["LlamaRMSNorm"] == 2
+    reasons = patcher.router.fallback["LlamaRMSNorm"]
+    assert all("differs" in why for why in reasons), reasons
 
 
 def test_a_module_that_computes_nothing_at_its_call_is_skipped_not_given_a_kernel():

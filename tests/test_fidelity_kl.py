@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import norm_off_after_first_call
 
 from kernelbot.agent.measure.end_to_end import KL_FLOOR, KL_SLACK, fidelity, kl_check, next_token_kl, top_k_agreement
 from kernelbot.engine import TorchEngine
@@ -16,8 +17,7 @@ from kernelbot.engine.models import resolve_spec
 from kernelbot.records import Fidelity, KLCheck, Pack, PackEntry
 
 LIBRARY_NORM = "from kernelbot.kernel_library.rmsnorm.cpp import RMSNormCpp as ModelNew\n"
-ONE_PERCENT_OFF = ("from kernelbot.kernel_library.rmsnorm.cpp import RMSNormCpp\n\n\nclass ModelNew(RMSNormCpp):\n"
-                   "    def forward(self, x):\n        return super().forward(x) * 1.01\n")
+ONE_PERCENT_OFF = norm_off_after_first_call("1.01")
 OLD_REPORT = {"max_abs_logit_diff": 2e-6, "greedy_match": True, "token_agreement": 1.0, "dtype_noise": 1e-6,
               "pack_error": 1e-6, "within_noise": True}
 
@@ -108,7 +108,7 @@ def test_an_rmsnorm_one_percent_off_fails_kl_in_fp32_and_the_real_kernels_pass(t
     engine.apply_pack(pack, pack_dir)
     engine.patcher.reset_counts()
     engine.run_workload()
-    assert engine.patcher.counts["kernel"].calls > 0  # the kernel really runs in the prefill
+    assert engine.patcher.counts["kernel"] > 0  # the kernel really runs in the prefill
     engine.remove_pack()
     fid = fidelity(engine, pack, pack_dir)
     kl = fid.kl

@@ -52,5 +52,5 @@ def test_a_pack_with_a_triton_kernel_applies_and_its_kernel_runs(tmp_path: Path,
     engine.apply_pack(pack, tmp_path)
     tokens = engine.run_workload()
     engine.remove_pack()
-    assert engine.patcher.counts[family].calls > 0, "the Triton kernel was never called"
+    assert engine.patcher.counts[family] > 0, "the Triton kernel was never called"
     assert torch.equal(tokens, expected)

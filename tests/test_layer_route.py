@@ -63,10 +63,10 @@ def test_layers_whose_parts_run_pack_kernels_run_part_to_part_with_the_same_logi
     engine.apply_pack(_whole_layer_pack(engine, tmp_path), tmp_path)
     assert engine.patcher.lean_layers == [f"model.layers.{i}" for i in range(spec.layers or 0)]
     tokens, logits = _run(engine)
-    counts = {k: c.calls for k, c in engine.patcher.counts.items()}
+    counts = dict(engine.patcher.counts)
     routes = _without_layer_routes(engine)
     module_tokens, module_logits = _run(engine)
-    assert counts == {k: c.calls for k, c in engine.patcher.counts.items()}
+    assert counts == dict(engine.patcher.counts)
     layers = spec.layers or 0
     assert counts["attn"] == counts["mlp"] == layers * spec.decode_steps and counts["attn-prefill"] == layers
     assert counts["norm"] >= 2 * layers * spec.decode_steps
@@ -108,7 +108,11 @@ def test_under_the_profiler_a_routed_layer_runs_its_own_forward_so_every_part_is
     handles = [m.register_forward_hook(lambda m, a, o: seen.append(type(m).__name__))
                for m in engine.model.modules() if type(m).__name__ == "LlamaMLP"]
     engine.run_workload()
-    assert len(seen) == (spec.layers or 0)  # prefill only (no MLP kernel at its shape): decode calls the kernel
+    assert seen == []  # part to part, a part runs its kernel or its own forward, not its module's call
+    engine.remove_pack()
+    engine.run_workload()
+    assert len(seen) == (spec.layers or 0) * (1 + spec.decode_steps)
+    engine.apply_pack(_whole_layer_pack(engine, tmp_path), tmp_path)
     seen.clear()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
         engine.run_workload()

@@ -60,7 +60,7 @@ def _pack(pack_dir: Path) -> Pack:
 
 @pytest.fixture(scope="module")
 def sglang_run(tmp_path_factory) -> tuple[dict, list[PluginReport]]:
-    from kernelbot.engine.served_layers import read_reports
+    from kernelbot.engine.router import read_reports
 
     tmp = tmp_path_factory.mktemp("sglang")
     _pack(tmp / "pack")
@@ -147,7 +147,7 @@ def _generic_child(env_update: dict[str, str]) -> dict:
 
 
 def test_a_fused_op_no_family_covers_is_captured_in_sglang_and_then_runs_a_generic_kernel_there(tmp_path):
-    from kernelbot.engine.served_layers import read_reports
+    from kernelbot.engine.router import read_reports
 
     _generic_child({"KERNELBOT_CAPTURE_DIR": str(tmp_path / "capture")})
     captures = [g for r in read_reports(tmp_path / "capture") for g in r.generic if g.engine_class == "GemmaRMSNorm"]

@@ -67,8 +67,9 @@ def _cause(bench_us: float, model_us: float | None, predicted: float, measured: 
 
 
 def alone_vs_engine(rows: list[KernelResult], processes: list[PluginReport]) -> list[AloneVsModel]:
-    """One record per pack kernel the served engine timed beside its own op (`processes`: each engine process's
-    plugin counters over the served rounds); the process that timed the most calls speaks for the kernel."""
+    """One record per pack kernel the router timed beside the op it replaces (`processes`: the router's counters in
+    each process that ran the pack: this one in-process, each engine process served); the process that timed the
+    most calls speaks for the kernel."""
     by_id = {r.candidate_id.replace("/", "__", 1): r for r in rows}
     out = []
     for cid in sorted({c for p in processes for c in p.custom}):

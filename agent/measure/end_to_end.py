@@ -21,6 +21,7 @@ from kernelbot.records import (
     KernelResult,
     KLCheck,
     Pack,
+    PluginReport,
     ServedComparison,
     WorkloadFloor,
 )
@@ -28,7 +29,9 @@ from kernelbot.records import (
 
 class Measured(BaseModel):
     """What the final pack changed, as measured: calls into each kernel and fallbacks per layer class, the model's
-    outputs, the workload's time and its roofline floor, the served A/B (served engines), notes for the report."""
+    outputs, the workload's time and its roofline floor, the served A/B (served engines), what the in-process router
+    saw over the rounds (engine/router.py; a served engine's are each process's, in `serving`), notes for the
+    report."""
 
     calls: dict[str, int]
     fallbacks: dict[str, int]
@@ -36,7 +39,15 @@ class Measured(BaseModel):
     times: EndToEndTimes
     floor: WorkloadFloor | None = None
     serving: ServedComparison | None = None
+    router: PluginReport | None = None
     notes: list[str] = Field(default_factory=list)
+
+    @property
+    def routers(self) -> list[PluginReport]:
+        """What the router saw in every process that ran the pack: each kernel's calls, timings and switch-off."""
+        if self.serving is not None:
+            return self.serving.processes
+        return [self.router] if self.router is not None else []
 
 
 
@@ -46,10 +57,17 @@ def count_calls(engine: TorchEngine, pack: Pack, pack_dir: Path) -> tuple[dict[s
     engine.patcher.reset_counts()
     try:
         engine.run_workload()
-        return ({k: c.calls for k, c in engine.patcher.counts.items()},
-                {k: c.fallback_calls for k, c in engine.patcher.fallbacks.items()})
+        return engine.patcher.counts, engine.patcher.fallbacks
     finally:
         engine.remove_pack()
+
+
+def router_report(engine: TorchEngine, pack: Pack) -> PluginReport:
+    """The in-process router's counters for the pack's kernels, as they stand (its first-call checks, in-model
+    timings and switch-offs last as long as the model)."""
+    report = engine.patcher.router.report()
+    ids = {e.candidate_id for e in pack.entries}
+    return report.model_copy(update={"custom": {cid: c for cid, c in report.custom.items() if cid in ids}})
 
 
 def layer_routes_note(engine: TorchEngine, pack: Pack, pack_dir: Path) -> str | None:

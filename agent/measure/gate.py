@@ -97,8 +97,9 @@ def never_slower(accepted: list[Accepted], measured: Measured,
 
 
 def engine_losers(accepted: list[Accepted], processes: list[PluginReport]) -> list[tuple[Accepted, str]]:
-    """The served pack's kernels that the engine timed as no faster than its own op (median of the timed calls, in
-    the process that timed the most), or that a process switched off, each with why."""
+    """The pack's kernels that the router timed in the model as no faster than the op they replace (median of the timed
+    calls, in the process that timed the most: this one in-process, each engine process served), or that a process
+    switched off, each with why."""
     out = []
     for a in accepted:
         counted = [p.custom[a.entry_id] for p in processes if a.entry_id in p.custom]

@@ -159,10 +159,10 @@ def _inside(h: Hotspot, labels: dict[str, str], covered: list[str]) -> bool:
 
 @dataclass
 class ServedTasks:
-    """Tasks for a served model: one per layer variant the engine's plugin captured (engine/served_layers.py), with
+    """Tasks for a served model: one per layer variant the engine's plugin captured (engine/router.py), with
     the arguments its layers were built with and the most rows the engine ran; only variants whose own outputs the
     family's reference reproduced on a live call. A layer no family covers gets generic tasks from its frequent
-    captured calls whose native forward was extracted in the engine's process (engine/served_generic.py). Anything
+    captured calls whose native forward was extracted in the engine's process (engine/generic_layers.py). Anything
     else is reported as not integrable, with the reason."""
 
     engine: str
@@ -177,7 +177,7 @@ class ServedTasks:
 
     def _capture(self, hotspot: Hotspot) -> LayerCapture | None:
         """The captured variant this hotspot is a row bucket of: same class, family, dtype and fixed dims."""
-        from kernelbot.engine.served_layers import fixed_dims
+        from kernelbot.engine.router import fixed_dims
 
         family = hotspot.family or ""
         want = (hotspot.module_class, family, hotspot.dtype)

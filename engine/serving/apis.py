@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from kernelbot import KernelbotError
-from kernelbot.engine.served_layers import CAPTURE_ENV, COUNTS_ENV, PACK_ENV
+from kernelbot.engine.router import CAPTURE_ENV, COUNTS_ENV, PACK_ENV
 from kernelbot.engine.serving.serve_options import EngineKind
 from kernelbot.engine.serving.sizing import ServerLimits
 

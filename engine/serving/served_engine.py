@@ -26,7 +26,7 @@ from pydantic import BaseModel
 
 from kernelbot import KernelbotError
 from kernelbot.engine.memory import gpu_free_bytes, host_available_bytes, model_footprint
-from kernelbot.engine.served_layers import FLUSH_S, fixed_dims, read_reports, widest
+from kernelbot.engine.router import FLUSH_S, fixed_dims, read_reports, widest
 from kernelbot.engine.serving import fidelity as fid
 from kernelbot.engine.serving.apis import APIS, ServerSetup, engine_version
 from kernelbot.engine.serving.ceiling import measure_ceiling
@@ -57,7 +57,7 @@ PROFILED_DECODE_STEPS = 16
 class Profiled(BaseModel):
     hotspots: list[Hotspot]
     captures: list[LayerCapture]
-    generic: list[GenericCapture] = []  # calls of served layers no family covers (engine/served_generic.py)
+    generic: list[GenericCapture] = []  # calls of served layers no family covers (engine/generic_layers.py)
     device: Device | None = None  # the device with peaks raised to what the profile attained (profiler.device)
 
 

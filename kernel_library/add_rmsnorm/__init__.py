@@ -1,7 +1,7 @@
 """Fused residual add + RMSNorm, as serving engines run it between a decoder layer's parts (vLLM's RMSNorm and
 SGLang's RMSNorm called with a residual): two inputs, x and residual [tokens, hidden]; two outputs, the normalised
 sum and the new residual. No transformers module computes it (transformers adds the residual outside its norm), so
-the family is found in served engines by their layers' own calls (engine/served_layers.py)."""
+the family is found in served engines by their layers' own calls (engine/router.py)."""
 
 from __future__ import annotations
 

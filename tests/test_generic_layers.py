@@ -1,5 +1,5 @@
-"""Generic tasks for a served engine's layers no family covers (engine/served_generic.py through the router of
-engine/served_layers.py), on stand-in layers shaped like vLLM's CustomOps: a capture extracts the layer's native
+"""Generic tasks for a served engine's layers no family covers (engine/generic_layers.py through the router of
+engine/router.py), on stand-in layers shaped like vLLM's CustomOps: a capture extracts the layer's native
 forward into a reference that runs without the engine, checked against the engine's own output; a pack's generic
 kernel takes exactly the captured call of layers built alike; the planner makes tasks from the captures. The real
 engine runs the same code in tests/test_vllm_served.py."""
@@ -14,9 +14,9 @@ from helpers import generic_pack
 from torch import nn
 
 from kernelbot.agent.tasks.plan import ServedTasks
-from kernelbot.engine import served_layers
-from kernelbot.engine.served_generic import layer_variant
-from kernelbot.engine.served_layers import generic_spec, router_from_env
+from kernelbot.engine import router as routing
+from kernelbot.engine.generic_layers import layer_variant
+from kernelbot.engine.router import generic_spec, router_from_env
 from kernelbot.kernel_library.base import GENERIC
 from kernelbot.loading import load_module
 from kernelbot.records import GenericCapture, Hotspot, Pack
@@ -65,13 +65,13 @@ class EngineScale(nn.Module):
 
 
 def _router(monkeypatch, tmp_path, *, capture: bool, pack: Pack | None = None):
-    for name in (served_layers.PACK_ENV, served_layers.CAPTURE_ENV, served_layers.COUNTS_ENV):
+    for name in (routing.PACK_ENV, routing.CAPTURE_ENV, routing.COUNTS_ENV):
         monkeypatch.delenv(name, raising=False)
     if capture:
-        monkeypatch.setenv(served_layers.CAPTURE_ENV, str(tmp_path / "counts"))
+        monkeypatch.setenv(routing.CAPTURE_ENV, str(tmp_path / "counts"))
     if pack is not None:
-        monkeypatch.setenv(served_layers.PACK_ENV, str(tmp_path / "pack"))
-        monkeypatch.setenv(served_layers.COUNTS_ENV, str(tmp_path / "counts"))
+        monkeypatch.setenv(routing.PACK_ENV, str(tmp_path / "pack"))
+        monkeypatch.setenv(routing.COUNTS_ENV, str(tmp_path / "counts"))
     targets = {cls.__name__: [generic_spec(cls)] for cls in (GemmaRMSNorm, EngineScale)}
     router = router_from_env("vllm", targets, contextlib.nullcontext)
     assert router is not None

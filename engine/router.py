@@ -1,17 +1,22 @@
-"""A served engine's layers and a kernel pack, inside the engine's own processes: shared by the vLLM and SGLang
-plugins, each of which installs it through its engine's seams (engine/vllm_plugin.py, engine/sglang_plugin.py).
+"""The one router between a model's layers and a kernel pack: in this process (engine/patching.py installs it on a
+transformers model's modules) and inside a served engine's processes (the vLLM and SGLang plugins install it
+through their engines' seams: engine/vllm_plugin.py, engine/sglang_plugin.py).
 
-Two jobs, per call of a layer the engine's table names (`LayerSpec`: which family's kernel stands in for which
-layer class, and how a call maps onto the kernel's inputs):
-- capture (KERNELBOT_CAPTURE_DIR): what the engine really runs — each layer variant's family, constructor arguments,
-  dtype and the row counts continuous batching produced — and whether the family's reference gives the layer's own
-  outputs on a live call (the engine's own forward is the judge). kernelbot makes its tasks from these records.
-- route (KERNELBOT_PACK_DIR): a call goes to a pack kernel only for a layer variant, shape, dtype and device the
-  kernel was verified on; everything else runs the engine's own path and is counted as a fallback, with the reason.
-Layers no family covers (`generic_spec`) are captured and routed the same way by engine/served_generic.py.
+Per call of a hooked layer (`LayerSpec`: which family's kernel stands in for which layer class, how a call maps onto
+the kernel's inputs, which entries take it):
+- route (a pack): a call goes to a pack kernel only for a layer variant, shape, dtype and device the kernel was
+  verified on; everything else runs the layer's own path and is counted as a fallback, with the reason. A kernel's
+  first call on each layer is checked against the layer's own output, and later calls are timed beside it (the
+  op benchmarked where it runs): a kernel that differs there, or is slower there, stops taking calls. Decisions are
+  kept per layer and call key, and a settled call takes a fast path.
+- capture (served, KERNELBOT_CAPTURE_DIR): what the engine really runs — each layer variant's family, constructor
+  arguments, dtype and the row counts continuous batching produced — and whether the family's reference gives the
+  layer's own outputs on a live call (the engine's own forward is the judge). kernelbot makes its tasks from these.
+Layers no family covers (`generic_spec`) are captured and routed the same way by engine/generic_layers.py.
 
-Every process writes what it saw to `<counts dir>/counts-pid<P>.json` (a `PluginReport`), read back by
-`read_reports`. Nothing here imports the profiler or pandas: it runs in every worker of the engine.
+Served, a pack comes from KERNELBOT_PACK_DIR and every process writes what it saw to `<counts dir>/counts-pid<P>.json`
+(a `PluginReport`), read back by `read_reports`. Nothing here imports the profiler or pandas: it runs in every worker
+of the engine.
 """
 
 from __future__ import annotations
@@ -27,12 +32,13 @@ import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from kernelbot.engine.served_generic import GenericLayers, native_params, plain_call
+from kernelbot.engine.generic_layers import GenericLayers, native_params, plain_call
 from kernelbot.kernel_library.base import GENERIC, dtype_name, hot_path
 from kernelbot.records import KERNEL_LABEL, KernelCalls, LayerCapture, Pack, PackEntry, PluginReport
 
@@ -52,7 +58,8 @@ def _default_state(layer: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 @dataclass(frozen=True)
 class LayerSpec:
-    """How one family's kernel stands in for one variant of an engine layer class."""
+    """How one family's kernel stands in for one variant of a layer class (an engine's layer, or a transformers
+    module in-process)."""
 
     family: str
     params: tuple[str, ...]  # the hooked method's parameters in order (the call is matched by these names)
@@ -75,6 +82,21 @@ class LayerSpec:
     # whether the arguments' shapes and dtypes settle a call's route (not so for an attention, whose rows and context
     # are in its metadata): then a settled route is reused by signature (Router.handle's fast path)
     settles: bool = True
+    # which of the pack's entries (already of this layer's class, family, dtype and arguments) take the call; default:
+    # a kernel takes calls of the widths it was verified at and at most its rows (the row rule, `_rows_fit`)
+    fits: Callable[[PackEntry, torch.nn.Module, dict[str, Any]], bool] | None = None
+    # whether a route is decided once per layer and call key (shapes, dtypes, presence): not where `fits` or a
+    # generic kernel's constants read more of the call than that
+    cached: bool = True
+    # whether a kernel's first call here is checked against the layer's own output and later calls timed beside it:
+    # not where the layer's own path writes state no copy of the call's tensors holds (a transformers cache)
+    probes: bool = True
+    # the kernel's run for one layer, where a call needs more than the kernel's forward (default: its hot path)
+    stepper: Callable[[torch.nn.Module, PackEntry, torch.nn.Module], Callable[..., Any]] | None = None
+    # the dims a profiled call's label names (default: the call's inputs'); the ranking reads them back
+    label_dims: Callable[[PackEntry, list[list[int]]], Any] = lambda entry, shapes: shapes
+    # whether a call may carry keywords the parameters do not name (a forward taking **kwargs)
+    open_kwargs: bool = False
 
     def layer_args(self, layer: torch.nn.Module) -> list[Any]:
         if self.init_args is not None:
@@ -85,7 +107,7 @@ class LayerSpec:
 
 
 def generic_spec(cls: type, **engine: Any) -> LayerSpec | None:
-    """How a generic kernel stands in for a layer class no family covers (engine/served_generic.py): any call of
+    """How a generic kernel stands in for a layer class no family covers (engine/generic_layers.py): any call of
     tensors and None, matched to a kernel by the layer's attributes and the call's exact signature; None for a
     class whose native forward takes *args or **kwargs. `engine`: the engine's own LayerSpec fields (variant,
     mutable)."""
@@ -96,9 +118,9 @@ def generic_spec(cls: type, **engine: Any) -> LayerSpec | None:
                      run=lambda k, c: k(c), accepts=plain_call, **engine)
 
 
-def named(params: tuple[str, ...], args: tuple, kwargs: dict) -> dict[str, Any] | None:
+def named(params: tuple[str, ...], args: tuple, kwargs: dict, open_kwargs: bool = False) -> dict[str, Any] | None:
     """The call's arguments by name, or None for a call that does not fit the signature."""
-    if len(args) > len(params) or set(kwargs) - set(params[len(args):]):
+    if len(args) > len(params) or (not open_kwargs and set(kwargs) - set(params[len(args):])):
         return None
     return dict(zip(params, args, strict=False)) | kwargs
 
@@ -181,7 +203,7 @@ class _Variant:
 
 @dataclass
 class Router:
-    """One engine process's view of the pack and of what its layers run."""
+    """One process's view of the pack and of what its layers run (this process's model, or a served engine's)."""
 
     engine: str
     pack_dir: Path | None
@@ -194,6 +216,8 @@ class Router:
     unrouted: list[dict[str, str]] = field(default_factory=list)
     hooked: list[str] = field(default_factory=list)
     layers: weakref.WeakKeyDictionary = field(default_factory=weakref.WeakKeyDictionary)  # layer → _LayerState
+    # layer → family → the entries named for this very layer (`named_for`), in place of its class's `routes`
+    layer_entries: weakref.WeakKeyDictionary = field(default_factory=weakref.WeakKeyDictionary)
     variants: dict[str, _Variant] = field(default_factory=dict)
     timings: dict[str, tuple[list[float], list[float]]] = field(default_factory=dict)  # candidate → (engine, kernel)
     generic: GenericLayers = field(default_factory=lambda: GenericLayers(""))  # layers no family covers
@@ -236,48 +260,53 @@ class Router:
     # -- routing -----------------------------------------------------------------------------------------------
     def handle(self, specs: list[LayerSpec], layer: torch.nn.Module, original: Callable[..., Any], args: tuple,
                kwargs: dict) -> Any:
-        """One call of a hooked layer: to a pack kernel when one was verified for it, else the engine's own path;
-        captured on the way when capturing. A call whose signature this layer has settled (routed, probed and timed)
-        takes the fast path: one lookup, then the kernel."""
+        """One call of a hooked layer, run where `resolve` routes it."""
+        return self.resolve(specs, layer, original, args, kwargs)()
+
+    def resolve(self, specs: list[LayerSpec], layer: torch.nn.Module, original: Callable[..., Any], args: tuple,
+                kwargs: dict) -> Callable[[], Any]:
+        """Where one call of a hooked layer goes, as a thunk to run now: a pack kernel when one was verified for it,
+        else the engine's own path (`original`); captured on the way when capturing. A call whose signature this
+        layer has settled (routed, probed and timed) takes the fast path: one lookup, then the kernel."""
         state = self.layers.get(layer)
         if state is not None and state.fast and not self.capturing and not torch.autograd._profiler_enabled():
             fast = state.fast.get(_signature(specs[0], layer, args, kwargs))
             if fast is not None and not fast.calls.disabled:
                 fast.calls.calls += 1
                 self.dirty = True
-                return fast.spec.run(fast.run, named(fast.spec.params, args, kwargs))
+                return partial(fast.spec.run, fast.run, named(fast.spec.params, args, kwargs, fast.spec.open_kwargs))
+        own = partial(original, *args, **kwargs)
         spec, call = _spec_for(specs, args, kwargs)
         if spec is None or call is None:
             self._fallback(layer, "signature")
-            return original(*args, **kwargs)
-        x = spec.inputs(call)[spec.main] if self.routes or self.capturing else None
-        entry, reason = self._decide(spec, layer, call, x) if self.routes else (None, "")
+            return own
+        routing = bool(self.routes) or len(self.layer_entries) > 0
+        x = spec.inputs(call)[spec.main] if routing or self.capturing else None
+        entry, reason = self._decide(spec, layer, call, x) if routing else (None, "")
         if entry is None:
-            if self.routes:
+            if routing:
                 self._fallback(layer, reason)
-            if self.capturing:
-                return self._capture(spec, layer, call, original, args, kwargs)
-            return original(*args, **kwargs)
+            return partial(self._capture, spec, layer, call, original, args, kwargs) if self.capturing else own
         run = self._kernel(entry, spec, layer)
         counts = self.custom[entry.candidate_id]
         if counts.disabled:
             self._fallback(layer, counts.disabled)
-            return original(*args, **kwargs)
-        if entry.candidate_id not in self._of(layer).probed:
-            return self._probe(spec, layer, call, entry, run, original, args, kwargs, timed=False)
-        timing = counts.timed < PROBE_CALLS
+            return own
+        timing = spec.probes and counts.timed < PROBE_CALLS
+        if spec.probes and entry.candidate_id not in self._of(layer).probed:
+            return partial(self._probe, spec, layer, call, entry, run, original, args, kwargs, timed=False)
         if timing and counts.calls >= PROBE_AFTER and counts.calls % PROBE_EVERY == 0:
-            return self._probe(spec, layer, call, entry, run, original, args, kwargs, timed=True)
+            return partial(self._probe, spec, layer, call, entry, run, original, args, kwargs, timed=True)
         self._counted(entry)
         if spec.settles and not timing:
             self._of(layer).fast[_signature(specs[0], layer, args, kwargs)] = _Fast(spec, run, counts)
         if self.capturing and spec.family != GENERIC:
             self._count(spec, layer, call, reason="")
         if not torch.autograd._profiler_enabled():
-            return spec.run(run, call)
-        shapes = [list(t.shape) for t in spec.inputs(call)]
-        with torch.profiler.record_function(f"{KERNEL_LABEL}{entry.candidate_id} {entry.dtype} {json.dumps(shapes)}"):
-            return spec.run(run, call)
+            return partial(spec.run, run, call)
+        label = spec.label_dims(entry, [list(t.shape) for t in spec.inputs(call)])
+        return partial(_labelled, f"{KERNEL_LABEL}{entry.candidate_id} {entry.dtype} {json.dumps(label)}",
+                       partial(spec.run, run, call))
 
     def _counted(self, entry: PackEntry) -> None:
         counts = self.custom[entry.candidate_id]
@@ -340,6 +369,11 @@ class Router:
             return None, "signature"
         # a layer's variant is fixed once built, so the decision depends only on what changes between calls
         state = self._of(layer)
+        if not spec.cached:
+            entry, reason = self._route(spec, layer, call, x)
+            if entry is not None and state.probed.get(entry.candidate_id):
+                return None, "the kernel's output differs from this layer's own"
+            return entry, reason
         key = (spec.family, x.dtype, x.device, spec.mutable(layer),
                *((v.shape, v.dtype) if isinstance(v := call.get(k), torch.Tensor) else v is not None
                  for k in spec.params))
@@ -353,35 +387,47 @@ class Router:
 
     def _route(self, spec: LayerSpec, layer: torch.nn.Module, call: dict[str, Any],
                x: torch.Tensor) -> tuple[PackEntry | None, str]:
-        """(the pack entry for this call, "") or (None, why it falls back). Row counts change with every batch: a
-        kernel takes calls with at most the rows it was verified at (that shape, and fuzzed rows below it)."""
+        """(the pack entry for this call, "") or (None, why it falls back): among the entries of the layer's arguments
+        and the call's dtype, those the spec's `fits` takes, else the row rule's (`_rows_fit`)."""
         dtype = dtype_name(x.dtype)
         reason = spec.variant(layer, call, dtype)
         if reason:
             return None, reason
-        entries = self.routes.get((type(layer).__name__, spec.family))
+        named_here = self.layer_entries.get(layer)
+        entries = named_here.get(spec.family, []) if named_here is not None else \
+            self.routes.get((type(layer).__name__, spec.family))
         if not entries:
             return None, f"no {spec.family} kernel in the pack"
         if spec.family == GENERIC:
-            entry, why = self.generic.route(entries, layer, spec.params, call)
+            entry, why = self.generic.route(entries, layer, spec.params, call, by_variant=named_here is None)
             if entry is not None and not device_ok(entry.backend, x):
                 return None, f"device ({entry.backend} kernel, {x.device.type} tensor)"
             return entry, why
-        shapes = [list(t.shape) for t in spec.inputs(call)]
-        fixed = fixed_dims(spec.family, shapes)
         args = self._args(spec, layer)
-        fits = [e for e in entries if e.dtype == dtype and e.init_args == args
-                and fixed_dims(spec.family, e.input_shapes) == fixed]
-        if not fits:
-            return None, "layer arguments, widths or dtype not in the pack"
-        n = call_rows(spec.family, shapes, spec.main)
-        fits = sorted((e for e in fits if call_rows(spec.family, e.input_shapes, spec.main) >= n),
-                      key=lambda e: call_rows(spec.family, e.input_shapes, spec.main))
-        if not fits:
-            return None, "more rows than the pack's kernels were verified on"
+        fits = [e for e in entries if e.dtype == dtype and e.init_args == args]
+        if spec.fits is not None:
+            fits = [e for e in fits if spec.fits(e, layer, call)]
+            if not fits:
+                return None, "call shapes or dtype not one the pack's kernels were verified on"
+        else:
+            fits, reason = _rows_fit(spec, fits, [list(t.shape) for t in spec.inputs(call)])
+            if not fits:
+                return None, reason
         if not device_ok(fits[0].backend, x):
             return None, f"device ({fits[0].backend} kernel, {x.device.type} tensor)"
         return fits[0], ""
+
+    def named_for(self, layer: torch.nn.Module, entries: list[PackEntry]) -> None:
+        """The entries `layer` may take, whatever its class's are (in-process: the modules each entry was matched to
+        when the pack was applied); the layer's earlier decisions are dropped."""
+        by_family: dict[str, list[PackEntry]] = {}
+        for entry in entries:
+            by_family.setdefault(entry.family, []).append(entry)
+            self.custom.setdefault(entry.candidate_id, _Calls())
+        self.layer_entries[layer] = by_family
+        state = self._of(layer)
+        state.decisions.clear()
+        state.fast.clear()
 
     def _args(self, spec: LayerSpec, layer: torch.nn.Module) -> list[Any]:
         args = self._of(layer).args
@@ -405,8 +451,11 @@ class Router:
                 kernel.load_state_dict({name: state[name].detach().clone() for name in kernel.state_dict()})
                 kernel = kernel.to(place.device if place is not None else "cpu").eval()
                 run = hot_path(kernel, entry.dtype) or kernel.forward
-                kernels[entry.candidate_id] = self.generic.runner(entry, spec.params, run) \
-                    if entry.family == GENERIC else run
+                if spec.stepper is not None:
+                    run = spec.stepper(kernel, entry, layer)
+                elif entry.family == GENERIC:
+                    run = self.generic.runner(entry, spec.params, run)
+                kernels[entry.candidate_id] = run
         return kernels[entry.candidate_id]
 
     def _of(self, layer: torch.nn.Module) -> _LayerState:
@@ -470,12 +519,32 @@ class Router:
         return variant, reason
 
 
+def _rows_fit(spec: LayerSpec, entries: list[PackEntry], shapes: list[list[int]]) -> tuple[list[PackEntry], str]:
+    """The entries of the call's widths that take its rows (at most those each was verified at), fewest rows first;
+    or why none does. Row counts change with every batch: a kernel takes calls with at most the rows it was verified
+    at (that shape, and fuzzed rows below it)."""
+    fixed = fixed_dims(spec.family, shapes)
+    entries = [e for e in entries if fixed_dims(spec.family, e.input_shapes) == fixed]
+    if not entries:
+        return [], "layer arguments, widths or dtype not in the pack"
+    n = call_rows(spec.family, shapes, spec.main)
+    entries = sorted((e for e in entries if call_rows(spec.family, e.input_shapes, spec.main) >= n),
+                     key=lambda e: call_rows(spec.family, e.input_shapes, spec.main))
+    return entries, "" if entries else "more rows than the pack's kernels were verified on"
+
+
 def _signature(spec: LayerSpec, layer: torch.nn.Module, args: tuple, kwargs: dict) -> tuple:
     """What a call's route depends on when its arguments settle it: their shapes, dtypes and presence, and the
     layer's mutable state."""
     shapes = tuple((a.shape, a.dtype) if isinstance(a, torch.Tensor) else a is None for a in args)
     return (spec.mutable(layer), shapes,
             *((k, (v.shape, v.dtype) if isinstance(v, torch.Tensor) else v is None) for k, v in kwargs.items()))
+
+
+def _labelled(label: str, run: Callable[[], Any]) -> Any:
+    """The kernel's call named in the profiler's trace, so a re-profile can rank it."""
+    with torch.profiler.record_function(label):
+        return run()
 
 
 def _timed(path: str, run: Callable[[], Any]) -> tuple[Any, float]:
@@ -487,7 +556,7 @@ def _timed(path: str, run: Callable[[], Any]) -> tuple[Any, float]:
 
 def _spec_for(specs: list[LayerSpec], args: tuple, kwargs: dict) -> tuple[LayerSpec | None, dict[str, Any] | None]:
     for spec in specs:
-        call = named(spec.params, args, kwargs)
+        call = named(spec.params, args, kwargs, spec.open_kwargs)
         if call is not None and spec.accepts(call):
             return spec, call
     return None, None

@@ -1,4 +1,4 @@
-"""The served engines' router (engine/served_layers.py) on stand-in layers with vLLM's signatures: which calls a pack
+"""The served engines' router (engine/router.py) on stand-in layers with vLLM's signatures: which calls a pack
 kernel takes, what falls back and why, what a capture records, and how it judges a layer against the family's
 reference. The same router runs inside vLLM's and SGLang's processes (tests/test_vllm_served.py runs it there)."""
 
@@ -7,8 +7,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from kernelbot.engine import served_layers, vllm_plugin
-from kernelbot.engine.served_layers import read_reports, router_from_env
+from kernelbot.engine import router as routing
+from kernelbot.engine import vllm_plugin
+from kernelbot.engine.router import read_reports, router_from_env
 from kernelbot.kernel_library import FAMILIES
 from kernelbot.records import Pack, PackEntry
 
@@ -48,15 +49,15 @@ def _pack(pack_dir) -> None:
                                             .model_dump_json())
 
 
-def _router(monkeypatch, tmp_path, *, pack: bool, capture: bool) -> served_layers.Router:
-    for name in (served_layers.PACK_ENV, served_layers.CAPTURE_ENV, served_layers.COUNTS_ENV):
+def _router(monkeypatch, tmp_path, *, pack: bool, capture: bool) -> routing.Router:
+    for name in (routing.PACK_ENV, routing.CAPTURE_ENV, routing.COUNTS_ENV):
         monkeypatch.delenv(name, raising=False)
     if pack:
         _pack(tmp_path / "pack")
-        monkeypatch.setenv(served_layers.PACK_ENV, str(tmp_path / "pack"))
-        monkeypatch.setenv(served_layers.COUNTS_ENV, str(tmp_path / "counts"))
+        monkeypatch.setenv(routing.PACK_ENV, str(tmp_path / "pack"))
+        monkeypatch.setenv(routing.COUNTS_ENV, str(tmp_path / "counts"))
     if capture:
-        monkeypatch.setenv(served_layers.CAPTURE_ENV, str(tmp_path / "counts"))
+        monkeypatch.setenv(routing.CAPTURE_ENV, str(tmp_path / "counts"))
     router = router_from_env("vllm", {"RMSNorm": vllm_plugin.LAYERS["RMSNorm"]})
     assert router is not None
     return router
@@ -115,9 +116,9 @@ def test_a_capture_records_each_variant_with_its_rows_and_whether_the_reference_
 
 
 def test_the_rows_a_kernel_takes_follow_the_familys_free_dims():
-    assert served_layers.fixed_dims("rotary_embedding", [[7], [7, 512], [7, 128]]) == [[], [512], [128]]
-    assert served_layers.fixed_dims("rmsnorm", [[2, 3, 512]]) == served_layers.fixed_dims("rmsnorm", [[6, 512]])
-    assert served_layers.fixed_dims("paged_attention", [[3, 8, 64], [90, 8, 128, 128], [3, 2], [3], [4]]) == [
+    assert routing.fixed_dims("rotary_embedding", [[7], [7, 512], [7, 128]]) == [[], [512], [128]]
+    assert routing.fixed_dims("rmsnorm", [[2, 3, 512]]) == routing.fixed_dims("rmsnorm", [[6, 512]])
+    assert routing.fixed_dims("paged_attention", [[3, 8, 64], [90, 8, 128, 128], [3, 2], [3], [4]]) == [
         [8, 64], [8, 128, 128], [], [], []]
 
 
@@ -126,19 +127,19 @@ def test_a_kernel_slower_than_the_engines_own_path_in_the_engine_stops_taking_ca
     # the kernel takes 5 µs a call, the engine's own path 1 µs, on the calls timed side by side: PROBE_CALLS of each
     # path (one path timed a call), PROBE_EVERY apart once PROBE_AFTER calls have warmed both paths (an engine's first
     # calls of a shape are slow)
-    monkeypatch.setattr(served_layers, "_timed", lambda path, run: (run(), 5e-6 if path == "kernel" else 1e-6))
+    monkeypatch.setattr(routing, "_timed", lambda path, run: (run(), 5e-6 if path == "kernel" else 1e-6))
     norm = RMSNorm(HIDDEN, EPS)
-    taken = served_layers.PROBE_AFTER + served_layers.PROBE_EVERY * (2 * served_layers.PROBE_CALLS - 1) + 1
+    taken = routing.PROBE_AFTER + routing.PROBE_EVERY * (2 * routing.PROBE_CALLS - 1) + 1
     with torch.no_grad():
         for i in range(taken + 3):
             x = torch.randn(4, HIDDEN)
             torch.testing.assert_close(_call(router, norm, x), norm(x))
-            if i + 1 == served_layers.PROBE_AFTER:
+            if i + 1 == routing.PROBE_AFTER:
                 assert router.custom["norm"].timed == 0  # nothing timed while the engine's path warms
     router.write(force=True)
     (report,) = read_reports(tmp_path / "counts")
     norm_calls = report.custom["norm"]
-    assert norm_calls.timed == served_layers.PROBE_CALLS and norm_calls.calls == taken
+    assert norm_calls.timed == routing.PROBE_CALLS and norm_calls.calls == taken
     assert norm_calls.kernel_us == 5.0 and norm_calls.engine_us == 1.0
     assert norm_calls.disabled.startswith("slower in the engine than its own path (5.0 vs 1.0 µs")
     assert report.fallback["RMSNorm"] == {norm_calls.disabled: 3}
@@ -157,16 +158,16 @@ def test_only_the_path_that_runs_first_in_a_timed_call_is_timed_so_neither_finds
         return run(), {("engine", True): 10e-6, ("engine", False): 1e-6, ("kernel", True): 8e-6,
                        ("kernel", False): 0.5e-6}[path, cold]
 
-    monkeypatch.setattr(served_layers, "_timed", timed)
+    monkeypatch.setattr(routing, "_timed", timed)
     norm = RMSNorm(HIDDEN, EPS)
     with torch.no_grad():
-        for _ in range(served_layers.PROBE_AFTER + served_layers.PROBE_EVERY * 2 * served_layers.PROBE_CALLS):
+        for _ in range(routing.PROBE_AFTER + routing.PROBE_EVERY * 2 * routing.PROBE_CALLS):
             _call(router, norm, torch.randn(4, HIDDEN))
     calls = router.custom["norm"]
-    assert calls.timed == served_layers.PROBE_CALLS and not calls.disabled
+    assert calls.timed == routing.PROBE_CALLS and not calls.disabled
     assert (calls.engine_us, calls.kernel_us) == (10.0, 8.0)
     firsts = order[2::2]  # after the untimed first call's pair, each timed call's first path alternates
-    assert firsts.count("engine") == firsts.count("kernel") == served_layers.PROBE_CALLS
+    assert firsts.count("engine") == firsts.count("kernel") == routing.PROBE_CALLS
 
 
 class RoutedExperts(nn.Module):
@@ -190,9 +191,9 @@ class RoutedExperts(nn.Module):
 
 def test_vllms_moe_experts_are_captured_when_the_reference_agrees_and_refused_with_shared_experts(monkeypatch,
                                                                                                   tmp_path):
-    for name in (served_layers.PACK_ENV, served_layers.COUNTS_ENV):
+    for name in (routing.PACK_ENV, routing.COUNTS_ENV):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv(served_layers.CAPTURE_ENV, str(tmp_path / "counts"))
+    monkeypatch.setenv(routing.CAPTURE_ENV, str(tmp_path / "counts"))
     router = router_from_env("vllm", {"RoutedExperts": [vllm_plugin.MOE]})
     layer = RoutedExperts(HIDDEN, 40, 4, 2)
     with torch.no_grad():

@@ -1,6 +1,8 @@
-"""Layers no family covers, inside a served engine's processes: the layer classes an engine's plugin hooks
-generically (vLLM's CustomOps with a native forward) get their calls captured as generic tasks and routed to
-generic kernels, as engine/served_layers.py's router does for the families.
+"""Layers no family covers: a generic kernel (the layer's own forward, extracted) stands in for them when a call has
+exactly the extracted signature (`GenericCall`). In-process, the extraction ran on the model's modules; inside a served
+engine's processes, the layer classes an engine's plugin hooks generically (vLLM's CustomOps with a native forward)
+get their calls captured as generic tasks and routed to generic kernels, as engine/router.py's router does for the
+families.
 
 - capture: the first call of each (layer variant, call signature) outside a profiled window runs the engine's own
   path with its inputs kept; the layer's native forward (pure PyTorch) is then traced (engine/extract.py) under
@@ -25,12 +27,61 @@ import torch
 from torch.utils import _pytree as pytree
 
 from kernelbot.engine import extract
-from kernelbot.engine.patching import GenericCall
 from kernelbot.kernel_library.base import GENERIC, dtype_name
-from kernelbot.records import GenericCapture, PackEntry
+from kernelbot.records import CallSignature, GenericCapture, PackEntry
 
 MAX_CAPTURES = 64  # distinct (variant, signature) pairs extracted per process
 PLAIN = (type(None), bool, int, float, str)
+
+
+class GenericCall:
+    """Matches a call against an extracted signature: the same argument structure and constants, tensors of the same
+    shapes and dtypes; the kernel's output tensors are put back into the layer's own output structure. The kernel
+    takes the call's tensors in the order the extraction saw them."""
+
+    def __init__(self, sig: CallSignature) -> None:
+        self.spec = pytree.treespec_loads(sig.spec)
+        self.out_spec = pytree.treespec_loads(sig.output_spec)
+        self.none = sig.output_none
+        self.tensors = [(t.index, torch.Size(t.shape), getattr(torch, t.dtype)) for t in sig.tensors]
+        self.constants = [(int(i), c) for i, c in sig.constants]
+
+    def by_name(self, params: tuple[str, ...]) -> GenericCall | None:
+        """The same signature for the call in router form, `((), {name: value})` in the forward's parameter order
+        (an in-process extraction saw the call as it was made, positional arguments and all); None where the call
+        cannot be named so (more positional arguments than parameters, keywords the forward does not name)."""
+        args, kwargs = pytree.tree_unflatten(list(range(self.spec.num_leaves)), self.spec)
+        if len(args) > len(params) or set(kwargs) - set(params[len(args):]):
+            return None
+        called = dict(zip(params, args, strict=False)) | kwargs
+        leaves, spec = pytree.tree_flatten(((), {p: called[p] for p in params if p in called}))
+        where = {old: new for new, old in enumerate(leaves)}
+        named = object.__new__(GenericCall)
+        named.spec, named.out_spec, named.none = spec, self.out_spec, self.none
+        named.tensors = [(where[i], shape, dtype) for i, shape, dtype in self.tensors]
+        named.constants = [(where[i], c) for i, c in self.constants]
+        return named
+
+    @property
+    def direct(self) -> bool:
+        """Whether the kernel takes a named call's top-level tensors in parameter order (then a settled call's tensors
+        are passed without flattening it): no argument nests tensors, and the extraction saw them in that order."""
+        indices = [i for i, _, _ in self.tensors]
+        return all(c.num_leaves <= 1 for c in self.spec.children_specs[1].children_specs) and indices == sorted(indices)
+
+    def inputs(self, args: tuple, kwargs: dict) -> list[torch.Tensor] | None:
+        leaves, spec = pytree.tree_flatten((args, kwargs))
+        if spec != self.spec or any(repr(leaves[i]) != c for i, c in self.constants):
+            return None
+        found = [leaves[i] for i, _, _ in self.tensors]
+        if any(not isinstance(x, torch.Tensor) or x.shape != shape or x.dtype != dtype
+               for x, (_, shape, dtype) in zip(found, self.tensors, strict=True)):
+            return None
+        return found
+
+    def output(self, result: torch.Tensor | tuple) -> object:
+        produced = iter(result if isinstance(result, tuple | list) else (result,))
+        return pytree.tree_unflatten([None if none else next(produced) for none in self.none], self.out_spec)
 
 
 def native_params(cls: type) -> tuple[str, ...] | None:
@@ -148,10 +199,11 @@ class GenericLayers:
         return self.matchers[entry.candidate_id]
 
     def route(self, entries: list[PackEntry], layer: torch.nn.Module, params: tuple[str, ...],
-              call: dict[str, Any]) -> tuple[PackEntry | None, str]:
-        """The generic entry built for this layer's variant and this call's exact signature, or why none is."""
-        variant = self.variant(layer)
-        fits = [e for e in entries if e.family == GENERIC and e.layer_variant == variant]
+              call: dict[str, Any], by_variant: bool = True) -> tuple[PackEntry | None, str]:
+        """The generic entry built for this layer's variant (`by_variant`; else `entries` were named for this very
+        layer) and this call's exact signature, or why none is."""
+        fits = [e for e in entries
+                if e.family == GENERIC and (not by_variant or e.layer_variant == self.variant(layer))]
         if not fits:
             return None, "layer attributes not in the pack"
         named = normal(params, call)
@@ -162,9 +214,13 @@ class GenericLayers:
 
     def runner(self, entry: PackEntry, params: tuple[str, ...], forward: Callable[..., Any]) -> Callable[..., Any]:
         """The kernel's run for a settled call: its tensors in order in, the layer's own output structure out."""
-        output = self.matcher(entry).output
+        matcher = self.matcher(entry)
+        output = matcher.output
 
         def run(call: dict[str, Any]) -> Any:
             return output(forward(*[v for p in params if isinstance(v := call.get(p), torch.Tensor)]))
 
-        return run
+        def flattened(call: dict[str, Any]) -> Any:
+            return output(forward(*matcher.inputs((), normal(params, call))))
+
+        return run if matcher.direct else flattened
