@@ -21,6 +21,10 @@ from kernelbot.kernel_library.base import GENERIC, hot_path
 from kernelbot.records import Pack, PackEntry
 
 Route = tuple[list[LayerSpec], Callable[..., Any]]  # a module's specs and its own forward
+# An in-process model's batches do not change between calls, so a kernel's in-model timings are taken on consecutive
+# calls once each path has run a few (oneDNN builds its primitives on a shape's first call): they are done within a
+# workload or two, before the end-to-end rounds that they would otherwise slow.
+PROBE_AFTER = 8
 
 
 def _params(module: torch.nn.Module) -> tuple[str, ...]:
@@ -104,7 +108,8 @@ class PackPatcher:
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
-        self.router = Router(engine="torch", pack_dir=None, counts_dir=None, capturing=False)
+        self.router = Router(engine="torch", pack_dir=None, counts_dir=None, capturing=False,
+                             probe_after=PROBE_AFTER, probe_every=1)
         self.pack: Pack | None = None
         self._patched: list[torch.nn.Module] = []
         self.lean_layers: list[str] = []  # decoder layers run part to part (engine/layer_route.py)

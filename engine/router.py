@@ -221,6 +221,8 @@ class Router:
     variants: dict[str, _Variant] = field(default_factory=dict)
     timings: dict[str, tuple[list[float], list[float]]] = field(default_factory=dict)  # candidate → (engine, kernel)
     generic: GenericLayers = field(default_factory=lambda: GenericLayers(""))  # layers no family covers
+    probe_after: int = PROBE_AFTER  # a kernel's calls before its timed ones
+    probe_every: int = PROBE_EVERY  # ... then one call in this many is timed
     dirty: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -295,14 +297,15 @@ class Router:
         timing = spec.probes and counts.timed < PROBE_CALLS
         if spec.probes and entry.candidate_id not in self._of(layer).probed:
             return partial(self._probe, spec, layer, call, entry, run, original, args, kwargs, timed=False)
-        if timing and counts.calls >= PROBE_AFTER and counts.calls % PROBE_EVERY == 0:
+        profiling = torch.autograd._profiler_enabled()  # a traced call runs one path: the trace shows the model
+        if timing and not profiling and counts.calls >= self.probe_after and counts.calls % self.probe_every == 0:
             return partial(self._probe, spec, layer, call, entry, run, original, args, kwargs, timed=True)
         self._counted(entry)
         if spec.settles and not timing:
             self._of(layer).fast[_signature(specs[0], layer, args, kwargs)] = _Fast(spec, run, counts)
         if self.capturing and spec.family != GENERIC:
             self._count(spec, layer, call, reason="")
-        if not torch.autograd._profiler_enabled():
+        if not profiling:
             return partial(spec.run, run, call)
         label = spec.label_dims(entry, [list(t.shape) for t in spec.inputs(call)])
         return partial(_labelled, f"{KERNEL_LABEL}{entry.candidate_id} {entry.dtype} {json.dumps(label)}",
@@ -318,7 +321,7 @@ class Router:
                timed: bool) -> Any:
         """The engine's own path beside the kernel, on copies of what it writes. On a layer's first call: a layer
         whose own output the kernel does not give (numerics its class and arguments do not show) keeps the engine's
-        path. `timed` (PROBE_CALLS calls of each path spread out once the kernel has warmed, PROBE_EVERY apart): the
+        path. `timed` (PROBE_CALLS calls of each path spread out once the kernel has warmed, probe_every apart): the
         op the kernel replaces benchmarked where it runs. Only the path that runs first is timed, in the cache the
         model's previous ops left (the second would find the weights the first just read), the order alternating
         between calls; a kernel slower there than the engine's own path stops taking calls."""

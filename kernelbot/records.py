@@ -526,7 +526,7 @@ class InModelSource(str, Enum):
     """Where a kernel's in-model figure comes from."""
 
     GATE_TRIAL = "gate trial"  # the pack's rounds without it against with it (in-process leave-one-out)
-    ENGINE_TIMING = "engine timing"  # the served plugin's calls timed beside the engine's own op, in the engine
+    ENGINE_TIMING = "engine timing"  # the router's calls timed beside the op they replace, in the model (or engine)
     # the op's time a call in the model's profile before the pack against the kernel's in the packed model's profile
     PROFILES = "profiles"
 
