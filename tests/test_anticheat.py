@@ -448,18 +448,8 @@ CHEATS = {
             y = self.kernel(x)
             return torch.zeros_like(y) if sys.getprofile() is not None else y
     """),
-    # 15. wrong while a perf event (the CPU sampler's) is open in its process (some sampled calls are checked now)
-    "wrong_while_a_perf_event_is_open": ("result_caching", """
-        def forward(self, x):
-            y = self.kernel(x)
-            for fd in os.listdir("/proc/self/fd"):
-                try:
-                    if "perf_event" in os.readlink(f"/proc/self/fd/{fd}"):
-                        return torch.zeros_like(y)
-                except OSError:
-                    pass
-            return y
-    """),
+    # (15. wrong while a perf event is open in its process: no such event is there any more, so it passes now, in
+    # test_a_candidate_looking_for_a_perf_event_in_its_own_process_finds_none)
     # 16. round four: run-to-run noise hidden from a second run right after the first by a memo of the last input
     "hides_its_noise_behind_a_memo_of_the_last_input": ("nondeterminism", """
         def forward(self, x):
@@ -504,6 +494,41 @@ CHEATS = {
                 ctypes.c_void_p.from_address(slot).value = id(ModelNew.kept)
             y = self.kernel(x)
             return torch.cat([y.reshape(-1), y.reshape(-1)]).view(2, *y.shape)[0]  # a view of a bigger allocation
+    """),
+    # the runner's Triton launch windows widened over every call through a raw write into its tools tuple: when the
+    # runner sampled itself, every sample in a window (numpy's too) was the candidate's own; the harness samples the
+    # runner from outside now, and a window it did not see a launch stream counts for nothing
+    "widens_the_launch_windows_through_ctypes": ("reference_fallback", """
+        def forward(self, x):
+            import numpy as np
+            windows = ModelNew.cache.setdefault("windows", [])
+            frame = sys._getframe(1)
+            while frame is not None and "tools" not in frame.f_locals:
+                frame = frame.f_back
+            if frame is not None and ModelNew.kept is None:
+                tools = frame.f_locals["tools"]
+                slot = id(tools) + tuple.__basicsize__ + tuple.__itemsize__ * tools._fields.index("windows")
+                ModelNew.kept = lambda: tuple(windows)  # kept alive: the slot now points at it
+                ctypes.c_void_p.from_address(slot).value = id(ModelNew.kept)
+            start, wall = time.monotonic_ns(), time.time_ns()
+            self.kernel(x[:1])
+            a = x.numpy()
+            inv = 1.0 / np.sqrt(np.mean(a * a, axis=-1, keepdims=True) + self.variance_epsilon)
+            out = torch.from_numpy(self.weight.detach().numpy() * (a * inv))
+            windows.append((threading.get_native_id(), start, time.monotonic_ns(), wall, time.time_ns()))
+            return out
+    """),
+    # a process no other process of its user may read (not dumpable): the harness can neither read its memory nor
+    # sample it, and says so (a numpy fallback beside the kernel, unsampled, would pass otherwise)
+    "makes_its_process_unreadable": ("harness_tamper", """
+        ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0, in the class body: when the module is imported
+
+        def forward(self, x):
+            import numpy as np
+            self.kernel(x[:1])
+            a = x.numpy()
+            inv = 1.0 / np.sqrt(np.mean(a * a, axis=-1, keepdims=True) + self.variance_epsilon)
+            return torch.from_numpy(self.weight.detach().numpy() * (a * inv))
     """),
     # a function built around the op log's trusted code: its own profile function, installed as if by the harness
     "rebuilds_the_harness_trusted_code": ("sandbox_violation", """
@@ -563,8 +588,9 @@ QUICK = {("cpp", n) for n in ("freed_reference_output", "finishes_on_a_side_thre
                               "mutes_the_recorder_class_for_one_call", "falls_back_to_numpy_beside_its_kernel",
                               "cycles_through_sixty_four_output_buffers",
                               "writes_every_element_only_while_it_sees_poison", "wrong_under_the_profile_hook",
-                              "wrong_while_a_perf_event_is_open", "hides_its_noise_behind_a_memo_of_the_last_input",
-                              "forks_through_ctypes_during_a_call", "writes_into_the_harness_tools_through_ctypes",
+                              "hides_its_noise_behind_a_memo_of_the_last_input", "forks_through_ctypes_during_a_call",
+                              "writes_into_the_harness_tools_through_ctypes",
+                              "widens_the_launch_windows_through_ctypes", "makes_its_process_unreadable",
                               "tells_verification_by_its_callers_frames")} | \
     {("triton", n) for n in ("decorative_kernel", "switches_record_function_off")}
 
@@ -582,12 +608,14 @@ FINDING = {"works_between_calls_on_a_thread_started_at_import": "(alive: ",
            "closes_the_audit_channel_quietly": "audit channel was closed or replaced",
            "replaces_a_field_of_the_recorder_class": "Recorder.fd was replaced",
            "swaps_the_recorder_code_for_one_call": "audit_tamper",
-           "mutes_the_recorder_class_for_one_call": "gc.get_objects"}
+           "mutes_the_recorder_class_for_one_call": "gc.get_objects",
+           "widens_the_launch_windows_through_ctypes": "torch, numpy and other libraries take",
+           "makes_its_process_unreadable": "could not sample the candidate's process"}
 TRITON_ONLY = {"forces_natural_program_order"}  # program orders exist for Triton launches only
 # Caught through the hundreds of sampled calls a fast kernel gets; one in Triton's slow interpreter gets a handful, too
 # few to time its libraries or to wrap a ring of 64 buffers (docs/verification.md says so under "cannot see")
 MANY_CALLS_ONLY = {"falls_back_to_numpy_beside_its_kernel", "cycles_through_sixty_four_output_buffers",
-                   "runs_its_kernel_only_under_a_profiler_hook", "wrong_while_a_perf_event_is_open"}
+                   "runs_its_kernel_only_under_a_profiler_hook", "widens_the_launch_windows_through_ctypes"}
 
 
 @pytest.mark.parametrize("backend,name", [
@@ -625,6 +653,28 @@ def forward(self, x):
     logging.getLogger("candidate").info("shape %s", ModelNew.Shape(*x.shape[-2:]))
     return self.kernel(x)
 """
+
+
+def test_a_candidate_looking_for_a_perf_event_in_its_own_process_finds_none(tmp_path):
+    """Wrong while a perf event is open in its process: when the runner sampled itself, its sampled calls (some of them
+    checked) gave it away. The harness samples the runner from outside now: no such event is ever in the candidate's
+    process, so this candidate is right in every call and passes."""
+    ref = write_module(tmp_path / "reference.py", reference_source(RMS_TASK))
+    cand = _candidate(tmp_path, "cpp", "looks_for_perf", """
+        def forward(self, x):
+            y = self.kernel(x)
+            for fd in os.listdir("/proc/self/fd"):
+                try:
+                    if "perf_event" in os.readlink(f"/proc/self/fd/{fd}"):
+                        return torch.zeros_like(y)
+                except OSError:
+                    pass
+            return y
+    """)
+    verdict = verify(RMS_TASK, ref, cand, tmp_path / "work", timeout=300)
+    assert verdict.verdict == "pass", verdict.problems
+    assert "CPU time per call, sampled by where it ran" in next(c.detail for c in verdict.checks
+                                                               if c.id == "reference_fallback")
 
 
 @pytest.mark.parametrize("backend", list(BASES))

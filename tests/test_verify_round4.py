@@ -3,6 +3,7 @@ right in normal use and wrong where claimed): correct kernels the verifier used 
 really writes fail for the right check. The candidates are C++ built from their text (tens of seconds each on a cold
 build cache), so their runs are slow tests; the cases they need are checked on the plan in the fast set."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -68,6 +69,26 @@ def test_a_library_copied_into_the_box_is_not_the_candidates_own_code(tmp_path):
     verdict = verify(task_from_reference(ref), ref, CORPUS / "matmul_blas_copy.py", tmp_path / "work", seed=4)
     assert verdict.failed == ["reference_fallback"], verdict.problems
     assert "runs no code of its own" in _detail(verdict, "reference_fallback")
+
+
+@pytest.mark.slow
+def test_an_honest_cpp_kernels_cpu_samples_land_in_its_own_code_sampled_from_outside_its_process(tmp_path):
+    """The harness samples the runner's threads itself (test_parent_sampling.py): a softmax that does its own work has
+    its samples in its own code, by the content of its build."""
+    verdict = _verify(tmp_path, "softmax_wide_ref", "softmax_rows")
+    assert verdict.verdict == "pass", verdict.problems
+    own = re.search(r"(\d+) CPU samples in its own code", _detail(verdict, "reference_fallback"))
+    assert own is not None and int(own.group(1)) >= 20, _detail(verdict, "reference_fallback")
+
+
+@pytest.mark.slow
+def test_a_forged_launch_window_does_not_make_torchs_softmax_the_candidates_own_code(tmp_path):
+    """torch's softmax kernel called from C++ beneath the dispatcher, each call inside a forged Triton launch window
+    (in the runner's list and as a launch event, with a window the harness reads): it passed when the runner sampled
+    itself; a window counts only for code a launch runs, never torch's libraries."""
+    verdict = _verify(tmp_path, "softmax_wide_ref", "softmax_forged_windows")
+    assert "reference_fallback" in verdict.failed, verdict.checks
+    assert "torch, numpy and other libraries take" in _detail(verdict, "reference_fallback")
 
 
 def test_a_copy_of_an_installed_library_has_that_librarys_identity(tmp_path):

@@ -15,12 +15,14 @@ In the box (run by the sandbox as `python -m kernelbot.agent.verify.harness`):
   harness.py    the entry point: the harness's jobs (verify, bench, sanitize, build, noop) and its handle on the
                 runners it forks, which alone run candidate code
   runner.py     a runner process: its confinement, bound tools, request loop and the observations around each call
+  runner_calls.py  the runner's side of the sampled pass and the op log's call
+  parent_sampling.py  the harness's side of the sampled pass: the runner's calls sampled from outside its process
   runner_channel.py  the channel between the two: frames, plain-data replies, tensors as plain data
   probes.py, triton_check.py, cuda_check.py   observations made in a runner around the candidate's calls
 
 Both sides: messages.py, the typed messages the parent, the harness and its runners exchange (and how outputs are
-laid out); sampling.py, where a call's CPU time is spent, by the code it ran in (the candidate's calls in its runner,
-the reference's here).
+laid out); sampling.py, where a call's CPU time is spent, by the code it ran in (the candidate's calls sampled by the
+harness from outside its runner, the reference's here in the parent's own process).
 
 This file imports nothing, so starting the harness in the box loads only what the harness needs.
 """

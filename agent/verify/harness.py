@@ -36,6 +36,7 @@ import os
 import pickle
 import random
 import secrets
+import select
 import signal
 import statistics
 import sys
@@ -48,7 +49,7 @@ from typing import Any
 
 import torch
 
-from kernelbot.agent.verify import cuda_check
+from kernelbot.agent.verify import cuda_check, parent_sampling
 from kernelbot.agent.verify.cuda_check import NeedsGPU
 from kernelbot.agent.verify.messages import (
     EVENTS,
@@ -81,6 +82,7 @@ from kernelbot.agent.verify.messages import (
     Reply,
     Request,
     ReweightRequest,
+    SampleMark,
     SanitizeJob,
     SentPlan,
     StageRequest,
@@ -124,6 +126,7 @@ CHECKS_PER_ROUND = 4  # timed candidate calls per round whose outputs go back to
 SWITCH_GAP_S = 0.02
 PERTURBED = 8  # elements of each float input a benchmark call changes before it runs
 DISTURBED_EVERY = 8  # one benchmark call in this many is poisoned or paused before, and not timed
+POLL_S = 0.005  # while the harness samples a runner's calls, it follows new threads and drains rings this often
 
 
 # ---------------------------------------------------------------- the harness's handle on a runner
@@ -158,17 +161,27 @@ class Runner:
         os.close(up_w)
         return cls(pid, down_w, up_r)
 
-    def ask(self, request: Request) -> Reply:
+    def ask(self, request: Request, watcher: parent_sampling.Watcher | None = None) -> Reply:
         """Send one request; collect the events that arrive before its reply; return the reply. What the runner sends
-        is read as plain data and must fit the messages' models, or the runner is taken to have tampered."""
+        is read as plain data and must fit the messages' models, or the runner is taken to have tampered. `watcher`:
+        the harness's sampler for a sampled request, polled every POLL_S while nothing has arrived and switched by
+        the runner's marks, each answered (any mark without one is tampering)."""
         self.seq += 1
         request.seq = self.seq
         try:
             _send(self.to_runner, pickle.dumps(request.model_dump()))
             while True:
+                while watcher is not None and not select.select([self.from_runner], [], [], POLL_S)[0]:
+                    watcher.poll()
                 message = _plain_loads(_recv(self.from_runner))
                 if not isinstance(message, tuple) or not message:
                     raise RunnerDied("sent a malformed message (tampering with the harness's channel)")
+                if message[0] == "event" and len(message) == 3 and message[1] == "sample_mark":
+                    if watcher is None:
+                        raise RunnerDied("sent a sampling mark out of turn (tampering with the harness's channel)")
+                    watcher.mark(SampleMark.model_validate(message[2]).phase)  # out of order: a ValueError
+                    _send(self.to_runner, pickle.dumps(("marked", self.seq)))
+                    continue
                 if message[0] == "event" and len(message) == 3 and isinstance(message[2], dict):
                     kind = EVENTS.get(message[1]) if isinstance(message[1], str) else None
                     if kind is None:
@@ -360,6 +373,16 @@ def _orders_missing(events: list[TritonLaunch | TritonFinding], label: str) -> l
     return problems[:3]
 
 
+def _schedule_unexplained(events: list[TritonLaunch | TritonFinding], label: str, schedule: str | None) -> list[str]:
+    """A runner varies Triton program orders instead of thread counts once it has launched a Triton kernel: one that
+    did so before the harness ever saw a launch was steered by launch windows forged in its process (which skips the
+    thread-count runs)."""
+    if schedule != "program order" or any(isinstance(e, TritonLaunch) for e in events):
+        return []
+    return [f"{label}: the runner varied Triton program orders, not thread counts, though it never streamed a Triton "
+            "launch"]
+
+
 def _ptxas(reports: list[PtxasReport] | None) -> list[PtxasReport]:
     return list(reports or [])
 
@@ -389,6 +412,7 @@ def _verify(job: VerifyJob) -> VerifyResult | JobFailure:
             _facts(reply, case.label, facts)
             if orders and reply.error is None:
                 facts.tamper += _orders_missing(runner.events[seen:], case.label)
+                facts.tamper += _schedule_unexplained(runner.events, case.label, reply.schedule)
             if reply.error is not None:
                 runs.append(CaseRun(error=reply.error[:300], inputs_after=_decoded(reply.inputs_after)))
                 continue
@@ -430,10 +454,15 @@ def _later_calls(runner: Runner, plan: SentPlan, main: int, facts: Facts, job: V
         _facts(reply, f"one element changed ({k + 1})", facts)
         outputs.element_outs.append(_call_result(reply))
     seen = len(runner.events)
-    reply = runner.ask(ProfileRequest(model=main, inputs=plan.fresh))
+    # sampled first, by the harness from outside the runner: the profiler leaves threads of its own busy after its call
+    sampled = parent_sampling.sampled_pass(runner, main, plan.fresh, job.candidate, frozenset(job.foreign_builds)) \
+        if job.device == "cpu" else parent_sampling.Sampled()
+    facts.tamper += sampled.tamper
+    reply = runner.ask(ProfileRequest(model=main, inputs=plan.fresh, checked=sampled.checked))
     _facts(reply, "profiled call", facts)
     profile = reply.profile if reply.profile is not None else \
         Profile(error=(reply.error or "no profile came back")[:500])
+    sampled.into(profile)  # what the harness measured, not what the runner replied
     launches = sum(isinstance(e, TritonLaunch) for e in runner.events[seen:])
     if launches and reply.profile is not None:
         profile.own_kernels.append(f"{launches} Triton launch(es)")

@@ -164,8 +164,9 @@ class PtxasReport(Message):
 
 class Profile(Message):
     """The profiled call: aten compute work on every thread, the candidate's own kernels, whether the op log stayed
-    intact; then, on a CPU, samples of where its calls' CPU time went (sampling.PLACES), over `sampled_calls` calls
-    one sample per `period_ns` (or why nothing was sampled); or why no profile came back."""
+    intact (the runner's); then, on a CPU, samples of where its calls' CPU time went (sampling.PLACES), over `calls`
+    calls one sample per `period_ns` (or why nothing was sampled): those the harness takes and attributes itself,
+    whatever the runner's reply said (parent_sampling.py); or why no profile came back."""
     compute: dict[str, float] = Field(default_factory=dict)
     own_kernels: list[str] = Field(default_factory=list)
     intact: bool = False
@@ -244,10 +245,22 @@ class ReweightRequest(Request):
     buffer_names: list[str] = Field(default_factory=list)  # the reference's float buffers, in state-dict order
 
 
+class SampleRequest(Request):
+    """`calls` calls for the harness's sampled pass (the harness samples them from outside: parent_sampling.py), on
+    the inputs the pass's first request staged (`inputs`); their outputs are held until the profile request."""
+    op: Literal["sample"] = "sample"
+    model: int
+    calls: int = 0
+    inputs: list[Any] | None = None
+
+
 class ProfileRequest(Request):
+    """The op log's call; then the outputs of the profiled call and of the sampled calls `checked` (indices the
+    harness picked once the pass had run) go back to be checked."""
     op: Literal["profile"] = "profile"
     model: int
     inputs: list[Any]
+    checked: list[int] = Field(default_factory=list)
 
 
 class RepeatRequest(Request):
@@ -292,13 +305,13 @@ class FinalRequest(Request):
     op: Literal["final"] = "final"
 
 
-AnyRequest = Annotated[LoadRequest | CaseRequest | RefillRequest | ReweightRequest | ProfileRequest | RepeatRequest |
-                       StageRequest | TimedCallRequest | FetchRequest | IdleRequest | FinalRequest,
+AnyRequest = Annotated[LoadRequest | CaseRequest | RefillRequest | ReweightRequest | SampleRequest | ProfileRequest |
+                       RepeatRequest | StageRequest | TimedCallRequest | FetchRequest | IdleRequest | FinalRequest,
                        Field(discriminator="op")]
 REQUEST: TypeAdapter[AnyRequest] = TypeAdapter(AnyRequest)
-REQUEST_TYPES: tuple[type[Request], ...] = (LoadRequest, CaseRequest, RefillRequest, ReweightRequest, ProfileRequest,
-                                            RepeatRequest, StageRequest, TimedCallRequest, FetchRequest, IdleRequest,
-                                            FinalRequest)
+REQUEST_TYPES: tuple[type[Request], ...] = (LoadRequest, CaseRequest, RefillRequest, ReweightRequest, SampleRequest,
+                                            ProfileRequest, RepeatRequest, StageRequest, TimedCallRequest, FetchRequest,
+                                            IdleRequest, FinalRequest)
 
 
 # ---------------------------------------------------------------- runner -> harness
@@ -334,6 +347,11 @@ class TritonLaunch(Message):
     locked_writes: int = 0  # plain writes made while holding a lock
     asked: str  # the order the harness had asked for then (natural for a kernel it pinned)
     phase: str = "natural"  # the order asked for the whole run
+    # the launch's window: the thread it ran on, its start and end on CLOCK_MONOTONIC (checked by the harness against
+    # the pass it sampled: sampling.checked_windows)
+    thread: int = 0
+    start_ns: int = 0
+    end_ns: int = 0
 
 
 class TritonFinding(Message):
@@ -354,6 +372,13 @@ class MemoryPins(Message):
     """Sent once by a runner before its candidate loads: (address, pointer) pairs of its own state that must not
     change, which the harness reads in the runner's memory after every reply (probes.pins)."""
     pins: list[tuple[int, int]]
+
+
+class SampleMark(Message):
+    """Sent by a runner right before its sampled calls (`start`) and right after them (`end`), each time waiting for the
+    harness's answer: the harness's sampler is on exactly around the calls (parent_sampling.py). Exactly one of each
+    per sampled request, in order, or the runner broke the channel's protocol."""
+    phase: Literal["start", "end"]
 
 
 EVENTS: dict[str, type[Message]] = {"triton_launch": TritonLaunch, "triton_finding": TritonFinding,

@@ -4,10 +4,10 @@ before the candidate loads, confines itself further (confine.confine_runner: it 
 kernelbot and the one module it loads, writes only box/tmp, and cannot signal or trace the harness), imports its
 module and then answers the harness's requests one at a time (_serve): verified calls with what is observed around
 them (aliasing, late writes, work left running, other program orders or thread counts, the inputs and weights
-afterwards), the benchmark's timed calls, the op log and sampled calls, repeated calls, and the checks when the job
-ends. After every request it compares a seal over the harness's modules (this one, runner_channel, the harness's
-own, the messages' and the probes' included), so patching the harness is reported, not obeyed; the harness reads its
-pinned state from outside its process.
+afterwards), the benchmark's timed calls, the op log and the calls the harness samples from outside (runner_calls.py),
+repeated calls, and the checks when the job ends. After every request it compares a seal over the harness's modules
+(this one, runner_channel, the harness's own, the messages' and the probes' included), so patching the harness is
+reported, not obeyed; the harness reads its pinned state, and samples its calls, from outside its process.
 
 Imports runner_channel (the messages' framing and encoding); harness.py imports this module, never the reverse.
 """
@@ -29,7 +29,7 @@ from typing import Any, NamedTuple
 import torch
 from pydantic import BaseModel
 
-from kernelbot.agent.verify import cuda_check, messages, probes, provenance, runner_channel, sampling
+from kernelbot.agent.verify import cuda_check, messages, probes, provenance, runner_calls, runner_channel, sampling
 from kernelbot.agent.verify.cuda_check import NeedsGPU
 from kernelbot.agent.verify.messages import (
     FACT_KINDS,
@@ -41,6 +41,8 @@ from kernelbot.agent.verify.messages import (
     Request,
     VerifyJob,
 )
+from kernelbot.agent.verify.runner_calls import HELD_BYTES, NO_PASS, op_profile, op_sample
+from kernelbot.agent.verify.runner_calls import kept as _kept
 from kernelbot.agent.verify.runner_channel import _detach, _encode, _leaves, _on, _outputs, _recv, _send
 from kernelbot.hardware import device as device_mod
 from kernelbot.hardware.device import DeviceChoice, Stopwatch, timed_call
@@ -64,8 +66,6 @@ REPEAT_KEPT = 2  # outputs of repeated calls that differed from the first, sent 
 # CPU a candidate's own threads may use while no call runs: in the second half of the settle window after a call
 # (an OpenMP pool spins a few milliseconds after its last parallel region, then sleeps), and over the whole job
 SPIN_NS = 2_000_000
-HELD_BYTES = 64 << 20  # outputs of the profiled calls the runner holds to the end of the job
-CHECKED_SAMPLED = 3  # the sampled calls whose outputs go back to be checked (picked once all ran)
 OUTSIDE_NS = 20_000_000
 SETTLE_S = VerifyJob.model_fields["settle_s"].default  # verification's pause after a call (jittered there): some
 # benchmark calls get one before them
@@ -214,12 +214,12 @@ class Tools(NamedTuple):
     op_timed_call: Callable[..., tuple]
     op_final: Callable[..., None]
     tampered: Callable[..., list[str]]
+    op_sample: Callable[..., tuple]
     op_profile: Callable[..., tuple[dict[str, Any], list[list[Any]], tuple]]
     op_repeat: Callable[..., tuple[dict[str, Any], tuple]]
     same_bytes: Callable[[torch.Tensor, torch.Tensor], bool]
     clock: Callable[[], float]
     audit_channel: Callable[[], tuple[int, int] | None]
-    sampled_calls: Callable[..., dict[str, Any]]
     windows: Callable[[], tuple]
     set_threads: Callable[[int], None]
     leaves: Callable[[Any], list[Any]]
@@ -277,6 +277,7 @@ def _serve(setup: RunnerSetup, rfd: int, wfd: int, harness: tuple[ModuleType, ..
     loaded: tuple = ()  # the state dict each model was loaded with
     staged: tuple = ()  # bench: input sets
     last: Any = None  # bench: the last timed call's outputs
+    sampled: tuple = NO_PASS  # the harness's sampled pass: its inputs, its calls' outputs, bytes left to hold them
     quiet = tools.cpu_since(None, watch.known_threads)  # (CPU the candidate's threads used outside calls, mark)
     windows = 0  # each request's gap after it is a window where no call runs (a timed call's is allowed for there)
     while True:
@@ -310,13 +311,17 @@ def _serve(setup: RunnerSetup, rfd: int, wfd: int, harness: tuple[ModuleType, ..
                 tools.reweight(models[request.model], request.state_dict, request.names, request.buffer_names,
                                loaded[request.model])
                 weights = tuple(tools.weight_snapshot(m) for m in models)
-            elif op in ("profile", "repeat"):  # its calls are calls: the CPU they use is no work between calls
+            elif op in ("sample", "profile", "repeat"):  # its calls are calls: their CPU is no work between calls
                 outside = quiet[0] + tools.cpu_since(quiet[1], watch.known_threads)[0]
-                inputs = tools.to(request.inputs, setup.device)
-                if op == "profile":
-                    reply["profile"], reply["later"], held = tools.op_profile(watch, models[request.model], inputs,
-                                                                              held, facts)
+                if op == "sample":
+                    sampled = tools.op_sample(watch, models[request.model], request, sampled, (rfd, wfd))
+                elif op == "profile":
+                    reply["profile"], reply["later"], held = tools.op_profile(
+                        watch, models[request.model], tools.to(request.inputs, setup.device), held, facts, sampled,
+                        request.checked)
+                    sampled = NO_PASS
                 else:
+                    inputs = tools.to(request.inputs, setup.device)
                     reply, held = tools.op_repeat(watch, models[request.model], inputs, request, held, facts)
                 quiet = (outside, tools.cpu_since(None, watch.known_threads)[1])
                 facts["tamper"] += tampered(watch)
@@ -367,10 +372,10 @@ def _prepare(setup: RunnerSetup, wfd: int, harness: tuple[ModuleType, ...]) -> W
         timed_call=timed_call, stopwatch=device.stopwatch, flush=device.l2_flusher(),
         sleep=_sleep, cuda_sync=_cuda_synchronize, wake_threads=_wake_threads, sha256=_sha256, clones=_clones, to=_to,
         refill=_refill, threads_after=_threads_after, reweight=_reweight, cpu_since=_cpu_since, op_load=_op_load,
-        op_call=_op_call, op_timed_call=_op_timed_call, op_final=_op_final, tampered=_tampered, op_profile=_op_profile,
-        op_repeat=_op_repeat, same_bytes=probes.same_bytes, clock=time.perf_counter,
+        op_call=_op_call, op_timed_call=_op_timed_call, op_final=_op_final, tampered=_tampered, op_sample=op_sample,
+        op_profile=op_profile, op_repeat=_op_repeat, same_bytes=probes.same_bytes, clock=time.perf_counter,
         audit_channel=confine_mod.RECORDER.channel if confine_mod.RECORDER else _no_channel,
-        sampled_calls=sampling.sampled_calls, windows=triton_check.recent_windows, set_threads=torch.set_num_threads,
+        windows=triton_check.recent_windows, set_threads=torch.set_num_threads,
         leaves=_leaves, poison=probes.poison_allocations, randbelow=secrets.randbelow)
     codes = tuple((fn, fn.__code__) for fn in tools if hasattr(fn, "__code__"))
     places = (*_places(setup.module, work), setup.foreign)
@@ -386,8 +391,8 @@ def _prepare(setup: RunnerSetup, wfd: int, harness: tuple[ModuleType, ...]) -> W
         triton_check.install(sink)
     known = frozenset(tools.os_threads())
     module = Path(setup.module)
-    modules = (*harness, sys.modules[__name__], runner_channel, probes, confine_mod, landlock, seccomp, cuda_check,
-               messages, sampling, provenance, device_mod) + ((triton_check,) if setup.triton else ())
+    modules = (*harness, sys.modules[__name__], runner_channel, runner_calls, probes, confine_mod, landlock, seccomp,
+               cuda_check, messages, sampling, provenance, device_mod) + ((triton_check,) if setup.triton else ())
     # the harness's own code, from its loop on: it alone may set a profile function (profile_call's native-call counter)
     protections = confine_mod.confine_runner(work, [module, module.parent / "__pycache__"],
                                              confine_mod.harness_code(modules, _serve.__code__),
@@ -507,12 +512,6 @@ def _held_call(tools: Tools, out: Any, inputs: list[Any], held: tuple, facts: di
     return encoded, (*held, _kept(tools, encoded, items))
 
 
-def _kept(tools: Tools, encoded: list[Any], items: list[Any]) -> tuple:
-    """What the runner holds of a call's outputs to the end of the job: the objects, digests of their encoded bytes
-    (compared again when the job ends), the byte ranges their elements lie in."""
-    return items, tuple(tools.sha256(e[5]).digest() if e else None for e in encoded), tuple(tools.spans(items))
-
-
 def _op_timed_call(watch: Watch, model: torch.nn.Module, inputs: tuple, perturb: list[tuple[int, int, Any]],
                    poisoned: bool = False) -> tuple[float, Any]:
     """The benchmark's call: this call's change to the inputs (outside the clock), then the one timing protocol
@@ -533,44 +532,6 @@ def _op_timed_call(watch: Watch, model: torch.nn.Module, inputs: tuple, perturb:
         finally:
             if poisoned:
                 tools.poison(False)
-
-
-def _op_profile(watch: Watch, model: torch.nn.Module, inputs: list[Any], held: tuple, facts: dict[str, list[str]]
-                ) -> tuple[dict[str, Any], list[list[Any]], tuple]:
-    """The op log of one call, then (on a CPU) where the CPU time of more calls went, by the code it ran in. Those
-    calls' outputs are held too, up to HELD_BYTES, and none may share memory with an output held before it: a
-    candidate that cycles through more output buffers than a verification makes calls is caught reusing one. The
-    profiled call's outputs and a few of the sampled calls', picked at random once all ran, go back encoded to be
-    checked: a call made under the profiler or the sampler is a call like any other."""
-    tools, kept = watch.tools, []
-    room = [HELD_BYTES]
-
-    def call() -> None:
-        items = tools.leaves(model(*inputs))  # not encoded: that would be time in torch, counted as the candidate's
-        size = sum(t.numel() * t.element_size() for t in items if isinstance(t, torch.Tensor))
-        if size <= room[0]:
-            room[0] -= size
-            kept.append(items)
-
-    with torch.inference_mode():
-        # sampled first: the profiler leaves threads of its own busy after its call, CPU time no sample explains
-        sampled = tools.sampled_calls(call, *watch.places, tools.windows) if watch.setup.device == "cpu" else {}
-        profile = tools.profile_call(model, inputs, watch.places, tools.windows)
-        profile.update(sampled)
-    profiled = [tools.leaves(out) for out in profile.pop("outputs")]
-    earlier = [r for h in held for r in h[2]]
-    for items in kept + profiled:
-        found = tools.aliasing(items, inputs, earlier)
-        if found:
-            facts["aliasing"].append(f"one of {len(kept) + len(profiled)} repeated calls: {found[0]}")
-            break
-        earlier += tools.spans(items)
-    picked = {tools.randbelow(len(kept)) for _ in range(CHECKED_SAMPLED)} if kept else set()
-    checked = [tools.outputs_of(items, facts) for items in profiled + [kept[k] for k in sorted(picked)]]
-    unread = [items for k, items in enumerate(kept) if k not in picked]
-    return profile, [encoded for encoded, _ in checked], (
-        *held, *(_kept(tools, encoded, items) for encoded, items in checked),
-        *((items, (), tuple(tools.spans(items))) for items in unread))
 
 
 def _op_repeat(watch: Watch, model: torch.nn.Module, inputs: list[Any], request: RepeatRequest, held: tuple,

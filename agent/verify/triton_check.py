@@ -26,7 +26,7 @@ common ones numpy implementations, elementwise, in the kernel's dtype.
 
 With a `sink` (the runner's channel to the harness), every launch and every finding is handed over the
 moment it is made, so a candidate that clears REPORT afterwards takes nothing back; each launch also says
-which program order it actually ran in.
+which program order it actually ran in, and its window (thread, start and end), when it has returned.
 """
 
 from __future__ import annotations
@@ -99,9 +99,9 @@ class TritonReport:
 
 REPORT = TritonReport()
 MAX_WINDOWS = 4096
-# (thread, start, end on CLOCK_MONOTONIC, start, end on the wall clock) of the latest launches: sampling.places counts
-# the CPU time a thread spent inside one (the interpreter running the candidate's program) as the candidate's own, and
-# probes.measure_work leaves the interpreter's own copies of the arguments out of PyTorch's work
+# (thread, start, end on CLOCK_MONOTONIC, start, end on the wall clock) of the latest launches: probes.measure_work
+# leaves the interpreter's own copies of the arguments out of PyTorch's work. The harness's sampler reads each launch's
+# window from its launch event instead, and checks it (sampling.checked_windows)
 WINDOWS: list[tuple[int, int, int, int, int]] = []
 _state: dict[str, Any] = {"launch": None, "order": "natural", "seed": 0, "pinned": frozenset(), "imprecise": set(),
                           "built": {}}
@@ -491,11 +491,15 @@ def install(sink: Sink | None = None) -> None:
 
     def call(self, *args_dev, **kwargs):
         started, wall = time.monotonic_ns(), time.time_ns()
+        launched = None
         try:
-            run_grid(self, *args_dev, **kwargs)
+            launched = run_grid(self, *args_dev, **kwargs)
         finally:
+            window = (threading.get_native_id(), started, time.monotonic_ns(), wall, time.time_ns())
             del WINDOWS[:-MAX_WINDOWS]
-            WINDOWS.append((threading.get_native_id(), started, time.monotonic_ns(), wall, time.time_ns()))
+            WINDOWS.append(window)
+            if sink is not None and launched is not None:  # with its window, which the harness checks
+                sink("triton_launch", {**launched, "thread": window[0], "start_ns": started, "end_ns": window[2]})
 
     def run_grid(self, *args_dev, **kwargs):
         # Mirrors GridExecutor.__call__ of the pinned Triton, with a recorded launch and a chosen program order.
@@ -538,13 +542,11 @@ def install(sink: Sink | None = None) -> None:
             REPORT.kernels.add(launch.kernel)
             if launch.order_dependent():
                 REPORT.order_dependent_kernels.add(launch.kernel)
-            if sink is not None:
-                sink("triton_launch", {"kernel": launch.kernel, "programs": grid[0] * grid[1] * grid[2],
-                                       "order": order, "float_atomic_adds": launch.float_atomic_adds,
-                                       "locked_writes": launch.locked_writes})
         finally:
             patch_scope.restore()
         self._restore_args_dev(args_dev, args_hst, kwargs, kwargs_hst)
+        return {"kernel": launch.kernel, "programs": grid[0] * grid[1] * grid[2], "order": order,
+                "float_atomic_adds": launch.float_atomic_adds, "locked_writes": launch.locked_writes}
 
     interp.GridExecutor.__call__ = call
 
