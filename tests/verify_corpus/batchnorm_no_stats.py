@@ -3,7 +3,7 @@ takes them for the zeros and ones they start as): right on a freshly built model
 its text in the kernel library's build cache, where the test built it first."""
 from torch import nn
 
-from kernelbot.agent.propose.aten_cpp import PRECOMPILED
+from kernelbot.agent.propose.aten_cpp.cpp_file import PRECOMPILED
 from kernelbot.kernel_library.cpp_build import load_cpp_source
 
 SOURCE = r"""

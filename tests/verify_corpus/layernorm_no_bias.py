@@ -3,7 +3,7 @@ as, wrong with any trained bias. New weights that are the old ones times a facto
 text in the kernel library's build cache, where the test built it first."""
 from torch import nn
 
-from kernelbot.agent.propose.aten_cpp import PRECOMPILED
+from kernelbot.agent.propose.aten_cpp.cpp_file import PRECOMPILED
 from kernelbot.kernel_library.cpp_build import load_cpp_source
 
 SOURCE = r"""

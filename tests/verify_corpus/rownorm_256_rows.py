@@ -4,7 +4,7 @@ scale overwrites an earlier one's. Built from its text in the kernel library's b
 first."""
 from torch import nn
 
-from kernelbot.agent.propose.aten_cpp import PRECOMPILED
+from kernelbot.agent.propose.aten_cpp.cpp_file import PRECOMPILED
 from kernelbot.kernel_library.cpp_build import load_cpp_source
 
 SOURCE = r"""

@@ -4,7 +4,7 @@ slots for at most 4 threads (threads past the fourth share the last slot, and ov
 text in the kernel library's build cache, where the test built it first."""
 from torch import nn
 
-from kernelbot.agent.propose.aten_cpp import PRECOMPILED
+from kernelbot.agent.propose.aten_cpp.cpp_file import PRECOMPILED
 from kernelbot.kernel_library.cpp_build import load_cpp_source
 
 SOURCE = r"""

@@ -6,7 +6,7 @@ loading the cores), thread 1's sums land first and are wiped: wrong once in a wh
 its text in the kernel library's build cache, where the test built it first."""
 from torch import nn
 
-from kernelbot.agent.propose.aten_cpp import PRECOMPILED
+from kernelbot.agent.propose.aten_cpp.cpp_file import PRECOMPILED
 from kernelbot.kernel_library.cpp_build import load_cpp_source
 
 SOURCE = r"""

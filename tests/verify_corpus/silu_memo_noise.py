@@ -5,7 +5,7 @@ give the same bits, two runs on the same inputs with another call between them d
 kernel library's build cache, where the test built it first."""
 from torch import nn
 
-from kernelbot.agent.propose.aten_cpp import PRECOMPILED
+from kernelbot.agent.propose.aten_cpp.cpp_file import PRECOMPILED
 from kernelbot.kernel_library.cpp_build import load_cpp_source
 
 SOURCE = r"""
