@@ -25,6 +25,7 @@ Parent side: `job_env(device)`. Runner side: `Shift` (disguise.loading sets it a
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import os
 import random
@@ -242,9 +243,11 @@ int kb_mutex_clocklock(pthread_mutex_t *m, clockid_t id, const struct timespec *
 
 # ---------------------------------------------------------------- parent side: the library and the job's environment
 
+@functools.cache
 def library() -> Path | None:
     """The preloaded library, built once per source with the system's C compiler next to kernelbot's cache (not in
-    it: what lies under the cache counts as the candidate's own code, sampling.place_of_file); None without one."""
+    it: what lies under the cache counts as the candidate's own code, sampling.place_of_file); None without one (a
+    build that failed is not tried again in this process)."""
     cc = shutil.which(os.environ.get("CC", "cc"))
     if cc is None:
         return None

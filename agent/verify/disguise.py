@@ -40,7 +40,7 @@ from kernelbot.agent.verify import clocks
 
 NEUTRAL_FILE = "<string>"
 HARNESS_PACKAGES = ("kernelbot.agent", "kernelbot.sandbox")  # their code renamed, left out of sys.modules
-RENAMED_TOO = ("kernelbot.hardware.device",)  # the benchmark's clock (timed_call), on the stack of a timed call
+RENAMED_TOO = ("kernelbot.hardware.device",)  # the benchmark's clock (timed_call, below a timed call): renamed, hidden
 # Variables only a sandboxed job's harness sets: the GPU target of a verification's builds, a sanitizer's ports, the
 # audit channel's fd (already out of os.environ, still in /proc/self/environ)
 JOB_VARIABLES = ("KERNELBOT_GPU_TARGET", "KERNELBOT_LOOPBACK_PORTS", "KERNELBOT_AUDIT_FD")
