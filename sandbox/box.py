@@ -31,6 +31,12 @@ BOX_ROOT_ENV = "KERNELBOT_BOX_ROOT"
 AUDIT_LIMIT = 1 << 20  # bytes of audit records read back from a job
 # The program a job runs, by module path (named, never imported here: the sandbox only starts it).
 HARNESS = "kernelbot.agent.verify.harness"
+# How Python starts it: `python -c`, not `-m`, so that neither the harness's module (as __main__) nor its file (the
+# bottom frame) is on the stack of a candidate's call. The one expression binds no name in __main__, drops -c's
+# current-directory entry from sys.path, renames the harness's code to neutral names (disguise.py) and runs main().
+HARNESS_ARGS = ("-c", "(lambda s, h, d: (s.path.__setitem__(slice(None), [p for p in s.path if p]), d.neutral_code(), "
+                      f"h.main()))(__import__('sys'), __import__('{HARNESS}', fromlist=['main']), "
+                      "__import__('kernelbot.agent.verify.disguise', fromlist=['neutral_code']))")
 # A job whose wrapper talks to it over loopback TCP (compute-sanitizer's front end and the target it launches) gets
 # these ports, "first-last", and nothing else of the network: the runner brings loopback up in the job's own
 # network namespace, and its Landlock layer allows TCP bind and connect on these ports only (landlock.restrict).

@@ -256,14 +256,16 @@ FRAME_GIVERS = frozenset({"inspect.py", "traceback.py"})
 
 
 def asks_for_frames(frame: FrameType | None, sites: tuple[str, ...], stdlib: str, own: tuple[str, ...],
-                    seen: dict[str, str] | None = None) -> str | None:
+                    seen: dict[str, str] | None = None, harness: frozenset[CodeType] = frozenset()) -> str | None:
     """The file of the candidate's code that asked for a frame (`frame` asked), or None when it was other code: from
     the frame that asked outwards, past code without a file of its own (generated or frozen: whoever ran it asked) and
     past the standard library's inspect and traceback (they hand frames back), the first frame is neither the standard
     library's (warnings and logging read frames for themselves), nor an installed package's, nor kernelbot's own
-    (`own`)."""
+    (`own`), nor the harness's (`harness`, its code objects: renamed to neutral names, they have no file of theirs)."""
     seen = {} if seen is None else seen  # file name -> its kind (the hook keeps one: no realpath per event)
     while frame is not None:
+        if frame.f_code in harness:
+            return None
         name = frame.f_code.co_filename
         frame = frame.f_back
         if name not in seen:
@@ -316,7 +318,7 @@ def install_audit(record: Recorder, harness: Harness = NO_HARNESS) -> None:
               args[1] in FRAME_ATTRIBUTES) and not busy[0] and harness.root is not None:
             busy[0] = True
             try:
-                asker = frames_asked(getframe(1), sites, stdlib, harness.folders, seen)
+                asker = frames_asked(getframe(1), sites, stdlib, harness.folders, seen, harness.code)
                 if asker is not None:
                     what = event if event == "sys._getframe" else f"{type(args[0]).__name__}.{args[1]}"
                     emit("introspection", f"{what} in {asker[-80:]}: the candidate looked at the frames that called it")
@@ -416,6 +418,9 @@ def trap_environment(record: Recorder) -> None:
                 emit("secret_lookup", f"environment variable {key!r}")
             return base.__getitem__(self, key)
 
+    # named as the class it stands in for: type(os.environ) naming kernelbot would tell a sandboxed run
+    TrappedEnviron.__name__, TrappedEnviron.__qualname__, TrappedEnviron.__module__ = base.__name__, \
+        base.__qualname__, base.__module__
     os.environ.__class__ = TrappedEnviron
 
 

@@ -162,8 +162,8 @@ def run_job(job: dict[str, Any], workdir: Path, timeout: float, env: dict[str, s
     memory = box.memory_limit()
     limited = address_limit and device is None
     protections = _protections(tag, timeout, memory, uid, device, limited)
-    command = [sys.executable, "-c", LAUNCH, AUDIT_TARGET, *(wrapper or []), sys.executable, "-m",
-               box.HARNESS, "job.json"]
+    command = [sys.executable, "-c", LAUNCH, AUDIT_TARGET, *(wrapper or []), sys.executable, *box.HARNESS_ARGS,
+               "job.json"]
     records, stop = bytearray(), threading.Event()
     reader = threading.Thread(target=box.drain_records, args=(audit_fd, stop, records), daemon=True)
     reader.start()

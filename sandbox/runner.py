@@ -24,7 +24,7 @@ from typing import Any
 
 from kernelbot.sandbox import docker_runner
 from kernelbot.sandbox.box import (
-    HARNESS,
+    HARNESS_ARGS,
     LOOPBACK_PORTS_ENV,
     MAX_FILE_BYTES,
     MAX_PROCESSES,
@@ -150,7 +150,7 @@ def run_job(job: dict[str, Any], workdir: Path, timeout: float, env: dict[str, s
         loopback = False
         protections.append("no TCP at all: loopback ports need a network namespace of the job's own (root and "
                            "unshare), so compute-sanitizer cannot reach its target here")
-    command = [*(wrapper or []), sys.executable, "-m", HARNESS, "job.json"]
+    command = [*(wrapper or []), sys.executable, *HARNESS_ARGS, "job.json"]
     if isolated:  # with loopback, the job makes its network namespace itself (launch.py), with lo up
         # --mount-proc: under a wrapper the harness is not pid 1 and mounts no /proc itself, and the CUDA driver names
         # its threads through /proc/self/task/<tid>/comm with this namespace's tids (on an H200 node, 2026-12-04:

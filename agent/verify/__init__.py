@@ -11,7 +11,7 @@ Parent side (trusted; the candidate never runs here):
   bench.py      interleaved timing rounds, medians, noise; timed outputs checked
   evaluate.py   one candidate through verify and bench, as the optimize loop sees it
 
-In the box (run by the sandbox as `python -m kernelbot.agent.verify.harness`):
+In the box (run by the sandbox as `python -c`, starting harness.main: sandbox/box.py HARNESS_ARGS):
   harness.py    the entry point: the harness's jobs (verify, bench, sanitize, build, noop) and its handle on the
                 runners it forks, which alone run candidate code
   runner.py     a runner process: its confinement, bound tools, request loop and the observations around each call
@@ -19,6 +19,8 @@ In the box (run by the sandbox as `python -m kernelbot.agent.verify.harness`):
   parent_sampling.py  the harness's side of the sampled pass: the runner's calls sampled from outside its process
   runner_channel.py  the channel between the two: frames, plain-data replies, tensors as plain data
   probes.py, triton_check.py, cuda_check.py   observations made in a runner around the candidate's calls
+  disguise.py, clocks.py   what the candidate's process says of itself (stack, modules, command line, environment,
+                clocks) made to say nothing of verification
 
 Both sides: messages.py, the typed messages the parent, the harness and its runners exchange (and how outputs are
 laid out); sampling.py, where a call's CPU time is spent, by the code it ran in (the candidate's calls sampled by the

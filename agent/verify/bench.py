@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from kernelbot.agent.verify import clocks
 from kernelbot.agent.verify.cases import References, inputs_at
 from kernelbot.agent.verify.messages import BenchJob, BenchOutputs, BenchResult, read_result
 from kernelbot.agent.verify.numerics import compare, reference_outputs
@@ -110,7 +111,8 @@ def bench(task: Task, reference_path: Path, candidate_path: Path, workdir: Path,
                    inputs=str((workdir / "inputs.pt").resolve()), rounds=rounds, device=device, copies=copies)
     since = host.sample()
     gpu_before = gpu_state(gpu)
-    result = run_job(job.model_dump(mode="json"), workdir, timeout=timeout, env=library_env(device).env, gpu=gpu)
+    env = {**library_env(device).env, **clocks.job_env(device)}
+    result = run_job(job.model_dump(mode="json"), workdir, timeout=timeout, env=env, gpu=gpu)
     load, gpu_after = host.host_load(since), gpu_state(gpu)
     report = read_result(result.payload)
     if result.status != "ok" or not isinstance(report, BenchResult):

@@ -17,8 +17,12 @@ import sysconfig
 from pathlib import Path
 from typing import Any
 
+from kernelbot.agent.verify.compile_gate import TARGET_ENV
+from kernelbot.agent.verify.disguise import like
+
 DEFAULT_ARCH = "sm_90"  # where no GPU is visible (the CPU-side tests), the H100/H200's
 REPORTS: list[dict[str, Any]] = []
+_TARGET: list[str | None] = [None]  # TARGET_ENV as install() found it
 # load_inline puts these before CUDA sources; the same here, so the sources compile as they would there.
 _PRELUDE = "#include <torch/types.h>\n#include <cuda.h>\n#include <cuda_runtime.h>\n"
 _ENTRY = re.compile(r"Compiling entry function '([^']+)' for '(\w+)'")
@@ -47,14 +51,14 @@ def parse_ptxas(text: str) -> list[dict[str, Any]]:
 
 
 def target_arch() -> str:
-    """The verification's GPU target (compile_gate.TARGET_ENV, which verify sets), else sm_<major><minor> of the GPU
-    the candidate runs on (torch's current device), else DEFAULT_ARCH."""
+    """The verification's GPU target (compile_gate.TARGET_ENV, which verify sets; read when install ran, since the
+    runner takes it out of the candidate's environment), else sm_<major><minor> of the GPU the candidate runs on
+    (torch's current device), else DEFAULT_ARCH."""
     import torch
 
-    from kernelbot.agent.verify.compile_gate import TARGET_ENV
-
-    if os.environ.get(TARGET_ENV):
-        return os.environ[TARGET_ENV]
+    target = _TARGET[0] or os.environ.get(TARGET_ENV)
+    if target:
+        return target
     if not torch.cuda.is_available():
         return DEFAULT_ARCH
     major, minor = torch.cuda.get_device_capability()
@@ -91,6 +95,7 @@ def install(workdir: Path) -> None:
     """Route torch's CUDA builds through the ptxas report; without a GPU, stop there."""
     from torch.utils import cpp_extension
 
+    _TARGET[0] = os.environ.get(TARGET_ENV)
     original_inline, original_load = cpp_extension.load_inline, cpp_extension.load
 
     def gate(sources: list[str], flags: list[str] | None) -> None:
@@ -117,4 +122,4 @@ def install(workdir: Path) -> None:
             gate(cu, kwargs.get("extra_cuda_cflags"))
         return original_load(name, sources, *args, **kwargs)
 
-    cpp_extension.load_inline, cpp_extension.load = load_inline, load
+    cpp_extension.load_inline, cpp_extension.load = like(load_inline, original_inline), like(load, original_load)

@@ -1,4 +1,4 @@
-"""The in-box harness (started by the sandbox as `python -m kernelbot.agent.verify.harness job.json`): a harness
+"""The in-box harness (started by the sandbox as `python -c ... job.json`, box.HARNESS_ARGS): a harness
 process that never runs candidate code, and runners it forks that do.
 
 Jobs (job.json in the working directory, a messages.Job):
@@ -49,7 +49,7 @@ from typing import Any
 
 import torch
 
-from kernelbot.agent.verify import cuda_check, parent_sampling
+from kernelbot.agent.verify import cuda_check, disguise, parent_sampling
 from kernelbot.agent.verify.cuda_check import NeedsGPU
 from kernelbot.agent.verify.messages import (
     EVENTS,
@@ -154,7 +154,7 @@ class Runner:
                 _serve(setup, down_r, up_w, (sys.modules[__name__],))  # this module sealed with the runner's
                 code = 0
             except BaseException:
-                traceback.print_exc()
+                sys.stderr.write(disguise.readable(traceback.format_exc()))
             finally:
                 os._exit(code)
         os.close(down_r)
@@ -703,7 +703,7 @@ def main() -> None:
     except Exception as exc:  # the candidate's failure is a result, reported to the parent
         message = str(exc) if isinstance(exc, LoadError) else f"{type(exc).__name__}: {exc}"
         result = JobFailure(error=message.strip()[:1500], stage="compile" if isinstance(exc, LoadError) else "run",
-                            traceback=traceback.format_exc()[-3000:])
+                            traceback=disguise.readable(traceback.format_exc())[-3000:])
     if "ptxas" not in result.model_fields_set:  # the harness's own builds (a sanitize job loads the candidate here)
         result.ptxas = [PtxasReport.model_validate(r) for r in cuda_check.REPORTS]
     result.protections = protections + result.protections

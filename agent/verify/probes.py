@@ -38,6 +38,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
 
 from kernelbot.agent.verify import sampling
+from kernelbot.agent.verify.disguise import like
 
 # What a benchmark's clock is made of: replacing any of these is timing tampering.
 _TIMING = {
@@ -360,9 +361,10 @@ def install(places: Places) -> None:
                     _ctypes_calls += 1
                 return base.__call__(self, *call_args)
 
+        Counted.__module__, Counted.__qualname__ = base.__module__, base.__qualname__
         self._FuncPtr = Counted
 
-    ctypes.CDLL.__init__ = init
+    ctypes.CDLL.__init__ = like(init, original)
 
 
 @dataclass

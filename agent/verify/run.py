@@ -56,7 +56,7 @@ import torch
 
 from kernelbot import KernelbotError
 from kernelbot.agent.verify import cases as casemod
-from kernelbot.agent.verify import interpreter_race, provenance
+from kernelbot.agent.verify import clocks, interpreter_race, provenance
 from kernelbot.agent.verify.asan import asan_check
 from kernelbot.agent.verify.compile_gate import (
     DEFAULT_TARGET,
@@ -189,7 +189,7 @@ def verify(task: Task, reference_path: Path, candidate_path: Path, workdir: Path
                     triton=triton, device=device,
                     foreign_builds=sorted(provenance.installed_libraries()) if device == "cpu" else [])
     library = library_env(device, runs_cpp)
-    job_env = {**library.env, **({"TRITON_INTERPRET": "1"} if triton else {}), **(env or {})}
+    job_env = {**library.env, **clocks.job_env(device), **({"TRITON_INTERPRET": "1"} if triton else {}), **(env or {})}
     # a CPU runner's process filter refuses Triton's ptxas: there the compile gate is a job of its own (_cpu_builds)
     job_env = job_env if device == "cpu" else {**job_env, TARGET_ENV: target}
     result = run_job(job.model_dump(mode="json"), workdir, timeout=timeout, env=job_env, gpu=gpu)

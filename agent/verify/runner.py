@@ -29,7 +29,17 @@ from typing import Any, NamedTuple
 import torch
 from pydantic import BaseModel
 
-from kernelbot.agent.verify import cuda_check, messages, probes, provenance, runner_calls, runner_channel, sampling
+from kernelbot.agent.verify import (
+    clocks,
+    cuda_check,
+    disguise,
+    messages,
+    probes,
+    provenance,
+    runner_calls,
+    runner_channel,
+    sampling,
+)
 from kernelbot.agent.verify.cuda_check import NeedsGPU
 from kernelbot.agent.verify.messages import (
     FACT_KINDS,
@@ -166,7 +176,7 @@ def _build(model_cls: type, init_args: list[Any], state_dict: dict[str, Any], in
 
 def _load(path: str, cls: str) -> type:
     try:
-        return getattr(load_module(path, f"kb_{cls.lower()}"), cls)
+        return getattr(load_module(path, disguise.module_name(path) if cls == "ModelNew" else f"kb_{cls.lower()}"), cls)
     except NeedsGPU:
         raise
     except Exception as exc:
@@ -357,6 +367,7 @@ def _prepare(setup: RunnerSetup, wfd: int, harness: tuple[ModuleType, ...]) -> W
     and taken for the harness's own code with this module's."""
     from kernelbot.agent.verify import triton_check
 
+    disguise.neutral_code([triton_check])  # imported after the harness renamed its code, before anything binds it
     work = Path.cwd() / WORK
     os.chdir(work)
     _warm_up(setup.device, setup.threads)
@@ -392,7 +403,8 @@ def _prepare(setup: RunnerSetup, wfd: int, harness: tuple[ModuleType, ...]) -> W
     known = frozenset(tools.os_threads())
     module = Path(setup.module)
     modules = (*harness, sys.modules[__name__], runner_channel, runner_calls, probes, confine_mod, landlock, seccomp,
-               cuda_check, messages, sampling, provenance, device_mod) + ((triton_check,) if setup.triton else ())
+               cuda_check, messages, sampling, provenance, device_mod, clocks, disguise) + \
+        ((triton_check,) if setup.triton else ())
     # the harness's own code, from its loop on: it alone may set a profile function (profile_call's native-call counter)
     protections = confine_mod.confine_runner(work, [module, module.parent / "__pycache__"],
                                              confine_mod.harness_code(modules, _serve.__code__),
@@ -627,11 +639,13 @@ def _reweight(model: torch.nn.Module, new: dict[str, Any], names: list[str], buf
 
 def _op_load(setup: RunnerSetup, request: LoadRequest, facts: dict[str, list[str]]
              ) -> tuple[dict[str, Any], tuple[torch.nn.Module, ...]]:
-    model_cls = _load(setup.module, setup.cls)
-    models = tuple(_build(model_cls, init, sd, request.init_seed, facts["unloadable_weights"]).to(setup.device)
-                   for init, sd in request.models)
+    shown: list[str] = []
+    with disguise.loading(facts, shown):  # nothing of the process names verification; its clocks read hours back
+        model_cls = _load(setup.module, setup.cls)
+        models = tuple(_build(model_cls, init, sd, request.init_seed, facts["unloadable_weights"]).to(setup.device)
+                       for init, sd in request.models)
     sealed = [seccomp.refuse_processes()] if setup.sealed_processes else []  # its builds are done: no more programs
-    return {"ptxas": cuda_check.REPORTS, "protections": [*_PROTECTIONS, *sealed]}, models
+    return {"ptxas": cuda_check.REPORTS, "protections": [*_PROTECTIONS, *shown, *sealed]}, models
 
 
 def _cpu_since(mark: tuple[int, dict[int, int]] | None, known: frozenset[int]
