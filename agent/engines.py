@@ -49,6 +49,7 @@ from kernelbot.profiler.row_split import split_hotspots
 from kernelbot.profiler.trace import load_trace
 from kernelbot.profiler.workload_floor import with_shares, workload_floor
 from kernelbot.records import (
+    IN_PROCESS,
     Device,
     EndToEndTimes,
     ModelSpec,
@@ -75,7 +76,7 @@ class InProcessEngine:
     """The model in this process: TorchEngine runs the workload as a server would (agent/measure/end_to_end.py
     measures)."""
 
-    kind = "in-process"
+    kind = IN_PROCESS
 
     def __init__(self, torch_engine: TorchEngine, device: Device) -> None:
         self.engine, self.device = torch_engine, device

@@ -22,7 +22,15 @@ from kernelbot.agent.journal.run_state import BudgetSpent, Clock, RunState
 from kernelbot.agent.measure.alone_vs_model import alone_vs_engine, alone_vs_model, alone_vs_profiles
 from kernelbot.agent.measure.compile_baseline import RegionCompile, time_region_compile
 from kernelbot.agent.measure.end_to_end import Measured, final_rows, median
-from kernelbot.agent.measure.gate import TAKE_APART_S, engine_losers, faster, leave_one_out_s, never_slower, ratio
+from kernelbot.agent.measure.gate import (
+    TAKE_APART_S,
+    engine_losers,
+    faster,
+    leave_one_out_s,
+    never_slower,
+    ratio,
+    with_baselines_of,
+)
 from kernelbot.agent.pack import build_pack
 from kernelbot.agent.report.markdown import write_report
 from kernelbot.agent.run_options import OptimizeOptions
@@ -359,6 +367,9 @@ class OptimizeRun:
 
     def gate(self, measured: Measured, finish: Finish) -> Measured:
         """Never ship a slower model (agent/measure/gate.py); the kernels it drops leave the pack, with the reason."""
+        return with_baselines_of(self._gate(measured, finish), measured)
+
+    def _gate(self, measured: Measured, finish: Finish) -> Measured:
         in_process = self.opts.serve is None  # trials are a few workload rounds, not two servers started
         won = faster(measured.times)
         trials_s = leave_one_out_s(measured.times, len(self.accepted), finish.rounds)

@@ -18,7 +18,7 @@ from kernelbot.engine.layer_route import PARTS, LeanLayer, has_parts, probe_agre
 from kernelbot.engine.router import LayerSpec, Router
 from kernelbot.kernel_library import FAMILIES
 from kernelbot.kernel_library.base import GENERIC, hot_path
-from kernelbot.records import Pack, PackEntry
+from kernelbot.records import IN_PROCESS, Pack, PackEntry
 
 Route = tuple[list[LayerSpec], Callable[..., Any]]  # a module's specs and its own forward
 # An in-process model's batches do not change between calls, so a kernel's in-model timings are taken on consecutive
@@ -108,7 +108,7 @@ class PackPatcher:
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
-        self.router = Router(engine="torch", pack_dir=None, counts_dir=None, capturing=False,
+        self.router = Router(engine=IN_PROCESS, pack_dir=None, counts_dir=None, capturing=False,
                              probe_after=PROBE_AFTER, probe_every=1)
         self.pack: Pack | None = None
         self._patched: list[torch.nn.Module] = []

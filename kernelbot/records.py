@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
 
 KERNEL_LABEL = "kernelbot::"  # names a pack kernel's calls in traces (the engines label them, the profiler reads them)
+IN_PROCESS = "in-process"  # the engine of a model run in kernelbot's own process (not served)
 
 
 
@@ -579,7 +580,7 @@ class Report(BaseModel):
     reused: list[str] = Field(default_factory=list)  # candidates taken from the kernel store
     sessions: int = 1  # 1 + how many times the run was resumed
     host: HostLoad | None = None  # over the end-to-end rounds: a contended host makes every ratio above doubtful
-    engine: str = "in-process"  # or the served engine: "vllm", "sglang"
+    engine: str = IN_PROCESS  # or the served engine: "vllm", "sglang"
     serving: ServedComparison | None = None  # served runs: the A/B on the server (its rounds are baseline/optimized)
     floor: WorkloadFloor | None = None
     peak_rss_mib: float | None = None  # kernelbot's own process at its largest (the sandbox's and servers' apart)

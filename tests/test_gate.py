@@ -10,7 +10,15 @@ from types import SimpleNamespace
 import pytest
 
 from kernelbot.agent.measure.end_to_end import Measured
-from kernelbot.agent.measure.gate import TAKE_APART_S, engine_losers, faster, leave_one_out_s, never_slower, ratio
+from kernelbot.agent.measure.gate import (
+    TAKE_APART_S,
+    engine_losers,
+    faster,
+    leave_one_out_s,
+    never_slower,
+    ratio,
+    with_baselines_of,
+)
 from kernelbot.records import EndToEndTimes, Fidelity, KernelCalls, PluginReport
 
 EAGER = [100.0, 103.0, 99.0, 101.0, 102.0, 100.0, 98.0]
@@ -146,3 +154,13 @@ def test_a_served_kernel_the_engine_timed_no_faster_or_switched_off_is_named_and
     assert set(losers) == {"h00", "h02"}
     assert "401.0 against the engine's own 393.0 us" in losers["h00"] and "7.40x" in losers["h00"]
     assert "switched off in the engine: slower in the engine" in losers["h02"]
+
+
+def test_the_gates_last_trial_keeps_the_first_measurements_compile_rounds_and_says_so():
+    first = Measured(calls={}, fallbacks={}, fidelity=FID,
+                     times=EndToEndTimes(eager=[100.0] * 3, kernelbot=[40.0] * 3, compiled=[90.0] * 3))
+    trial = Measured(calls={}, fallbacks={}, fidelity=FID, times=EndToEndTimes(eager=[101.0] * 3, kernelbot=[38.0] * 3))
+    final = with_baselines_of(trial, first)
+    assert final.times.compiled == [90.0] * 3 and final.times.kernelbot == [38.0] * 3
+    assert any("two measurements" in n for n in final.notes)
+    assert with_baselines_of(first, first) is first  # nothing dropped: the first measurement, as it was

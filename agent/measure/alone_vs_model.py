@@ -10,6 +10,7 @@ from __future__ import annotations
 import statistics
 
 from kernelbot.records import (
+    IN_PROCESS,
     AloneVsModel,
     EndToEndTimes,
     Hotspot,
@@ -80,6 +81,7 @@ def alone_vs_engine(rows: list[KernelResult], processes: list[PluginReport]) -> 
                 or not timed.timed or timed.kernel_us is None or timed.engine_us is None):
             continue
         calls = sum(c.calls for c in counted)
+        where = "model" if all(p.engine == IN_PROCESS for p in processes) else "engine"
         predicted = calls * (row.reference_us - row.time_us) / 1e3
         measured = calls * (timed.engine_us - timed.kernel_us) / 1e3
         in_engine = timed.engine_us / timed.kernel_us if timed.kernel_us else float("inf")
@@ -88,8 +90,8 @@ def alone_vs_engine(rows: list[KernelResult], processes: list[PluginReport]) -> 
             candidate_id=cid.replace("__", "/", 1), speedup_alone=row.speedup, calls=calls,
             predicted_ms=round(predicted, 2), measured_ms=round(measured, 2), bench_call_us=row.time_us,
             model_call_us=timed.kernel_us, judged=True, disagrees=disagrees,
-            cause=_per_call_cause(f"{in_engine:.2f}x in the engine against {row.speedup:.2f}x in its benchmark", row,
-                                  timed.engine_us, timed.kernel_us, "the engine") if disagrees else "",
+            cause=_per_call_cause(f"{in_engine:.2f}x in the {where} against {row.speedup:.2f}x in its benchmark", row,
+                                  timed.engine_us, timed.kernel_us, f"the {where}") if disagrees else "",
             source=InModelSource.ENGINE_TIMING,
             model_op_us=timed.engine_us))
     return out

@@ -113,3 +113,16 @@ def engine_losers(accepted: list[Accepted], processes: list[PluginReport]) -> li
                            f"against the engine's own {timed.engine_us:.1f} us a call (medians of {timed.timed} "
                            "calls timed side by side)"))
     return out
+
+
+def with_baselines_of(final: Measured, first: Measured) -> Measured:
+    """The gate's last measurement with the first one's torch.compile and graph-decode rounds where it has none of its
+    own (a trial neither recompiles nor captures the model: the baselines do not depend on the pack), said in a note."""
+    missing = {k: getattr(first.times, k) for k in ("compiled", "graph_decode")
+               if getattr(first.times, k) and not getattr(final.times, k)}
+    if final is first or not missing:
+        return final
+    note = ("the baselines' rounds in the end-to-end table (torch.compile's, graph decode's) are those interleaved "
+            "with the whole pack's, before the gate: its trials time eager and the pack only, so those ratios to "
+            "eager span two measurements")
+    return final.model_copy(update={"times": final.times.model_copy(update=missing), "notes": [*final.notes, note]})

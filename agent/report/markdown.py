@@ -88,8 +88,9 @@ def _alone_vs_model_section(r: Report) -> list[str]:
              "The saving its benchmark predicts (calls x the op's time less the kernel's) beside the saving measured "
              "in the model. In-process (gate trial): per workload run, the pack's median round without the kernel less "
              "with it (the gate's leave-one-out); a call's time in the model is its module's in the packed model's "
-             "profile (the router's work included). Served (engine timing): over the calls of the served rounds, the "
-             "kernel timed beside the engine's own op on the same calls inside the engine.", "",
+             "profile (the router's work included). Engine timing: over the calls of the measured rounds, the kernel "
+             "timed beside the op it replaces on the same calls where the model runs them (in-process, by the router "
+             "in kernelbot's process; served, inside the engine).", "",
              "| candidate | alone | calls | predicted ms | measured ms | µs a call in the benchmark: op, kernel "
              "| in the model: op, kernel | from | verdict |",
              "|---|---:|---:|---:|---:|---:|---:|---|---|"]
