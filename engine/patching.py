@@ -132,8 +132,9 @@ class PackPatcher:
             self._wrap(module, routes[module])
         for name, module in self.model.named_modules():
             attention = getattr(module, "self_attn", None)
-            if has_parts(module) and attention in routes and self._attention_shapes(named[attention]):
-                self._route_layer(name, module, routes, self._attention_shapes(named[attention]))
+            shapes = self._attention_shapes(named[attention]) if attention in routes else []
+            if has_parts(module) and shapes:
+                self._route_layer(name, module, routes, shapes)
 
     def _generic_named(self, entry: PackEntry, params: tuple[str, ...]) -> bool:
         """Gives the router the generic entry's signature in its by-name form; False (listed as unrouted) where the

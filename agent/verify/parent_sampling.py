@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 from kernelbot.agent.verify import sampling
 from kernelbot.agent.verify.messages import Message, Profile, Reply, SampleRequest, TritonLaunch
-from kernelbot.agent.verify.runner import WORK, _places
+from kernelbot.agent.verify.runner import WORK, code_places
 from kernelbot.agent.verify.runner_channel import RunnerDied
 
 CHECKED_SAMPLED = 3  # the sampled calls whose outputs go back to be checked (picked by the harness once all ran)
@@ -84,7 +84,7 @@ class Sampled:
 def sampled_pass(runner: _Runner, model: int, inputs: list[Any], module: str, foreign: frozenset[str]) -> Sampled:
     """The candidate's calls on `inputs`, sampled from outside its runner until they used sampling.MIN_NS of its CPU
     (at least one, at most sampling.MAX_CALLS)."""
-    own_dirs, torch_dirs = _places(module, Path.cwd() / WORK)
+    own_dirs, torch_dirs = code_places(module, Path.cwd() / WORK)
     runner.ask(SampleRequest(model=model, inputs=inputs))  # staged outside the pass: unpickling is no call's work
     seen, found = len(runner.events), Sampled()
 

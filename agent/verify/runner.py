@@ -250,7 +250,7 @@ class Watch(NamedTuple):
     timers: dict[str, int]
     phase: list[Any]  # the program order the loop asked for, the kernels it pinned: launches report what they ran
     audit: tuple[int, int] | None  # the audit channel's (device, inode) when the candidate loaded
-    places: probes.Places  # (the candidate's own code, torch's generated code, installed libraries): _places
+    places: probes.Places  # (the candidate's own code, torch's generated code, installed libraries): code_places
 
 
 def _no_channel() -> None:
@@ -389,7 +389,7 @@ def _prepare(setup: RunnerSetup, wfd: int, harness: tuple[ModuleType, ...]) -> W
         windows=triton_check.recent_windows, set_threads=torch.set_num_threads,
         leaves=_leaves, poison=probes.poison_allocations, randbelow=secrets.randbelow)
     codes = tuple((fn, fn.__code__) for fn in tools if hasattr(fn, "__code__"))
-    places = (*_places(setup.module, work), setup.foreign)
+    places = (*code_places(setup.module, work), setup.foreign)
     probes.install(places)
     phase: list[Any] = ["natural", frozenset()]  # the order asked for, and the kernels kept in natural order
 
@@ -424,7 +424,7 @@ def _prepare(setup: RunnerSetup, wfd: int, harness: tuple[ModuleType, ...]) -> W
     return watch
 
 
-def _places(module: str, work: Path) -> tuple[tuple[str, ...], tuple[str, ...]]:
+def code_places(module: str, work: Path) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(where code the candidate built lives: its box, the kernel library's build cache, its module's folder; where
     torch.compile's generated code lives, inside the box), as real-path prefixes for sampling.places."""
     own = [work.parent, Path(module).resolve().parent, cache_dir()]  # the library's builds load from the cache
