@@ -43,7 +43,7 @@ from kernelbot.agent.verify.provenance import identity
 
 PERIOD_NS = 50_000  # one sample per 50 µs of a thread's CPU time
 MIN_NS = 20_000_000  # a sampled pass runs calls until they used this much CPU (some hundreds of samples)
-MAX_CALLS = 1000
+MAX_CALLS = 10_000
 PAGES = 16  # ring buffer pages per thread's event (plus its header page): 2048 samples, 100 ms of one thread's CPU
 PLACES = ("own", "torch", "other", "neutral")
 _SYSCALL = {"x86_64": 298, "aarch64": 241}.get(platform.machine())
