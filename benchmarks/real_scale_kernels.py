@@ -5,7 +5,9 @@ decode, and attention over the KV cache at 512-2048-token contexts (decode) and 
 Each row: eager's and the kernel's time a call (median of interleaved rounds), the ratio, the roofline floor from
 this CPU's peaks measured at bf16 (a 2048^3 bf16 GEMM and a 32 MiB copy), and each one's share of its floor.
 Weights are cycled over enough copies of each module that a round's working set exceeds twice the last-level cache,
-as a model's layers stream their weights from memory (a row whose weights fit anyway says so).
+as a model's layers stream their weights from memory (a row whose weights fit anyway says so). Each side is called as
+the model calls it: eager's attention concatenates its cache (transformers' DynamicLayer), the kernel's `step`
+appends into a cache with room (kv_with_room), each copy of the module with a cache of its own.
 
     python benchmarks/real_scale_kernels.py [--rounds 7] [--smallest]
 
@@ -16,9 +18,11 @@ meanwhile: the figures are timings.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -29,6 +33,7 @@ from kernelbot.dtypes import DTYPE_BYTES
 from kernelbot.hardware import host
 from kernelbot.hardware.peaks import measure_cpu
 from kernelbot.kernel_library import FAMILIES
+from kernelbot.kernel_library.decode_attention.cache import kv_with_room
 
 HIDDEN, INTER, HEADS, KV_HEADS, HEAD_DIM, VOCAB = 896, 4864, 14, 2, 64, 151936  # Qwen2.5-0.5B
 BATCH, PROMPT = 8, 512
@@ -77,25 +82,42 @@ def inputs(family: str, init: list[Any], shapes: list[list[int]]) -> list[Any]:
     return [torch.randn(s).bfloat16() for s in shapes]
 
 
-def per_call_us(models: list[torch.nn.Module], x: list[Any], calls: int) -> float:
-    """Calls cycling over the models (each a different copy of the weights)."""
+def as_in_the_model(family: str, kernels: list[torch.nn.Module], x: list[Any]) -> list[Callable[[], Any]]:
+    """Each kernel called as the model calls it: an attention's step appending the new token into a cache of its own
+    with room, holding x's past (the pure form would copy the whole cache every call); any other, its forward."""
+    if family != "decode_attention":
+        return [functools.partial(k, *x) for k in kernels]
+    hidden, cos, sin, past_key, past_value = x
+    past = past_key.shape[2]
+    calls = []
+    for kernel in kernels:
+        key_cache, value_cache = kv_with_room(past_key.clone(), past_value.clone(), hidden.shape[1])
+        step = kernel.bound(hidden.dtype).step
+        calls.append(functools.partial(step, hidden, cos, sin, key_cache, value_cache, past))
+    return calls
+
+
+def per_call_us(calls: list[Callable[[], Any]], n: int) -> float:
+    """n calls cycling over `calls` (each a different copy of the weights)."""
     start = time.perf_counter()
-    for i in range(calls):
-        models[i % len(models)](*x)
-    return (time.perf_counter() - start) / calls * 1e6
+    for i in range(n):
+        calls[i % len(calls)]()
+    return (time.perf_counter() - start) / n * 1e6
 
 
-def time_pair(refs: list[torch.nn.Module], kernels: list[torch.nn.Module], x: list[Any], rounds: int
+def time_pair(family: str, refs: list[torch.nn.Module], kernels: list[torch.nn.Module], x: list[Any], rounds: int
               ) -> tuple[float, float]:
     with torch.inference_mode():
-        for m in refs + kernels:  # warm: the kernels pack their weights on their first call
-            m(*x)
-        calls = max(len(refs), int(0.05 / max(per_call_us(refs, x, len(refs)) / 1e6, 1e-7)))
+        ref_calls = [functools.partial(r, *x) for r in refs]
+        kernel_calls = as_in_the_model(family, kernels, x)
+        for call in ref_calls + kernel_calls:  # warm: the kernels pack their weights on their first call
+            call()
+        n = max(len(refs), int(0.05 / max(per_call_us(ref_calls, len(refs)) / 1e6, 1e-7)))
         ref_t, ker_t = [], []
         for r in range(rounds):
-            pair: list[tuple[list[float], list[torch.nn.Module]]] = [(ref_t, refs), (ker_t, kernels)]
-            for ts, ms in pair if r % 2 == 0 else pair[::-1]:
-                ts.append(per_call_us(ms, x, calls))
+            pair = [(ref_t, ref_calls), (ker_t, kernel_calls)]
+            for ts, calls in pair if r % 2 == 0 else pair[::-1]:
+                ts.append(per_call_us(calls, n))
     return statistics.median(ref_t), statistics.median(ker_t)
 
 
@@ -120,7 +142,7 @@ def main() -> None:
         copies = max(1, min(64, -(-2 * llc // max(weight_bytes, 1))))
         refs, kernels = modules(family, init, copies)
         x = inputs(family, init, shapes)
-        eager_us, kernel_us = time_pair(refs, kernels, x, rounds)
+        eager_us, kernel_us = time_pair(family, refs, kernels, x, rounds)
         floor = device.floor_us(*fam.cost(cost_dims(family, init, shapes), DTYPE_BYTES["bfloat16"]))
         fits = " (fits the cache)" if copies * weight_bytes < 2 * llc else ""
         print(f"| {label} | {shapes[0]} | {weight_bytes / 2**20:.1f} x {copies}{fits} | {eager_us:.1f} | "

@@ -178,12 +178,18 @@ struct GroupAttention {
 };
 
 // bf16 on a CPU with avx512_bf16, for head_dim = 16 * DV: the same attention with the group's rotated bf16 queries
-// dotted with the keys by vdpbf16ps (bf16 products are exact in fp32, sums in fp32; scaled after the dot), all of a
-// query head's scores kept (a plain softmax over them, no rescaling), and its output accumulated in DV registers.
-// Keys and values are prefetched a few rows ahead: at decode this loop streams the cache from memory.
+// dotted with the keys by vdpbf16ps (bf16 products are exact in fp32, sums in fp32; scaled after the dot) and all of
+// a query head's scores kept (a plain softmax over them, no rescaling). Every pass is vectorised across keys:
+//   - scores, 16 keys at a time: each of the group's heads dotted with the block's rows (read from memory once, then
+//     from L1 for the other heads), the 16 dot products summed across lanes by one shuffle tree (sum16), not one
+//     horizontal sum per key and head;
+//   - the softmax: max, exp (BF16::exp512) and sum 16 scores at a time;
+//   - values: HS heads at a time, whose DV accumulators each stay in registers, each value row widened once for them.
+// Keys and values are prefetched a block ahead: at decode these loops stream the cache from memory.
 struct GroupAttentionBf16 {
-  static constexpr int64_t AHEAD = 16;  // cache rows prefetched ahead of the one being read
-  std::vector<float> s;
+  static constexpr int64_t KB = 16;  // keys per score block: one register of scores
+  std::vector<float> s;              // [heads padded to HS, keys padded to KB] scores, then probabilities
+  std::vector<float> best, total;    // per head: its largest score, the sum of its exponentials
 
   // Where a run's results go: each head's output rounded to bf16 (out), or, for one chunk of a split context, its
   // unnormalised fp32 output, max score and sum of exponentials (acc [G, D], m [G], l [G]).
@@ -197,51 +203,103 @@ struct GroupAttentionBf16 {
                                                          const uint16_t* k, const uint16_t* v, int64_t k_pos,
                                                          int64_t v_pos, int64_t n_keys, Sink sink) {
     constexpr int64_t D = 16 * DV;
-    if (static_cast<int64_t>(s.size()) < n_keys) s.resize(n_keys);
-    for (int64_t g = 0; g < G; ++g) {
-      const uint16_t* qg = q + g * D;
-      float best = -std::numeric_limits<float>::infinity();
-      if (g == 0)
-        for (int64_t j = 0; j < std::min(AHEAD, n_keys); ++j)
-          for (int64_t c = 0; c < D; c += 32) {
-            _mm_prefetch(reinterpret_cast<const char*>(k + j * k_pos + c), _MM_HINT_T0);
-            _mm_prefetch(reinterpret_cast<const char*>(v + j * v_pos + c), _MM_HINT_T0);
-          }
-      for (int64_t j = 0; j < n_keys; ++j) {
-        const uint16_t* kr = k + j * k_pos;
-        if (g == 0 && j + AHEAD < n_keys)  // the values too: their pass follows this one
-          for (int64_t c = 0; c < D; c += 32) {
-            _mm_prefetch(reinterpret_cast<const char*>(kr + AHEAD * k_pos + c), _MM_HINT_T0);
-            _mm_prefetch(reinterpret_cast<const char*>(v + (j + AHEAD) * v_pos + c), _MM_HINT_T0);
-          }
-        __m512 acc = _mm512_setzero_ps();
-        for (int64_t c = 0; c < D; c += 32)  // D is a multiple of 16; the last step may hold 16 lanes
-          acc = _mm512_dpbf16_ps(acc, (__m512bh)load_pairs(qg + c, D - c), (__m512bh)load_pairs(kr + c, D - c));
-        s[j] = rule(_mm512_reduce_add_ps(acc) * rule.scale, g, j);
-        best = std::max(best, s[j]);
-      }
-      float sum = 0.f;
-      for (int64_t j = 0; j < n_keys; ++j) sum += (s[j] = std::exp(s[j] - best));
-      __m512 acc[DV];
-      for (int c = 0; c < DV; ++c) acc[c] = _mm512_setzero_ps();
-      for (int64_t j = 0; j < n_keys; ++j) {
-        const uint16_t* vr = v + j * v_pos;
-        const __m512 pj = _mm512_set1_ps(s[j]);
-        for (int c = 0; c < DV; ++c) acc[c] = _mm512_fmadd_ps(pj, widen(vr + 16 * c), acc[c]);
-      }
-      if (sink.acc != nullptr) {
-        for (int c = 0; c < DV; ++c) _mm512_storeu_ps(sink.acc + g * D + 16 * c, acc[c]);
-        sink.m[g] = best;
-        sink.l[g] = sum;
-        continue;
-      }
-      const __m512 inv = _mm512_set1_ps(1.f / sum);
-      for (int c = 0; c < DV; ++c) {
-        alignas(64) float o[16];
-        _mm512_store_ps(o, _mm512_mul_ps(acc[c], inv));
-        for (int i = 0; i < 16; ++i) sink.out[g * D + 16 * c + i] = Lanes<c10::BFloat16>::out(o[i]);
+    constexpr int64_t HS = DV >= 16 ? 1 : 16 / DV;  // heads per value pass: HS * DV accumulators in registers
+    alignas(64) static const uint16_t zeros[D] = {};  // the rows past the last key of a partial block
+    const int64_t stride = (n_keys + KB - 1) / KB * KB, heads = (G + HS - 1) / HS * HS;
+    if (static_cast<int64_t>(s.size()) < heads * stride) s.resize(heads * stride);
+    std::fill(s.begin() + G * stride, s.begin() + heads * stride, 0.f);  // padding heads weigh nothing
+    const __m512 scale = _mm512_set1_ps(rule.scale);
+    for (int64_t j0 = 0; j0 < n_keys; j0 += KB) {
+      for (int64_t j = j0 + 2 * KB; j < std::min(j0 + 3 * KB, n_keys); ++j)  // the block after next, keys and values
+        for (int64_t c = 0; c < D; c += 32) {
+          _mm_prefetch(reinterpret_cast<const char*>(k + j * k_pos + c), _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(v + j * v_pos + c), _MM_HINT_T1);
+        }
+      const int64_t jb = std::min(KB, n_keys - j0);
+      for (int64_t g = 0; g < G; ++g) {
+        const uint16_t* qg = q + g * D;
+        __m512 dots[KB];
+        for (int64_t i = 0; i < KB; ++i) {
+          const uint16_t* kr = i < jb ? k + (j0 + i) * k_pos : zeros;
+          dots[i] = _mm512_setzero_ps();
+          for (int64_t c = 0; c < D; c += 32)  // D is a multiple of 16; the last step may hold 16 lanes
+            dots[i] = _mm512_dpbf16_ps(dots[i], (__m512bh)load_pairs(qg + c, D - c), (__m512bh)load_pairs(kr + c, D - c));
+        }
+        _mm512_storeu_ps(s.data() + g * stride + j0, _mm512_mul_ps(sum16(dots), scale));
       }
     }
+    if (!rule.plain())
+      for (int64_t g = 0; g < G; ++g)
+        for (int64_t j = 0; j < n_keys; ++j) s[g * stride + j] = rule(s[g * stride + j], g, j);
+    best.assign(heads, 0.f);
+    total.assign(heads, 1.f);
+    for (int64_t g = 0; g < G; ++g) softmax(s.data() + g * stride, n_keys, best[g], total[g]);
+    for (int64_t g0 = 0; g0 < G; g0 += HS) {
+      __m512 acc[HS][DV];
+      for (int64_t h = 0; h < HS; ++h)
+        for (int c = 0; c < DV; ++c) acc[h][c] = _mm512_setzero_ps();
+      const float* p = s.data() + g0 * stride;
+      for (int64_t j = 0; j < n_keys; ++j) {
+        const uint16_t* vr = v + j * v_pos;
+        __m512 pj[HS];
+        for (int64_t h = 0; h < HS; ++h) pj[h] = _mm512_set1_ps(p[h * stride + j]);
+        for (int c = 0; c < DV; ++c) {
+          const __m512 vc = widen(vr + 16 * c);
+          for (int64_t h = 0; h < HS; ++h) acc[h][c] = _mm512_fmadd_ps(pj[h], vc, acc[h][c]);
+        }
+      }
+      for (int64_t h = 0; h < HS && g0 + h < G; ++h) {
+        const int64_t g = g0 + h;
+        if (sink.acc != nullptr) {
+          for (int c = 0; c < DV; ++c) _mm512_storeu_ps(sink.acc + g * D + 16 * c, acc[h][c]);
+          sink.m[g] = best[g];
+          sink.l[g] = total[g];
+          continue;
+        }
+        const __m512 inv = _mm512_set1_ps(1.f / total[g]);
+        for (int c = 0; c < DV; ++c) {
+          alignas(64) float o[16];
+          _mm512_store_ps(o, _mm512_mul_ps(acc[h][c], inv));
+          for (int i = 0; i < 16; ++i) sink.out[g * D + 16 * c + i] = Lanes<c10::BFloat16>::out(o[i]);
+        }
+      }
+    }
+  }
+
+  // n scores in place -> their exponentials less the largest score (best); total: their sum. A NaN score makes the
+  // sum NaN, as the reference's softmax does.
+  __attribute__((target("avx512f"))) static void softmax(float* x, int64_t n, float& best, float& total) {
+    __m512 top = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+    for (int64_t t = 0; t < n; t += 16)
+      top = _mm512_mask_max_ps(top, tail(n - t), top, _mm512_loadu_ps(x + t));
+    best = _mm512_reduce_max_ps(top);
+    const __m512 b = _mm512_set1_ps(best);
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t t = 0; t < n; t += 16) {
+      const __mmask16 live = tail(n - t);
+      const __m512 e = _mm512_maskz_mov_ps(live, BF16::exp512(_mm512_sub_ps(_mm512_loadu_ps(x + t), b)));
+      _mm512_storeu_ps(x + t, e);  // x is padded to whole blocks of 16: the lanes past n hold zeros
+      sum = _mm512_add_ps(sum, e);
+    }
+    total = _mm512_reduce_add_ps(sum);
+  }
+
+  static __mmask16 tail(int64_t left) { return left >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << left) - 1); }
+
+  // Lane i: the sum of the 16 lanes of x[i] (a transposing tree: pairs of lanes, pairs of pairs, then 128-bit quarters).
+  __attribute__((target("avx512f"))) static __m512 sum16(const __m512 (&x)[KB]) {
+    __m512 pairs[8], quads[4], halves[2];
+    for (int i = 0; i < 8; ++i)  // per quarter: (x[2i], x[2i+1], x[2i], x[2i+1])
+      pairs[i] = _mm512_add_ps(_mm512_unpacklo_ps(x[2 * i], x[2 * i + 1]), _mm512_unpackhi_ps(x[2 * i], x[2 * i + 1]));
+    for (int i = 0; i < 4; ++i) {  // per quarter: (x[4i], x[4i+1], x[4i+2], x[4i+3])
+      const __m512d a = _mm512_castps_pd(pairs[2 * i]), b = _mm512_castps_pd(pairs[2 * i + 1]);
+      quads[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+    }
+    for (int i = 0; i < 2; ++i)  // quarters 0+1 and 2+3 of two quads side by side
+      halves[i] = _mm512_add_ps(_mm512_shuffle_f32x4(quads[2 * i], quads[2 * i + 1], 0x88),
+                                _mm512_shuffle_f32x4(quads[2 * i], quads[2 * i + 1], 0xDD));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(halves[0], halves[1], 0x88),
+                         _mm512_shuffle_f32x4(halves[0], halves[1], 0xDD));
   }
 
   // 32 bf16 (or the last 16, zero-extended) as one register of pairs.

@@ -76,6 +76,11 @@ CASES = {
     # head's keys into chunks side by side and combines them (flash-decoding)
     "decode over a long context, split into chunks": Case(batch=1, tokens=1, past=700, heads=4, kv_heads=2,
                                                           head_dim=64),
+    # bf16 decode scores 16 keys at a time and weighs values 16 // (head_dim / 16) heads at a time: a group of 7 heads
+    # (the last pass of values has a padding head) over a past that ends inside a block of keys, and head_dim 48
+    "decode, GQA 7:1 over a past ending inside a block": Case(batch=2, tokens=1, past=37, heads=7, kv_heads=1,
+                                                              head_dim=64),
+    "decode with head_dim 48, GQA 6:1": Case(batch=3, tokens=1, past=21, heads=6, kv_heads=1, head_dim=48),
 }
 
 
