@@ -354,10 +354,22 @@ def test_the_library_time_any_wrapper_spends_handing_tensors_over_is_no_fallback
     monkeypatch.setattr(judge, "handover_ns", lambda *a: 1_500.0)
     fake = SimpleNamespace(plan=SimpleNamespace(fresh=[torch.randn(32, 96)]))
 
-    def share(torch_samples: int) -> float | None:
+    def share(torch_samples: int, compute_ns: int = 0) -> float | None:
         profile = Profile(places={"own": 120, "torch": torch_samples, "other": 0, "neutral": 50}, calls=1000,
-                          period_ns=50_000, intact=True)
+                          period_ns=50_000, intact=True, compute_ns=compute_ns)
         return judge.Judge.library_time(fake, profile, reference)[0]
 
     assert share(40) < judge.FALLBACK_SHARE  # 2 µs of libraries, 1.5 of them the handover
     assert share(40 + 40 * 2) >= judge.FALLBACK_SHARE  # the reference's 2 µs done in torch on top of it
+    # ops the op log shows (an MoE's router kept in torch) are judged by their work there, not again by their time
+    assert share(40 + 40 * 2, compute_ns=4_000) < judge.FALLBACK_SHARE
+
+
+def test_the_op_log_times_the_outermost_compute_ops_once():
+    from kernelbot.agent.verify.probes import work_from_events
+
+    events = [(1, 0, 100, "aten::linear", [[4, 8], [16, 8]], 0),
+              (1, 5, 90, "aten::addmm", [[16], [4, 8], [8, 16]], 1024),
+              (1, 100, 130, "aten::softmax", [[4, 16]], 0), (1, 130, 140, "aten::empty", [[4, 16]], 0),
+              (2, 0, 50, "aten::add", [[4, 16], [4, 16]], 0)]
+    assert work_from_events(events).compute_ns == 100 + 30 + 50  # linear (not its addmm again), softmax, another thread

@@ -168,6 +168,7 @@ class Profile(Message):
     calls one sample per `period_ns` (or why nothing was sampled): those the harness takes and attributes itself,
     whatever the runner's reply said (parent_sampling.py); or why no profile came back."""
     compute: dict[str, float] = Field(default_factory=dict)
+    compute_ns: int = 0  # wall time of the profiled call's outermost aten compute ops (the op log's)
     own_kernels: list[str] = Field(default_factory=list)
     intact: bool = False
     places: dict[str, int] = Field(default_factory=dict)

@@ -369,11 +369,13 @@ def install(places: Places) -> None:
 
 @dataclass
 class WorkLog:
-    """Aten compute work per op (leaf ops only, so composites are not counted twice), custom ops, and whether
-    the harness's own sentinel op after the call was seen (if not, the log was disturbed)."""
+    """Aten compute work per op (leaf ops only, so composites are not counted twice), custom ops, whether the
+    harness's own sentinel op after the call was seen (if not, the log was disturbed), and the wall time of the
+    outermost compute ops (what torch's libraries spent on work the log shows)."""
     compute: dict[str, float] = field(default_factory=dict)
     custom: set[str] = field(default_factory=set)
     sentinel_seen: bool = False
+    compute_ns: int = 0
 
 
 def measure_work(run: Callable[[], Any], all_threads: bool,
@@ -422,10 +424,15 @@ def work_from_events(events: list[tuple[int, int, int, str, list, int]]) -> Work
             has_compute_child[parent] = True
     log = WorkLog()
     inside_counted = [False] * len(rows)
-    for i, (_tid, _start, _end, name, shapes, _flops) in enumerate(rows):
+    inside_compute = [False] * len(rows)
+    for i, (_tid, start, end, name, shapes, _flops) in enumerate(rows):
         parent = parents[i]
         inside_counted[i] = parent is not None and (inside_counted[parent] or _flop_count(rows[parent]) > 0
                                                     and _computes(rows[parent][3]))
+        inside_compute[i] = parent is not None and (inside_compute[parent] or _computes(rows[parent][3]))
+        if _computes(name) and not inside_compute[i] and not (name.endswith("::bitwise_xor")
+                                                              and shapes[:1] == [SENTINEL_SHAPE]):
+            log.compute_ns += max(0, end - start)
         namespace, op = name.split("::", 1)
         if op == "bitwise_xor" and shapes[:1] == [SENTINEL_SHAPE]:
             log.sentinel_seen = True
@@ -527,5 +534,5 @@ def profile_call(model: Any, inputs: list[Any], places: Places,
     own = sorted(native)
     if _ctypes_calls:
         own.append(f"{_ctypes_calls} ctypes call(s)")
-    return {"compute": log.compute, "own_kernels": own, "intact": log.sentinel_seen and not switched,
-            "outputs": outputs[:1]}
+    return {"compute": log.compute, "compute_ns": log.compute_ns, "own_kernels": own,
+            "intact": log.sentinel_seen and not switched, "outputs": outputs[:1]}

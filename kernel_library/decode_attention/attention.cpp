@@ -184,7 +184,9 @@ struct GroupAttention {
 //     from L1 for the other heads), the 16 dot products summed across lanes by one shuffle tree (sum16), not one
 //     horizontal sum per key and head;
 //   - the softmax: max, exp (BF16::exp512) and sum 16 scores at a time;
-//   - values: HS heads at a time, whose DV accumulators each stay in registers, each value row widened once for them.
+//   - values: HS heads at a time, whose DV accumulators stay in registers: two keys' rows interleaved into bf16 pairs
+//     and dotted with the heads' probability pairs (weigh_pairs) where head_dim is a multiple of 32, else each row
+//     widened once for them.
 // Keys and values are prefetched a block ahead: at decode these loops stream the cache from memory.
 struct GroupAttentionBf16 {
   static constexpr int64_t KB = 16;  // keys per score block: one register of scores
@@ -199,9 +201,9 @@ struct GroupAttentionBf16 {
   };
 
   template <int DV>
-  __attribute__((target("avx512f,avx512bf16"))) void run(const uint16_t* q, int64_t G, const ScoreRule& rule,
-                                                         const uint16_t* k, const uint16_t* v, int64_t k_pos,
-                                                         int64_t v_pos, int64_t n_keys, Sink sink) {
+  __attribute__((target("avx512f,avx512bw,avx512bf16"))) void run(
+      const uint16_t* q, int64_t G, const ScoreRule& rule, const uint16_t* k, const uint16_t* v, int64_t k_pos,
+      int64_t v_pos, int64_t n_keys, Sink sink) {
     constexpr int64_t D = 16 * DV;
     constexpr int64_t HS = DV >= 16 ? 1 : 16 / DV;  // heads per value pass: HS * DV accumulators in registers
     alignas(64) static const uint16_t zeros[D] = {};  // the rows past the last key of a partial block
@@ -234,18 +236,24 @@ struct GroupAttentionBf16 {
     best.assign(heads, 0.f);
     total.assign(heads, 1.f);
     for (int64_t g = 0; g < G; ++g) softmax(s.data() + g * stride, n_keys, best[g], total[g]);
+    if constexpr (DV % 2 == 0) to_bf16(s.data(), heads * stride);
     for (int64_t g0 = 0; g0 < G; g0 += HS) {
       __m512 acc[HS][DV];
       for (int64_t h = 0; h < HS; ++h)
         for (int c = 0; c < DV; ++c) acc[h][c] = _mm512_setzero_ps();
-      const float* p = s.data() + g0 * stride;
-      for (int64_t j = 0; j < n_keys; ++j) {
-        const uint16_t* vr = v + j * v_pos;
-        __m512 pj[HS];
-        for (int64_t h = 0; h < HS; ++h) pj[h] = _mm512_set1_ps(p[h * stride + j]);
-        for (int c = 0; c < DV; ++c) {
-          const __m512 vc = widen(vr + 16 * c);
-          for (int64_t h = 0; h < HS; ++h) acc[h][c] = _mm512_fmadd_ps(pj[h], vc, acc[h][c]);
+      if constexpr (DV % 2 == 0) {
+        weigh_pairs<DV, HS>(reinterpret_cast<const uint32_t*>(pb.data() + g0 * stride), stride / 2, v, v_pos, n_keys,
+                            zeros, acc);
+      } else {
+        const float* p = s.data() + g0 * stride;
+        for (int64_t j = 0; j < n_keys; ++j) {
+          const uint16_t* vr = v + j * v_pos;
+          __m512 pj[HS];
+          for (int64_t h = 0; h < HS; ++h) pj[h] = _mm512_set1_ps(p[h * stride + j]);
+          for (int c = 0; c < DV; ++c) {
+            const __m512 vc = widen(vr + 16 * c);
+            for (int64_t h = 0; h < HS; ++h) acc[h][c] = _mm512_fmadd_ps(pj[h], vc, acc[h][c]);
+          }
         }
       }
       for (int64_t h = 0; h < HS && g0 + h < G; ++h) {
@@ -264,6 +272,48 @@ struct GroupAttentionBf16 {
         }
       }
     }
+  }
+
+  // The values weighed by dot products of pairs: keys j and j+1's rows interleaved per dim (unpacklo/hi, within each
+  // 128-bit lane) and dotted with each head's probabilities of j and j+1 in bf16 (relative error 2^-9 per weight, as
+  // eager's bf16 softmax output has; sums in fp32): half the multiply-adds of widening each row, each interleaved
+  // pair of rows serving HS heads. The accumulators' lanes come out in the unpacks' order and are put back (UNPACKED).
+  static constexpr int32_t UNPACKED[2][16] = {{0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23},
+                                              {8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31}};
+  std::vector<uint16_t> pb;  // the probabilities in bf16, laid out as s
+
+  template <int DV, int64_t HS>
+  __attribute__((target("avx512f,avx512bw,avx512bf16"))) static void weigh_pairs(
+      const uint32_t* pairs, int64_t pair_stride, const uint16_t* v, int64_t v_pos, int64_t n_keys,
+      const uint16_t* zeros, __m512 (&acc)[HS][DV]) {
+    for (int64_t j = 0; j < n_keys; j += 2) {
+      const uint16_t* v0 = v + j * v_pos;
+      const uint16_t* v1 = j + 1 < n_keys ? v0 + v_pos : zeros;  // past the last key: zeros, never the cache's next row
+      __m512i pj[HS];
+      for (int64_t h = 0; h < HS; ++h) pj[h] = _mm512_set1_epi32(static_cast<int32_t>(pairs[h * pair_stride + j / 2]));
+      for (int c = 0; c < DV / 2; ++c) {
+        const __m512i a = _mm512_loadu_si512(v0 + 32 * c), b = _mm512_loadu_si512(v1 + 32 * c);
+        const __m512bh lo = (__m512bh)_mm512_unpacklo_epi16(a, b), hi = (__m512bh)_mm512_unpackhi_epi16(a, b);
+        for (int64_t h = 0; h < HS; ++h) {
+          acc[h][2 * c] = _mm512_dpbf16_ps(acc[h][2 * c], lo, (__m512bh)pj[h]);
+          acc[h][2 * c + 1] = _mm512_dpbf16_ps(acc[h][2 * c + 1], hi, (__m512bh)pj[h]);
+        }
+      }
+    }
+    const __m512i first = _mm512_loadu_si512(UNPACKED[0]), second = _mm512_loadu_si512(UNPACKED[1]);
+    for (int64_t h = 0; h < HS; ++h)
+      for (int c = 0; c < DV / 2; ++c) {
+        const __m512 a = acc[h][2 * c], b = acc[h][2 * c + 1];
+        acc[h][2 * c] = _mm512_permutex2var_ps(a, first, b);
+        acc[h][2 * c + 1] = _mm512_permutex2var_ps(a, second, b);
+      }
+  }
+
+  // The first n probabilities (n a multiple of 16) rounded to bf16 into pb.
+  __attribute__((target("avx512f,avx512bf16"))) void to_bf16(const float* x, int64_t n) {
+    if (static_cast<int64_t>(pb.size()) < n) pb.resize(n);
+    for (int64_t t = 0; t < n; t += 16)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(pb.data() + t), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(x + t)));
   }
 
   // n scores in place -> their exponentials less the largest score (best); total: their sum. A NaN score makes the
