@@ -106,9 +106,26 @@ def test_a_launch_window_makes_only_code_a_launch_runs_the_candidates_own():
             (0x4000, 0x5000, "/usr/lib/x86_64-linux-gnu/libopenblas.so")]
     samples = [(address + 8, 7, 150) for address in (0x1000, 0x2000, 0x3000, 0x4000)]
     inside = sampling.places(samples, [maps], (), (), windows=[(7, 100, 200)])
-    assert inside == {"own": 2, "torch": 1, "other": 1, "neutral": 0}  # numpy and the interpreter; never torch
+    # numpy and the interpreter; never torch (with no native code of its own: the interpreter's copies, nobody's)
+    assert inside == {"own": 2, "torch": 0, "other": 1, "neutral": 1}
     outside = sampling.places(samples, [maps], (), (), windows=[(8, 100, 200), (7, 160, 200)])
     assert outside == {"own": 0, "torch": 1, "other": 2, "neutral": 1}
+    # a candidate with native code of its own (a .so under its box) could call torch's kernels beneath the dispatcher
+    native = sampling.places([*samples, (0x5008, 7, 150)], [[*maps, (0x5000, 0x6000, "/box/k.so")]], ("/box/",), (),
+                             windows=[(7, 100, 200)])
+    assert native == {"own": 3, "torch": 1, "other": 1, "neutral": 0}
+
+
+def test_the_op_log_leaves_out_only_the_interpreters_copies_inside_a_launch():
+    """A window is the runner's word: a softmax inside one (a forged launch event around torch's op) still counts as
+    PyTorch's work; the copies Triton's interpreter makes of a launch's arguments do not."""
+    from kernelbot.agent.verify.probes import SENTINEL_SHAPE, _outside_launches, work_from_events
+
+    events = [(1, 110, 120, "aten::copy_", [[64, 64], [64, 64]], 0), (1, 130, 150, "aten::_softmax", [[64, 64]], 0),
+              (1, 300, 310, "aten::bitwise_xor", [SENTINEL_SHAPE, SENTINEL_SHAPE], 0)]
+    kept = _outside_launches(events, 99, [(99, 0, 0, 100, 200)])
+    assert [e[3] for e in kept] == ["aten::_softmax", "aten::bitwise_xor"]
+    assert work_from_events(kept).compute == {"_softmax": 4096.0}
 
 
 def test_launch_windows_outside_the_sampled_calls_or_over_each_other_are_dropped_and_reported():

@@ -65,6 +65,9 @@ NO_COMPUTE = {
     "lift_fresh_copy", "new_zeros", "new_ones", "new_full", "diagonal", "movedim",
     "resolve_conj", "resolve_neg", "result_type", "randn", "rand", "randint", "normal", "uniform",
 }  # copies, gathers and concatenations move every element: work (a table looked up per call is not free)
+# what Triton's interpreter does to every argument of a launch, in and out: not the candidate's work inside one
+INTERPRETER_COPIES = {"copy_", "_to_copy", "to", "clone", "contiguous", "_copy_from", "_copy_from_and_resize",
+                      "empty", "empty_like", "empty_strided", "view", "as_strided", "detach", "alias"}
 # FLOPs of matmul-like leaves from their input shapes (the profiler knows formulas for a few names only; mv, addmm_,
 # the convolution leaves and attention kernels would count as the elements of one input)
 _MATMULS = {"mm": (0, 1), "addmm": (1, 2), "addmm_": (1, 2), "_addmm_activation": (1, 2), "bmm": (0, 1),
@@ -402,13 +405,19 @@ def measure_work(run: Callable[[], Any], all_threads: bool,
 
 def _outside_launches(events: list[tuple[int, int, int, str, list, int]], tid: int,
                       launches: Iterable[tuple[int, int, int, int, int]]) -> list[tuple[int, int, int, str, list, int]]:
-    """The events but those of this thread inside one of its Triton launches (wall-clock windows, as the profiler's
-    times are). The profiler numbers threads itself: this one is the thread the harness's sentinel op ran on."""
+    """The events but the interpreter's argument copies: copies on this thread inside one of its Triton launches
+    (wall-clock windows, as the profiler's times are). Any other op inside a launch stays: a window is the runner's
+    word, and the parent counts torch's time inside launches as nobody's (sampling.places). The profiler numbers
+    threads itself: this one is the thread the harness's sentinel op ran on."""
     windows = [(start, end) for thread, _, _, start, end in launches if thread == tid]
     mine = next((e[0] for e in events if e[3].endswith("::bitwise_xor") and e[4][:1] == [SENTINEL_SHAPE]), None)
     if not windows or mine is None:
         return events
-    return [e for e in events if e[0] != mine or not any(start <= e[1] and e[2] <= end for start, end in windows)]
+
+    def interpreters(e: tuple[int, int, int, str, list, int]) -> bool:
+        return e[0] == mine and e[3].partition("::")[2] in INTERPRETER_COPIES and \
+            any(start <= e[1] and e[2] <= end for start, end in windows)
+    return [e for e in events if not interpreters(e)]
 
 
 def work_from_events(events: list[tuple[int, int, int, str, list, int]]) -> WorkLog:

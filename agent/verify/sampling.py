@@ -16,7 +16,9 @@ whose file changed between the two readings is `other`) and its file decides the
            and libffi): glue anybody's code runs on
 A sample a thread took inside one of the candidate's Triton launches in the interpreter (a window the runner reported,
 on that thread: `checked_windows`) is own where it is in code such a launch runs — the interpreter and the runtimes,
-numpy's and Triton's own libraries — and keeps its place anywhere else (torch's libraries above all).
+numpy's and Triton's own libraries — and keeps its place anywhere else; in torch's libraries it is nobody's
+(the interpreter copying the launch's arguments) where the candidate has no native code of its own, whose every torch
+op the op log sees, and torch's where it has.
 CPU time no sample explains: where the followed threads' own clocks (each event's count) exceed their samples, kernel
 time and the sampling's rounding (neutral); the process's CPU clock beyond the followed threads' is threads the
 sampler never followed (started and ended between two looks at /proc/<pid>/task), counted as `other`. Where perf
@@ -280,14 +282,24 @@ def places(samples: Iterable[tuple[int, int, int]], readings: Sequence[Mappings]
     for tid, start, end in windows:
         by_thread.setdefault(tid, []).append((start, end))
     lookup, cache = _Lookup(readings), {}
+    native = torch_in_launches = 0
     for ip, tid, when in samples:
         path = lookup.path(ip)
         if path not in cache:
             cache[path] = _place_of(path, own_dirs, torch_dirs, foreign)
         place, in_launches = cache[path]
-        if in_launches and any(start <= when <= end for start, end in by_thread.get(tid, ())):
-            place = "own"
+        native += place == "own"
+        if any(start <= when <= end for start, end in by_thread.get(tid, ())):
+            if in_launches:
+                place = "own"
+            elif place == "torch":
+                torch_in_launches += 1
+                continue
         counts[place] += 1
+    # torch's time inside the launches of a candidate with no native code of its own is the interpreter copying the
+    # launch's arguments: every op such a candidate runs goes through the dispatcher, and the op log counts any that
+    # computes inside a launch. Native code could call torch's kernels beneath the dispatcher: there it stays torch's.
+    counts["torch" if native else "neutral"] += torch_in_launches
     return counts
 
 
