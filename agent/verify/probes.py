@@ -65,9 +65,9 @@ NO_COMPUTE = {
     "lift_fresh_copy", "new_zeros", "new_ones", "new_full", "diagonal", "movedim",
     "resolve_conj", "resolve_neg", "result_type", "randn", "rand", "randint", "normal", "uniform",
 }  # copies, gathers and concatenations move every element: work (a table looked up per call is not free)
-# what Triton's interpreter does to every argument of a launch, in and out: not the candidate's work inside one
-INTERPRETER_COPIES = {"copy_", "_to_copy", "to", "clone", "contiguous", "_copy_from", "_copy_from_and_resize",
-                      "empty", "empty_like", "empty_strided", "view", "as_strided", "detach", "alias"}
+# the copies Triton's interpreter makes of every argument of a launch, in and out: not the candidate's work inside one
+# (the interpreter's other ops there, allocations and views, are in NO_COMPUTE and count for nothing anyway)
+INTERPRETER_COPIES = {"copy_", "_to_copy", "clone", "_copy_from", "_copy_from_and_resize"}
 # FLOPs of matmul-like leaves from their input shapes (the profiler knows formulas for a few names only; mv, addmm_,
 # the convolution leaves and attention kernels would count as the elements of one input)
 _MATMULS = {"mm": (0, 1), "addmm": (1, 2), "addmm_": (1, 2), "_addmm_activation": (1, 2), "bmm": (0, 1),
