@@ -164,7 +164,7 @@ class ServedRunEngine:
         captures = merge_captures(reports)
         loaded = load_trace(traces[0])  # TP ranks run the same layers at the same shapes
         op_breakdown(loaded).to_csv(trace.with_name(trace.name.replace(".json.gz", "_ops.csv")), index=False)
-        covered = {c.module_class or c.engine_class: c.family for c in captures}
+        covered = {c.module_class or c.engine_class: c.family for c in captures if not c.kernel}
         generic = merge_generic(reports)
         profiled = rank_at_attained_peaks(lambda device: Profiled(hotspots=split_hotspots(
             rank_hotspots(loaded, device, covered, by_name=False), captures, device, self.served.decode_scale),

@@ -253,7 +253,8 @@ class OptimizeRun:
             f"{self.device.kind}")
         source = self.engine.tasks(self.profiled, generic_refused)
         tasks, notes = plan_tasks(self.hotspots_now, source, self.opts, self.run_dir, iteration=it,
-                                  attempted=self.attempted, deferred=self.deferred)
+                                  attempted=self.attempted, deferred=self.deferred,
+                                  threads=self.device.threads if self.device.kind == "cpu" else None)
         self.notes += notes
         self.stages.say(f"      {len(tasks)} tasks: {', '.join(t.id for t in tasks)}")
         incumbents = {} if tasks else self._challenges()

@@ -7,7 +7,7 @@ family's PyTorch reference (what an optimize run's benchmark times the kernel ag
 Each timed call reads a different copy of the cache (enough copies that a round's working set is twice the
 last-level cache), as a model's 24 layers stream theirs from memory, on as many threads (bound to as many cores) as
 the served worker has: vLLM binds its worker to all cores but the one it leaves its frontend, one core on a 2-core
-host. Timed on both cores, an earlier kernel won 1.66x where the engine measured it at 0.96x of vLLM's.
+host. Timed on both cores, the earlier kernel won 1.65x (on one core 1.23x) where the engine measured 0.96x.
 
     .venv-vllm/bin/python benchmarks/served_attention.py [--rounds 7] [--threads N] [--smallest]
 

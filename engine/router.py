@@ -219,7 +219,8 @@ class Router:
     # layer → family → the entries named for this very layer (`named_for`), in place of its class's `routes`
     layer_entries: weakref.WeakKeyDictionary = field(default_factory=weakref.WeakKeyDictionary)
     variants: dict[str, _Variant] = field(default_factory=dict)
-    timings: dict[str, tuple[list[float], list[float]]] = field(default_factory=dict)  # candidate → (engine, kernel)
+    # candidate → (engine, kernel): each timed call's (µs, rows)
+    timings: dict[str, tuple[list[tuple[float, int]], list[tuple[float, int]]]] = field(default_factory=dict)
     generic: GenericLayers = field(default_factory=lambda: GenericLayers(""))  # layers no family covers
     probe_after: int = PROBE_AFTER  # a kernel's calls before its timed ones
     probe_every: int = PROBE_EVERY  # ... then one call in this many is timed
@@ -304,7 +305,7 @@ class Router:
         if spec.settles and not timing:
             self._of(layer).fast[_signature(specs[0], layer, args, kwargs)] = _Fast(spec, run, counts)
         if self.capturing and spec.family != GENERIC:
-            self._count(spec, layer, call, reason="")
+            self._count(spec, layer, call, reason="", kernel=entry.candidate_id)
         if not profiling:
             return partial(spec.run, run, call)
         label = spec.label_dims(entry, [list(t.shape) for t in spec.inputs(call)])
@@ -349,18 +350,26 @@ class Router:
                 self._fallback(layer, f"the kernel's output differs from this layer's own on its first call ({why})")
                 return original(*args, **kwargs)
         if timed:
-            (kernel_times if kernel_first else engine_times).append((kernel_s if kernel_first else engine_s) * 1e6)
+            rows = call_rows(spec.family, [list(t.shape) for t in spec.inputs(call)], spec.main)
+            (kernel_times if kernel_first else engine_times).append(
+                ((kernel_s if kernel_first else engine_s) * 1e6, max(rows, 1)))
             self._timed_call(entry)
         self._counted(entry)
         return result
 
     def _timed_call(self, entry: PackEntry) -> None:
+        """The two paths compared per row of their calls, at the median call's rows: continuous batching mixes
+        calls of many sizes (prefill chunks of 128 and 897 rows), each path is timed on other calls, and medians of
+        whole calls compared the sizes each path happened to get (a prefill GEMM twice as slow as the engine's at 897
+        rows measured even with it)."""
         counts = self.custom[entry.candidate_id]
         engine, kernel = self.timings[entry.candidate_id]
         counts.timed = min(len(engine), len(kernel))
         if not counts.timed:
             return
-        counts.engine_us, counts.kernel_us = round(statistics.median(engine), 2), round(statistics.median(kernel), 2)
+        rows = statistics.median(r for _, r in engine + kernel)
+        counts.engine_us, counts.kernel_us = (round(statistics.median(us / r for us, r in path) * rows, 2)
+                                              for path in (engine, kernel))
         if counts.timed >= PROBE_CALLS and counts.kernel_us > counts.engine_us:
             counts.disabled = (f"slower in the engine than its own path ({counts.kernel_us:.1f} vs "
                                f"{counts.engine_us:.1f} µs a call, medians of {counts.timed})")
@@ -493,21 +502,22 @@ class Router:
         return result
 
     def _count(self, spec: LayerSpec, layer: torch.nn.Module, call: dict[str, Any],
-               reason: str) -> tuple[_Variant | None, str]:
+               reason: str, kernel: str = "") -> tuple[_Variant | None, str]:
         inputs = spec.inputs(call)
         if not inputs or not all(isinstance(t, torch.Tensor) for t in inputs):
             return None, "signature"
         x = inputs[spec.main]
         args = self._args(spec, layer)
         fixed = fixed_dims(spec.family, [list(t.shape) for t in inputs])
-        key = json.dumps([type(layer).__name__, spec.family, args, dtype_name(x.dtype), fixed, reason], default=str)
+        key = json.dumps([type(layer).__name__, spec.family, args, dtype_name(x.dtype), fixed, reason, kernel],
+                         default=str)
         variant = self.variants.get(key)
         if variant is None:
             traced = spec.traced_as(layer, call) if spec.traced_as is not None else ""
             variant = self.variants[key] = _Variant(LayerCapture(
                 engine_class=type(layer).__name__, module_class=traced, family=spec.family, init_args=args,
                 dtype=dtype_name(x.dtype),
-                input_shapes=[list(t.shape) for t in inputs], calls=0, rows={}, why=reason))
+                input_shapes=[list(t.shape) for t in inputs], calls=0, rows={}, why=reason, kernel=kernel))
             self.write(force=True)
         record = variant.record
         record.calls += 1

@@ -137,6 +137,8 @@ class Task(BaseModel):
     # layers built alike, in the engine's processes
     layer_variant: str = ""
     region: str = ""  # what the reference covers and what stayed outside it, for people
+    threads: int | None = None  # the CPU threads (and cores) the model runs the op on: a served engine's worker's,
+    # which may be fewer than the host's; its benchmark runs so. None: the host's
 
 
 class Origin(str, Enum):
@@ -665,6 +667,8 @@ class LayerCapture(BaseModel):
     shapes: dict[str, list[list[int]]] = Field(default_factory=dict)  # rows → the inputs' largest dims at those rows
     agrees: bool | None = None  # None: not checked (the variant is refused, or no call ran the engine's path)
     why: str = ""  # why the variant cannot take a kernel, or why the reference did not agree
+    kernel: str = ""  # the pack kernel (candidate id) that ran these calls; "": the engine's own path ran them. A
+    # trace shows a kernel's calls under its own label, so only own-path variants share their class's traced time
 
 
 class GenericCapture(BaseModel):

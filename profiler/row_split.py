@@ -51,7 +51,8 @@ def split_hotspots(hotspots: list[Hotspot], captures: list[LayerCapture], device
     decode buckets' calls, time and floor count that many times, at the class's traced time per floor."""
     by_class: dict[str, list[tuple[LayerCapture, bool]]] = {}
     for c in captures:
-        by_class.setdefault(c.module_class or c.engine_class, []).extend(row_buckets(c))
+        if not c.kernel:  # a pack kernel's calls are traced under its label, with their own time
+            by_class.setdefault(c.module_class or c.engine_class, []).extend(row_buckets(c))
     out: list[Hotspot] = []
     for h in _per_class(hotspots, set(by_class)):
         variants = by_class.get(h.module_class)

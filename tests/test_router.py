@@ -115,6 +115,19 @@ def test_a_capture_records_each_variant_with_its_rows_and_whether_the_reference_
     assert "differs from the layer's own output" in by["rmsnorm"].why
 
 
+def test_a_capture_keeps_the_calls_a_pack_kernel_ran_apart_from_the_engines_own(monkeypatch, tmp_path):
+    router = _router(monkeypatch, tmp_path, pack=True, capture=True)
+    norm = RMSNorm(HIDDEN, EPS)
+    with torch.no_grad():
+        for rows in (8, 8, 8, 40):  # the kernel takes up to 8 rows; 40 runs the engine's own path
+            _call(router, norm, torch.randn(rows, HIDDEN))
+    router.write(force=True)
+    (report,) = read_reports(tmp_path / "counts")
+    by = {c.kernel: c for c in report.captures if c.family == "rmsnorm"}
+    assert by[""].rows == {"40": 1}
+    assert by["norm"].rows == {"8": 2}  # the layer's first call of the kernel runs the probe (the engine's own path)
+
+
 def test_the_rows_a_kernel_takes_follow_the_familys_free_dims():
     assert routing.fixed_dims("rotary_embedding", [[7], [7, 512], [7, 128]]) == [[], [512], [128]]
     assert routing.fixed_dims("rmsnorm", [[2, 3, 512]]) == routing.fixed_dims("rmsnorm", [[6, 512]])
@@ -143,6 +156,18 @@ def test_a_kernel_slower_than_the_engines_own_path_in_the_engine_stops_taking_ca
     assert norm_calls.kernel_us == 5.0 and norm_calls.engine_us == 1.0
     assert norm_calls.disabled.startswith("slower in the engine than its own path (5.0 vs 1.0 µs")
     assert report.fallback["RMSNorm"] == {norm_calls.disabled: 3}
+
+
+def test_the_two_paths_are_compared_per_row_when_their_timed_calls_came_in_other_sizes(monkeypatch, tmp_path):
+    # continuous batching: the engine's path happened to be timed on 897-row prefill chunks, the kernel's on 128-row
+    # ones; per call the kernel looks 3x faster, per row it is twice as slow
+    router = _router(monkeypatch, tmp_path, pack=True, capture=False)
+    router.timings["norm"] = ([(897.0, 897)] * routing.PROBE_CALLS,
+                              [(256.0, 128)] * (routing.PROBE_CALLS - 1) + [(1794.0, 897)])
+    router._timed_call(_entry("norm", "rmsnorm", [[8, HIDDEN]]))
+    calls = router.custom["norm"]
+    assert (calls.engine_us, calls.kernel_us) == (897.0, 1794.0)  # at the median call's 897 rows
+    assert calls.disabled.startswith("slower in the engine than its own path")
 
 
 def test_only_the_path_that_runs_first_in_a_timed_call_is_timed_so_neither_finds_the_others_weights(monkeypatch,

@@ -70,10 +70,11 @@ def signature(h: Hotspot) -> str:
 
 def plan_tasks(hotspots: list[Hotspot], source: TaskSource, opts: Selection, run_dir: Path,
                *, iteration: int = 0, attempted: set[str] | None = None,
-               deferred: dict[str, str] | None = None) -> tuple[list[Task], list[str]]:
+               deferred: dict[str, str] | None = None, threads: int | None = None) -> tuple[list[Task], list[str]]:
     """Tasks by expected gain (headroom over the roofline, as ranked), skipping ops already tried or replaced;
     each written under run_dir/tasks/; and the notes for the report on hotspots that got none. Hotspots over
-    --max-tasks are deferred to a later iteration when `deferred` is given (op signature → note), else noted."""
+    --max-tasks are deferred to a later iteration when `deferred` is given (op signature → note), else noted.
+    `threads`: the CPU threads the model runs its ops on (Task.threads)."""
     tasks: list[Task] = []
     notes: list[str] = []
     for h in sorted(hotspots, key=lambda h: -h.score_us):
@@ -95,8 +96,9 @@ def plan_tasks(hotspots: list[Hotspot], source: TaskSource, opts: Selection, run
             _note(h, planned, opts, notes, iteration, deferred if over_budget else None)
             continue
         for p in planned[:max(opts.max_tasks - len(tasks), 1)]:  # a hotspot's variants share the budget
-            write_task(p.task, run_dir / "tasks" / p.task.id, p.reference)
-            tasks.append(p.task)
+            task = p.task.model_copy(update={"threads": threads})
+            write_task(task, run_dir / "tasks" / task.id, p.reference)
+            tasks.append(task)
     return tasks, notes
 
 
@@ -182,7 +184,7 @@ class ServedTasks:
         family = hotspot.family or ""
         want = (hotspot.module_class, family, hotspot.dtype)
         for c in self.captures:
-            if (c.module_class or c.engine_class, c.family, c.dtype) != want:
+            if c.kernel or (c.module_class or c.engine_class, c.family, c.dtype) != want:
                 continue
             if fixed_dims(family, hotspot.input_dims[:len(c.input_shapes)]) == fixed_dims(family, c.input_shapes):
                 return c

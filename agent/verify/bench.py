@@ -108,7 +108,8 @@ def bench(task: Task, reference_path: Path, candidate_path: Path, workdir: Path,
     torch.save(draws, workdir / "inputs.pt")
     job = BenchJob(reference=str(reference_path.resolve()), candidate=str(candidate_path.resolve()),
                    init_args=task.init_args, state_dict=str((workdir / "state_dict.pt").resolve()),
-                   inputs=str((workdir / "inputs.pt").resolve()), rounds=rounds, device=device, copies=copies)
+                   inputs=str((workdir / "inputs.pt").resolve()), rounds=rounds, device=device, copies=copies,
+                   threads=task.threads)
     since = host.sample()
     gpu_before = gpu_state(gpu)
     env = {**library_env(device).env, **clocks.job_env(device)}

@@ -564,9 +564,11 @@ def _disturbances(iters: int, rng: random.Random) -> list[tuple[bool, float]]:
 
 def _bench(job: BenchJob) -> BenchResult | JobFailure:
     # the candidate's runner first: its pid is then the same as in verification (2 in a pid namespace)
-    candidate = Runner.spawn(RunnerSetup(module=job.candidate, cls="ModelNew", device=job.device,
+    threads = job.threads or HOST_THREADS  # the model's: a served worker may have fewer than the host
+    candidate = Runner.spawn(RunnerSetup(module=job.candidate, cls="ModelNew", device=job.device, threads=threads,
                                          sealed_processes=job.device == "cpu"))
-    runners = [Runner.spawn(RunnerSetup(module=job.reference, cls="Model", device=job.device)), candidate]
+    runners = [Runner.spawn(RunnerSetup(module=job.reference, cls="Model", device=job.device, threads=threads)),
+               candidate]
     facts = Facts()
     rng = random.Random(secrets.randbits(64))
     try:

@@ -92,6 +92,7 @@ class BenchJob(Message):
     device: str = "cpu"
     round_seconds: float = 0.02
     copies: int = 1  # models built from the state dict, timed calls cycling over them (weights beyond the caches)
+    threads: int | None = None  # the runners' threads, each bound to as many cores (Task.threads); None: the host's
 
 
 class NoopJob(Message):

@@ -97,7 +97,8 @@ class RunnerSetup:
     poison: bool = False  # CPU allocations filled with a pattern from the start (verification; a benchmark poisons
     # single untimed calls)
     settle_s: float = SETTLE_S
-    threads: int = field(default_factory=lambda: HOST_THREADS)  # torch's intra-op threads, as a real process has
+    threads: int = field(default_factory=lambda: HOST_THREADS)  # torch's intra-op threads, as a real process has;
+    # fewer than the host's: the runner is bound to as many cores (as an engine binds its worker)
     # no new process, exec, ptrace or other process's memory once the candidate loaded (seccomp.py): a candidate's
     # runner on a CPU (on a GPU, Triton compiles at its first launch with programs of its own)
     sealed_processes: bool = False
@@ -116,6 +117,14 @@ def _wake_threads() -> None:
     the clock starts, as they are between the ops of a forward pass. After the harness's round trip they may have
     gone to sleep, and waking them inside the timed call charged every op with it (50 µs ops timed at 190 µs)."""
     _WAKE[0].sum()
+
+
+def _bind(threads: int) -> None:
+    """Fewer threads than the host's: this process bound to that many of its cores, before any thread pool starts,
+    so a candidate's own OpenMP pool sizes itself to them too, as in an engine's worker bound to its cores."""
+    cores = sorted(os.sched_getaffinity(0))
+    if threads < len(cores):
+        os.sched_setaffinity(0, cores[:threads])
 
 
 def _warm_up(device: str, threads: int) -> None:
@@ -370,6 +379,7 @@ def _prepare(setup: RunnerSetup, wfd: int, harness: tuple[ModuleType, ...]) -> W
     disguise.neutral_code([triton_check])  # imported after the harness renamed its code, before anything binds it
     work = Path.cwd() / WORK
     os.chdir(work)
+    _bind(setup.threads)
     _warm_up(setup.device, setup.threads)
     cuda_check.install(work)  # here, after the fork: importing torch's extension tools queries CUDA
     device = DeviceChoice(kind="cuda" if setup.device == "cuda" else "cpu", name=setup.device, reason="runner")
