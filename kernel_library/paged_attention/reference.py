@@ -49,7 +49,13 @@ class Model(nn.Module):
             scores = torch.matmul(q, k.transpose(1, 2)) * self.scale
             positions = length - (end - start) + torch.arange(end - start)
             scores = scores.masked_fill(torch.arange(length)[None, :] > positions[:, None], float("-inf"))
-            out[start:end] = torch.matmul(torch.softmax(scores, -1), v).transpose(0, 1).to(query.dtype)
+            probs = torch.softmax(scores, -1)
+            if bool(torch.isfinite(v).all()):
+                o = torch.matmul(probs, v)
+            else:  # a key a token may not see has probability 0, and 0 * inf is NaN: each token's visible keys only
+                o = torch.cat([torch.matmul(probs[:, t:t + 1, :p + 1], v[:, :p + 1])
+                               for t, p in enumerate(positions.tolist())], 1)
+            out[start:end] = o.transpose(0, 1).to(query.dtype)
         return out
 
 

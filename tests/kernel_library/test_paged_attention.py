@@ -57,3 +57,21 @@ def test_paged_attention_kernels_match_the_reference_at_decode_and_prefill(backe
         got = family_wrapper("paged_attention", backend)(*args)(*inputs)
         tol = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 1.6e-2, "atol": 1e-2}
         torch.testing.assert_close(got, want, **tol)
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpp"])
+def test_a_non_finite_value_reaches_only_the_tokens_that_see_its_key(backend):
+    """Prefill: the last new token's value is inf, so the tokens before it (causally masked from it) stay finite,
+    and only the last one turns non-finite; a reference that weighed masked keys by 0 made 0 * inf = NaN everywhere."""
+    torch.manual_seed(2)
+    heads, kv_heads, d, bs = 4, 2, 32, 16
+    dense, inputs = _paged_batch([20], [6], heads, kv_heads, d, bs, torch.float32)
+    last = 19  # the request's last token, the last of its 6 new query rows
+    flat = inputs[1][inputs[2][0, last // bs]].view(kv_heads, 2 * bs * d)
+    flat[:, bs * d:].view(kv_heads, bs, d)[:, last % bs] = float("inf")  # its value row, every kv head
+    args = (heads, kv_heads, d, d ** -0.5)
+    reference = load_reference(FAMILIES["paged_attention"].reference_path).Model(*args)
+    model = reference if backend == "reference" else family_wrapper("paged_attention", backend)(*args)
+    got = model(*inputs)
+    assert torch.isfinite(got[:5]).all() and not torch.isfinite(got[5]).any()
+    torch.testing.assert_close(got[:5], reference(*inputs)[:5], rtol=1e-5, atol=1e-5)
