@@ -372,7 +372,8 @@ class Router:
                                               for path in (engine, kernel))
         if counts.timed >= PROBE_CALLS and counts.kernel_us > counts.engine_us:
             counts.disabled = (f"slower in the engine than its own path ({counts.kernel_us:.1f} vs "
-                               f"{counts.engine_us:.1f} µs a call, medians of {counts.timed})")
+                               f"{counts.engine_us:.1f} µs a call of {rows:g} rows, per-row medians of "
+                               f"{counts.timed})")
             self.write(force=True)
 
     def _decide(self, spec: LayerSpec, layer: torch.nn.Module, call: dict[str, Any],

@@ -110,8 +110,8 @@ def engine_losers(accepted: list[Accepted], processes: list[PluginReport]) -> li
         elif timed is not None and timed.timed and timed.kernel_us is not None and timed.engine_us is not None \
                 and timed.kernel_us >= timed.engine_us:
             out.append((a, f"faster alone ({a.bench.speedup:.2f}x), no faster in the engine: {timed.kernel_us:.1f} "
-                           f"against the engine's own {timed.engine_us:.1f} us a call (medians of {timed.timed} "
-                           "calls timed side by side)"))
+                           f"against the engine's own {timed.engine_us:.1f} us a call (per-row medians of "
+                           f"{timed.timed} calls timed side by side, at the median call's rows)"))
     return out
 
 
