@@ -5,8 +5,10 @@ process), kernelbot, the ratios, fidelity, the kernels accepted (prefill-sized o
 share, kernelbot's peak memory, the run's wall time and the host's load over the timed rounds.
 
     python benchmarks/real_scale.py [--engines in-process,vllm] [--model DIR] [--batch 8] [--prompt-len 512]
-                                    [--decode-steps 128] [--max-tasks 8] [--rounds 5] [--out DIR] [--smallest]
+                                    [--decode-steps 128] [--max-tasks N] [--rounds 5] [--out DIR] [--smallest]
 
+--max-tasks defaults to 8 in process and 12 served: served, the worker runs the decode step's projections and
+norms on one core, and 8 tasks went to prefill-sized ops before the decode down and QKV projections got one.
 The served run needs vLLM's CPU build (.ci/vllm_env.sh; --engine-python). --smallest: llama-micro at a few tokens
 (a smoke run of this script, not a measurement). Nothing else should run meanwhile: the figures are timings; each
 run takes tens of minutes on 2 cores at the default size.
@@ -26,12 +28,14 @@ from kernelbot.records import KernelResult, Report
 
 ROOT = Path(__file__).resolve().parents[1]
 QWEN = ROOT / "benchmarks" / "models" / "qwen2.5-0.5b"
+IN_PROCESS_TASKS, SERVED_TASKS = 8, 12  # --max-tasks' defaults
 
 
 def optimize(engine: str, run_dir: Path, args: argparse.Namespace) -> Report:
+    tasks = args.max_tasks or (IN_PROCESS_TASKS if engine == "in-process" else SERVED_TASKS)
     argv = ["optimize", "--model", args.model, "--dtype", "bfloat16", "--batch", str(args.batch), "--prompt-len",
             str(args.prompt_len), "--decode-steps", str(args.decode_steps), "--rounds", str(args.rounds),
-            "--iterations", "1", "--max-tasks", str(args.max_tasks), "--no-store", "--run-dir", str(run_dir)]
+            "--iterations", "1", "--max-tasks", str(tasks), "--no-store", "--run-dir", str(run_dir)]
     if engine != "in-process":
         argv += ["--engine", engine, "--engine-python", args.engine_python, "--no-compile"]
     if kernelbot(argv) != 0:
@@ -66,7 +70,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--prompt-len", type=int, default=512)
     parser.add_argument("--decode-steps", type=int, default=128)
-    parser.add_argument("--max-tasks", type=int, default=8)
+    parser.add_argument("--max-tasks", type=int, default=None, help="default: 8 in process, 12 served")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--out", type=Path, default=None, help="where the runs go (default: a temporary folder)")
     parser.add_argument("--smallest", action="store_true")
