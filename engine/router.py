@@ -191,6 +191,7 @@ class _LayerState:
     kernels: dict[str, Callable[..., Any]] = field(default_factory=dict)  # candidate id → its hot path here
     probed: dict[str, str] = field(default_factory=dict)  # candidate id → why its output differs here, or ""
     fast: dict[tuple, _Fast] = field(default_factory=dict)  # call signature → its settled route (handle's fast path)
+    own: dict[tuple, str] = field(default_factory=dict)  # call signature → why it settled on the engine's own path
 
 
 @dataclass
@@ -272,12 +273,18 @@ class Router:
         else the engine's own path (`original`); captured on the way when capturing. A call whose signature this
         layer has settled (routed, probed and timed) takes the fast path: one lookup, then the kernel."""
         state = self.layers.get(layer)
-        if state is not None and state.fast and not self.capturing and not torch.autograd._profiler_enabled():
-            fast = state.fast.get(_signature(specs[0], layer, args, kwargs))
+        if state is not None and (state.fast or state.own) and not self.capturing and \
+                not torch.autograd._profiler_enabled():
+            signature = _signature(specs[0], layer, args, kwargs)
+            fast = state.fast.get(signature)
             if fast is not None and not fast.calls.disabled:
                 fast.calls.calls += 1
                 self.dirty = True
                 return partial(fast.spec.run, fast.run, named(fast.spec.params, args, kwargs, fast.spec.open_kwargs))
+            reason = state.own.get(signature)
+            if reason is not None:
+                self._fallback(layer, reason)
+                return partial(original, *args, **kwargs)
         own = partial(original, *args, **kwargs)
         spec, call = _spec_for(specs, args, kwargs)
         if spec is None or call is None:
@@ -288,12 +295,12 @@ class Router:
         entry, reason = self._decide(spec, layer, call, x) if routing else (None, "")
         if entry is None:
             if routing:
-                self._fallback(layer, reason)
+                self._settle_own(spec, specs, layer, args, kwargs, reason)
             return partial(self._capture, spec, layer, call, original, args, kwargs) if self.capturing else own
         run = self._kernel(entry, spec, layer)
         counts = self.custom[entry.candidate_id]
         if counts.disabled:
-            self._fallback(layer, counts.disabled)
+            self._settle_own(spec, specs, layer, args, kwargs, counts.disabled)
             return own
         timing = spec.probes and counts.timed < PROBE_CALLS
         if spec.probes and entry.candidate_id not in self._of(layer).probed:
@@ -476,6 +483,14 @@ class Router:
         if state is None:
             state = self.layers[layer] = _LayerState()
         return state
+
+    def _settle_own(self, spec: LayerSpec, specs: list[LayerSpec], layer: torch.nn.Module, args: tuple,
+                    kwargs: dict, reason: str) -> None:
+        """A call that runs the engine's own path, counted; where its arguments settle its route, later calls of its
+        signature go there on the fast path (the decision and a disabled kernel never change back)."""
+        self._fallback(layer, reason)
+        if spec.settles and spec.cached:
+            self._of(layer).own[_signature(specs[0], layer, args, kwargs)] = reason
 
     def _fallback(self, layer: torch.nn.Module, reason: str) -> None:
         reasons = self.fallback.setdefault(type(layer).__name__, {})

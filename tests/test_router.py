@@ -158,6 +158,27 @@ def test_a_kernel_slower_than_the_engines_own_path_in_the_engine_stops_taking_ca
     assert report.fallback["RMSNorm"] == {norm_calls.disabled: 3}
 
 
+def test_a_call_that_falls_back_settles_so_its_signature_skips_routing_and_is_still_counted(monkeypatch, tmp_path):
+    router = _router(monkeypatch, tmp_path, pack=True, capture=False)
+    norm = RMSNorm(HIDDEN, EPS)
+    routed = []
+    decide = router._decide
+    monkeypatch.setattr(router, "_decide", lambda *a: routed.append(1) or decide(*a))
+    with torch.no_grad():
+        for _ in range(3):
+            x = torch.randn(9, HIDDEN)  # more rows than the kernel was verified on: the engine's own path
+            torch.testing.assert_close(_call(router, norm, x), norm(x))
+        assert len(routed) == 1
+        x = torch.randn(4, HIDDEN)  # another signature is routed afresh, to the kernel
+        torch.testing.assert_close(_call(router, norm, x), norm(x))
+        assert len(routed) == 2
+        with torch.profiler.profile():  # a traced call runs the whole path, so the trace labels what ran
+            _call(router, norm, torch.randn(9, HIDDEN))
+        assert len(routed) == 3
+    assert router.fallback["RMSNorm"] == {"more rows than the pack's kernels were verified on": 4}
+    assert router.custom["norm"].calls == 1
+
+
 def test_the_two_paths_are_compared_per_row_when_their_timed_calls_came_in_other_sizes(monkeypatch, tmp_path):
     # continuous batching: the engine's path happened to be timed on 897-row prefill chunks, the kernel's on 128-row
     # ones; per call the kernel looks 3x faster, per row it is twice as slow

@@ -24,11 +24,18 @@ from kernelbot.engine.serving.apis import APIS, ServerSetup, engine_version
 from kernelbot.engine.serving.ceiling import StepTiming, ceiling_of, streamed_elements
 from kernelbot.engine.serving.load import Workload, run_load
 from kernelbot.engine.serving.serve_options import EngineKind
-from kernelbot.engine.serving.served_engine import WORKER_TRACE, _collected, captured_since, merge_captures
+from kernelbot.engine.serving.served_engine import (
+    MAX_WARM_WAVES,
+    WORKER_TRACE,
+    ServedEngine,
+    _collected,
+    captured_since,
+    merge_captures,
+)
 from kernelbot.engine.serving.server import Launch, ServerProcess
 from kernelbot.hardware import telemetry
 from kernelbot.profiler.row_split import row_buckets, split_hotspots
-from kernelbot.records import Device, Hotspot, LayerCapture, PluginReport, ServingMetrics
+from kernelbot.records import Device, Hotspot, KernelCalls, LayerCapture, PluginReport, ServingMetrics
 
 STANDIN = [sys.executable, str(Path(__file__).with_name("standin_sglang_server.py"))]
 SGLANG = APIS[EngineKind.SGLANG]
@@ -268,6 +275,33 @@ def test_a_round_waits_for_a_server_still_busy_after_its_last_request_and_not_fo
         assert 0.5 < waited < 2.5, waited
         assert busy.settle() < 0.5  # idle now: the next round starts at once
     assert busy.settle() < 0.01  # a stopped server is not waited for
+
+
+def test_both_servers_warm_alike_until_the_packed_ones_kernels_are_past_their_in_engine_timing(tmp_path):
+    # each warm-up wave: both servers take it, then the packed server's plugin has timed 8 more calls of its prefill
+    # kernel (its decode kernel was done in the first wave; a disabled kernel is timed no more)
+    from kernelbot.engine.router import PROBE_CALLS
+
+    warmed: list[str] = []
+
+    def warm(server: str) -> None:
+        warmed.append(server)
+        timed = min(PROBE_CALLS, 8 * warmed.count("packed"))
+        report = PluginReport(pid=7, rank=None, engine="vllm", custom={
+            "decode": KernelCalls(calls=3000, timed=PROBE_CALLS), "prefill": KernelCalls(calls=120, timed=timed),
+            "slow": KernelCalls(calls=80, timed=3, disabled="slower in the engine than its own path")})
+        (tmp_path / "counts-pid7.json").write_text(report.model_dump_json())
+
+    engine = type("Engine", (), {"_warm": staticmethod(warm)})()
+    assert ServedEngine._warm_past_timing(engine, "stock", "packed", tmp_path) == 2
+    assert warmed == ["stock", "packed"] * 2
+    warmed.clear()
+    (tmp_path / "counts-pid7.json").unlink()
+    assert ServedEngine._warm_past_timing(engine, "stock", "packed", None) == 1  # no pack counters: one wave
+    forever = type("Engine", (), {"_warm": staticmethod(lambda server: None)})()  # a kernel never done: capped
+    (tmp_path / "counts-pid8.json").write_text(PluginReport(pid=8, rank=None, engine="vllm", custom={
+        "rare": KernelCalls(calls=5, timed=0)}).model_dump_json())
+    assert ServedEngine._warm_past_timing(forever, "stock", "packed", tmp_path) == MAX_WARM_WAVES
 
 
 def test_engagement_counts_the_processes_that_ran_layers_not_an_api_server_that_only_loaded_the_pack():

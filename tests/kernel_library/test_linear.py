@@ -41,3 +41,40 @@ def test_the_cpp_linear_repacks_its_weights_when_they_change_in_place() -> None:
     with torch.no_grad():
         layer.weight.mul_(2)  # in place: same storage, new version
     torch.testing.assert_close(layer(x), 2 * before)
+
+
+def test_the_cpp_kernels_run_without_the_gil_so_an_engines_other_python_threads_go_on() -> None:
+    # vLLM's worker sends each step's output from another Python thread while the next step computes: a kernel that
+    # held the GIL for its whole call (as an unguarded pybind binding does) would stall it
+    import threading
+    import time
+
+    from kernelbot.kernel_library.linear.cpp import LinearCpp
+
+    layer = LinearCpp(1024, 4096, False)
+    x = torch.randn(1024, 1024)
+    ticks, stop = [0], threading.Event()
+
+    def count() -> None:
+        while not stop.is_set():
+            ticks[0] += 1
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the kernel on one core, the counting thread free to take the other
+    counter = threading.Thread(target=count)
+    try:
+        with torch.inference_mode():
+            layer(x)  # packs the weights
+            counter.start()
+            start, before = time.perf_counter(), ticks[0]
+            time.sleep(0.2)
+            rate = (ticks[0] - before) / (time.perf_counter() - start)  # ticks a second beside an idle main thread
+            start, before = time.perf_counter(), ticks[0]
+            layer(x)
+            during = (ticks[0] - before) / (time.perf_counter() - start)
+    finally:
+        stop.set()
+        torch.set_num_threads(threads)
+        if counter.is_alive():
+            counter.join()
+    assert during > 0.3 * rate, f"{during:.0f} ticks/s during the kernel's call against {rate:.0f} beside it"
