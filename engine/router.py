@@ -271,7 +271,8 @@ class Router:
                 kwargs: dict) -> Callable[[], Any]:
         """Where one call of a hooked layer goes, as a thunk to run now: a pack kernel when one was verified for it,
         else the engine's own path (`original`); captured on the way when capturing. A call whose signature this
-        layer has settled (routed, probed and timed) takes the fast path: one lookup, then the kernel."""
+        layer has settled (routed, probed and timed; or to the engine's own path) takes the fast path: one lookup,
+        then the kernel or the engine's path."""
         state = self.layers.get(layer)
         if state is not None and (state.fast or state.own) and not self.capturing and \
                 not torch.autograd._profiler_enabled():

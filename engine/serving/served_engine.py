@@ -217,7 +217,7 @@ class ServedEngine:
     def _warm_past_timing(self, stock: ServerProcess, packed: ServerProcess, counts_dir: Path | None) -> int:
         """Warm-up waves on both servers alike until the packed one's kernels are past their in-engine timing (those
         calls run both paths: 32 of a kernel's first few hundred), at most MAX_WARM_WAVES: the rounds then time what a
-        long-running server runs, not a fresh process's probes. The waves run."""
+        long-running server runs, not a fresh process's probes. Returns the waves run."""
         for waves in range(1, MAX_WARM_WAVES + 1):
             for server in (stock, packed):
                 self._warm(server)
