@@ -11,8 +11,3 @@
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/zeros.h>
 #include <torch/csrc/utils/pybind.h>
-
-// Kernels are bound to run without the GIL, as PyTorch's own ops do: while one computes, an engine's other Python
-// threads (vLLM's output thread, the plugin's counters) go on. pybind converts the arguments before releasing it and
-// the result after taking it back.
-#define WITHOUT_GIL pybind11::call_guard<pybind11::gil_scoped_release>()

@@ -58,4 +58,4 @@ std::vector<at::Tensor> add_rmsnorm(const at::Tensor& x, const at::Tensor& resid
   return {out, res_out};
 }
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("add_rmsnorm", &add_rmsnorm, WITHOUT_GIL); }
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("add_rmsnorm", &add_rmsnorm); }

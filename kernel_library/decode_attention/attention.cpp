@@ -592,6 +592,6 @@ at::Tensor step(const at::Tensor& x, const at::Tensor& qkv_panels, const c10::op
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("step", &step, WITHOUT_GIL);
+  m.def("step", &step);
   m.def("has_avx512_bf16", &has_avx512_bf16);
 }

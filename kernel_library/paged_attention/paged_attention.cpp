@@ -423,4 +423,4 @@ at::Tensor paged_attention(const at::Tensor& query, const at::Tensor& kv_cache, 
   return out;
 }
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("paged_attention", &paged_attention, WITHOUT_GIL); }
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("paged_attention", &paged_attention); }

@@ -44,4 +44,4 @@ at::Tensor rmsnorm(const at::Tensor& x, const at::Tensor& weight, double eps, in
   return out;
 }
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("rmsnorm", &rmsnorm, WITHOUT_GIL); }
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("rmsnorm", &rmsnorm); }

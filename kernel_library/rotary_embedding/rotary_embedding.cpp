@@ -73,4 +73,4 @@ std::tuple<at::Tensor, at::Tensor> rotary_embedding(const at::Tensor& positions,
           rotate_heads(positions, key, cache, head_size, rot, neox, grain)};
 }
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("rotary_embedding", &rotary_embedding, WITHOUT_GIL); }
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("rotary_embedding", &rotary_embedding); }

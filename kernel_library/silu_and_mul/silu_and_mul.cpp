@@ -63,4 +63,4 @@ at::Tensor silu_and_mul(const at::Tensor& x, int64_t grain) {
   return out;
 }
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("silu_and_mul", &silu_and_mul, WITHOUT_GIL); }
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("silu_and_mul", &silu_and_mul); }

@@ -64,6 +64,6 @@ at::Tensor moe_experts(const at::Tensor& x, const at::Tensor& index, const at::T
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("moe_experts", &moe_experts, WITHOUT_GIL);
+  m.def("moe_experts", &moe_experts);
   m.def("has_avx512_bf16", &has_avx512_bf16);
 }

@@ -100,8 +100,6 @@ def _assemble(traced: Traced, config: GenericConfig, headers: list[str], body: l
     parts += ["  " + line for line in body]
     parts.append("}")
     # `packs`: how many tensors the caller keeps for the GEMMs' packed weights and passes back on every call
-    # run without the GIL, as PyTorch's own ops do (kernel_library/extension.h's WITHOUT_GIL)
-    parts.append(f'\nPYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {{\n'
-                 f'  m.def("run", &kb_run, pybind11::call_guard<pybind11::gil_scoped_release>());\n'
+    parts.append(f'\nPYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {{\n  m.def("run", &kb_run);\n'
                  f'  m.attr("packs") = {packs};\n}}\n')
     return "\n".join(parts)
