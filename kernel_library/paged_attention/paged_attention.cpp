@@ -226,8 +226,9 @@ struct PagedBf16 {
   //     exact in fp32, sums in fp32, the scale applied after. The unpacks leave the keys in an order that one
   //     permute per 16 scores puts back (UNPACKED).
   //   - Values: keys t, t+1's rows interleaved the same way into pairs of (t, t+1) per dim and dotted with the
-  //     head's probabilities of t and t+1 rounded to bf16 (relative error 2^-9 per weight; sums in fp32), HG heads
-  //     at a time so their accumulators stay in registers.
+  //     head's probabilities of t and t+1 rounded to bf16 (relative error 2^-9 per weight; sums in fp32), 32 dims of
+  //     HV heads at a time, so their accumulators stay in registers and each line of values is read once (all of a
+  //     head's dims at once read them twice for 7 query heads per KV head).
   static constexpr int32_t UNPACKED[2][16] = {{0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23},
                                               {8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31}};
   std::vector<uint16_t> probs;  // each head's probabilities in bf16, an even count (zero-padded)
@@ -237,7 +238,7 @@ struct PagedBf16 {
       const uint16_t* q, const uint16_t* cache, const int32_t* blocks, int64_t seen, int64_t G, int64_t kv_heads,
       int64_t kh, int64_t bs, float scale, uint16_t* out, size_t stream_at) {
     constexpr int64_t D = 32 * NC, D2 = D / 2;
-    constexpr int HG = std::max(1, 12 / NC);  // heads whose 2 * NC accumulators fit in registers at once
+    constexpr int HV = 12;  // heads whose two accumulators of a 32-dim chunk stay in registers at once
     const int64_t stride = seen + 32, pairs = (seen + 1) / 2;
     if (static_cast<int64_t>(scores.size()) < G * stride) scores.resize(G * stride);
     if (static_cast<int64_t>(probs.size()) < G * 2 * pairs) probs.resize(G * 2 * pairs);
@@ -284,39 +285,36 @@ struct PagedBf16 {
       for (; t < 2 * pairs; ++t) pg[t] = t < seen ? Lanes<c10::BFloat16>::out(s[g * stride + t]) : uint16_t(0);
     }
     const uint32_t* p2 = reinterpret_cast<const uint32_t*>(pb);  // head g's probabilities of keys 2i, 2i+1
-    for (int64_t g0 = 0; g0 < G; g0 += HG) {
-      const int64_t hg = std::min<int64_t>(HG, G - g0);
-      __m512 acc[HG][NC][2];
-      for (int h = 0; h < HG; ++h)
-        for (int c = 0; c < NC; ++c) acc[h][c][0] = acc[h][c][1] = _mm512_setzero_ps();
-      for (int64_t j = 0; j < nblocks; ++j) {
-        const uint16_t* values = cache + (static_cast<int64_t>(blocks[j]) * kv_heads + kh) * 2 * bs * D + bs * D;
-        const int64_t width = std::min(bs, seen - j * bs), pair0 = j * bs / 2;
-        for (int64_t t = 0; t < width; t += 2) {
-          const uint16_t* ra = values + t * D;
-          for (int c = 0; c < NC; ++c) {
-            const __m512i a = _mm512_loadu_si512(ra + 32 * c);
-            const __m512i b = t + 1 < width ? _mm512_loadu_si512(ra + D + 32 * c) : _mm512_setzero_si512();
+    for (int c = 0; c < NC; ++c)  // a chunk of 32 dims at a time, for up to HV heads: each value line read once
+      for (int64_t g0 = 0; g0 < G; g0 += HV) {
+        const int64_t hg = std::min<int64_t>(HV, G - g0);
+        __m512 acc[HV][2];
+        for (int h = 0; h < HV; ++h) acc[h][0] = acc[h][1] = _mm512_setzero_ps();
+        for (int64_t j = 0; j < nblocks; ++j) {
+          const uint16_t* values =
+              cache + (static_cast<int64_t>(blocks[j]) * kv_heads + kh) * 2 * bs * D + bs * D + 32 * c;
+          const int64_t width = std::min(bs, seen - j * bs), pair0 = j * bs / 2;
+          for (int64_t t = 0; t < width; t += 2) {
+            const __m512i a = _mm512_loadu_si512(values + t * D);
+            const __m512i b = t + 1 < width ? _mm512_loadu_si512(values + (t + 1) * D) : _mm512_setzero_si512();
             const __m512bh pl = (__m512bh)_mm512_unpacklo_epi16(a, b), ph = (__m512bh)_mm512_unpackhi_epi16(a, b);
-            for (int h = 0; h < HG; ++h) {
+            for (int h = 0; h < HV; ++h) {
               if (h >= hg) break;
               const __m512bh pp =
                   (__m512bh)_mm512_set1_epi32(static_cast<int>(p2[(g0 + h) * pairs + pair0 + t / 2]));
-              acc[h][c][0] = _mm512_dpbf16_ps(acc[h][c][0], pl, pp);
-              acc[h][c][1] = _mm512_dpbf16_ps(acc[h][c][1], ph, pp);
+              acc[h][0] = _mm512_dpbf16_ps(acc[h][0], pl, pp);
+              acc[h][1] = _mm512_dpbf16_ps(acc[h][1], ph, pp);
             }
           }
         }
-      }
-      for (int64_t h = 0; h < hg; ++h)
-        for (int c = 0; c < NC; ++c) {
+        for (int64_t h = 0; h < hg; ++h) {
           uint16_t* o = out + (g0 + h) * D + 32 * c;
-          const __m512 d0 = _mm512_permutex2var_ps(acc[h][c][0], first, acc[h][c][1]);
-          const __m512 d1 = _mm512_permutex2var_ps(acc[h][c][0], second, acc[h][c][1]);
+          const __m512 d0 = _mm512_permutex2var_ps(acc[h][0], first, acc[h][1]);
+          const __m512 d1 = _mm512_permutex2var_ps(acc[h][0], second, acc[h][1]);
           _mm256_storeu_si256(reinterpret_cast<__m256i*>(o), (__m256i)_mm512_cvtneps_pbh(d0));
           _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + 16), (__m256i)_mm512_cvtneps_pbh(d1));
         }
-    }
+      }
   }
 
   // The vdpbf16ps path where the head size is 32 * NC (NC <= 8) and blocks hold an even number of keys.
