@@ -166,8 +166,10 @@ class ServedRunEngine:
         op_breakdown(loaded).to_csv(trace.with_name(trace.name.replace(".json.gz", "_ops.csv")), index=False)
         covered = {c.module_class or c.engine_class: c.family for c in captures if not c.kernel}
         generic = merge_generic(reports)
+        step_rows = max((r.step_rows for r in reports if r.step_rows), default=None)
         profiled = rank_at_attained_peaks(lambda device: Profiled(hotspots=split_hotspots(
-            rank_hotspots(loaded, device, covered, by_name=False), captures, device, self.served.decode_scale),
+            rank_hotspots(loaded, device, covered, by_name=False), captures, device, self.served.decode_scale,
+            step_rows),
             captures=captures, generic=generic), self)
         return profiled.model_copy(update={"device": self.device})
 

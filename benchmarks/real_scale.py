@@ -7,8 +7,9 @@ share, kernelbot's peak memory, the run's wall time and the host's load over the
     python benchmarks/real_scale.py [--engines in-process,vllm] [--model DIR] [--batch 8] [--prompt-len 512]
                                     [--decode-steps 128] [--max-tasks N] [--rounds 5] [--out DIR] [--smallest]
 
---max-tasks defaults to 8 in process and 12 served: served, the worker runs the decode step's projections and
-norms on one core, and 8 tasks went to prefill-sized ops before the decode down and QKV projections got one.
+--max-tasks defaults to 8 in process and 16 served: served, the worker runs the decode step's projections and
+norms on one core, and 8 tasks went to prefill-sized ops before the decode down and QKV projections got one; 12 left
+the decode step's output projection and the prefill QKV projection on vLLM's ops.
 The served run needs vLLM's CPU build (.ci/vllm_env.sh; --engine-python). --smallest: llama-micro at a few tokens
 (a smoke run of this script, not a measurement). Nothing else should run meanwhile: the figures are timings; each
 run takes tens of minutes on 2 cores at the default size.
@@ -28,7 +29,7 @@ from kernelbot.records import KernelResult, Report
 
 ROOT = Path(__file__).resolve().parents[1]
 QWEN = ROOT / "benchmarks" / "models" / "qwen2.5-0.5b"
-IN_PROCESS_TASKS, SERVED_TASKS = 8, 12  # --max-tasks' defaults
+IN_PROCESS_TASKS, SERVED_TASKS = 8, 16  # --max-tasks' defaults
 
 
 def optimize(engine: str, run_dir: Path, args: argparse.Namespace) -> Report:
@@ -70,7 +71,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--prompt-len", type=int, default=512)
     parser.add_argument("--decode-steps", type=int, default=128)
-    parser.add_argument("--max-tasks", type=int, default=None, help="default: 8 in process, 12 served")
+    parser.add_argument("--max-tasks", type=int, default=None, help="default: 8 in process, 16 served")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--out", type=Path, default=None, help="where the runs go (default: a temporary folder)")
     parser.add_argument("--smallest", action="store_true")

@@ -223,6 +223,7 @@ class Router:
     # candidate → (engine, kernel): each timed call's (µs, rows)
     timings: dict[str, tuple[list[tuple[float, int]], list[tuple[float, int]]]] = field(default_factory=dict)
     generic: GenericLayers = field(default_factory=lambda: GenericLayers(""))  # layers no family covers
+    step_rows: int | None = None  # the engine's step budget in tokens, where its plugin reads it (PluginReport's)
     probe_after: int = PROBE_AFTER  # a kernel's calls before its timed ones
     probe_every: int = PROBE_EVERY  # ... then one call in this many is timed
     dirty: bool = False
@@ -233,7 +234,8 @@ class Router:
                             pack_dir=str(self.pack_dir or ""), hooked=self.hooked,
                             custom={cid: c.record() for cid, c in self.custom.items()},
                             fallback=self.fallback, unrouted=self.unrouted,
-                            captures=[v.record for v in self.variants.values()], generic=self.generic.records())
+                            captures=[v.record for v in self.variants.values()], generic=self.generic.records(),
+                            step_rows=self.step_rows)
 
     def write(self, force: bool = False) -> None:
         """The counters to this process's file: now when `force`, else by the flusher within FLUSH_S (an engine may

@@ -71,6 +71,13 @@ class CPUAttentionBackendImpl(cpu_attn.CPUAttentionBackendImpl):
     """vLLM's CPU attention implementation, each call through kernelbot's router (same class name: the router keys
     pack entries by it)."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        from kernelbot.engine import vllm_plugin
+
+        super().__init__(*args, **kwargs)
+        if vllm_plugin.ROUTER is not None:
+            vllm_plugin.note_step_rows(vllm_plugin.ROUTER)  # a pack of attention alone builds no other hooked class
+
     def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         from kernelbot.engine import vllm_plugin
 

@@ -253,16 +253,31 @@ def register() -> None:
     router.write(force=True)
 
 
+def note_step_rows(router: Router) -> None:
+    """The most tokens vLLM's scheduler puts in one step (max_num_batched_tokens), read while a layer is built:
+    vLLM's config is current then, and not while the plugin registers or the model runs."""
+    if router.step_rows is None:
+        from vllm.config import get_current_vllm_config_or_none
+
+        config = get_current_vllm_config_or_none()
+        if config is not None:
+            router.step_rows = int(config.scheduler_config.max_num_batched_tokens)
+
+
 def _install(base: type, specs: list[LayerSpec], router: Router) -> None:
     """vLLM's class replaced, out of tree, by a subclass of the same name that routes its calls."""
     if base.__name__ in GEMM_METHODS:
         sub = _gemm_subclass(base, specs, router)
         base.register_oot(sub, name=base.__name__)
     else:
+        def __init__(self: torch.nn.Module, *args: Any, **kwargs: Any) -> None:
+            base.__init__(self, *args, **kwargs)
+            note_step_rows(router)
+
         def forward(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
             return router.handle(specs, self, lambda *a, **k: base.forward(self, *a, **k), args, kwargs)
 
-        sub = type(base.__name__, (base,), {"forward": forward, "__module__": base.__module__,
+        sub = type(base.__name__, (base,), {"__init__": __init__, "forward": forward, "__module__": base.__module__,
                                             "__qualname__": base.__qualname__})
         registry_name = getattr(base, "name", None)
         base.register_oot(sub, name=base.__name__)
@@ -306,6 +321,7 @@ def _gemm_subclass(base: type, specs: list[LayerSpec], router: Router) -> type:
 
     def __init__(self: torch.nn.Module, *args: Any, **kwargs: Any) -> None:
         base.__init__(self, *args, **kwargs)
+        note_step_rows(router)
         if type(getattr(self, "quant_method", None)) is unquantized:
             self.quant_method.__class__ = KernelbotLinearMethod  # quantized layers keep their own method
 

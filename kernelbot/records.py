@@ -700,6 +700,9 @@ class PluginReport(BaseModel):
     unrouted: list[dict[str, str]] = Field(default_factory=list)
     captures: list[LayerCapture] = Field(default_factory=list)
     generic: list[GenericCapture] = Field(default_factory=list)  # calls of layers no family covers
+    # the most tokens the engine's scheduler puts in one step (vLLM's max_num_batched_tokens): a prefill chunk's rows
+    # can reach it whatever the profiled load ran; None where the plugin does not read it
+    step_rows: int | None = None
 
 
 class ServingMetrics(BaseModel):

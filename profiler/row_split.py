@@ -20,11 +20,14 @@ def profiled_dims(capture: LayerCapture, shapes: list[list[int]] | None = None) 
     return [*shapes, *weights(capture.init_args)] if weights is not None else shapes
 
 
-def row_buckets(capture: LayerCapture) -> list[tuple[LayerCapture, bool]]:
+def row_buckets(capture: LayerCapture, step_rows: int | None = None) -> list[tuple[LayerCapture, bool]]:
     """A variant's calls in two buckets, decode-sized and larger, each with whether it is the decode one: calls with
     at most the most frequent row count (a decode step's rows: the sequences running), and the rest (prefill chunks).
     Each becomes its own task, verified and timed at its bucket's most rows: a kernel fast at prefill sizes may not be
-    at decode's, and the router sends each call to the smallest verified kernel that takes its rows."""
+    at decode's, and the router sends each call to the smallest verified kernel that takes its rows. `step_rows`: the
+    engine's step budget in tokens; a row-wise variant's prefill bucket is verified at it, since under a heavier load
+    than the profiled one a chunk can have that many rows (vLLM's Qwen2.5-0.5B load: 44 of 95 prefill steps had more
+    rows than the profile's 897, and ran the engine's own ops)."""
     counts = {int(r): n for r, n in capture.rows.items()}
     if not counts:
         return [(capture, True)]
@@ -34,25 +37,37 @@ def row_buckets(capture: LayerCapture) -> list[tuple[LayerCapture, bool]]:
     for decode, bucket in zip((True, False), buckets, strict=True):
         if bucket:
             keys = {str(r) for r in bucket}
+            shapes = capture.shapes[str(max(bucket))]
+            if not decode and step_rows is not None:
+                shapes = at_rows(capture.family, shapes, step_rows)
             out.append((capture.model_copy(update={
                 "rows": {str(r): n for r, n in bucket.items()}, "calls": sum(bucket.values()),
-                "input_shapes": capture.shapes[str(max(bucket))],
-                "shapes": {r: s for r, s in capture.shapes.items() if r in keys}}), decode))
+                "input_shapes": shapes, "shapes": {r: s for r, s in capture.shapes.items() if r in keys}}), decode))
     return out
 
 
+def at_rows(family: str, shapes: list[list[int]], rows: int) -> list[list[int]]:
+    """A row-wise call's shapes (every input's only free dim its first, the same for all: tokens) at `rows` where it
+    has fewer; any other call's (an attention's metadata ties its tokens to its requests) as they are."""
+    free = FAMILIES[family].free_dims(shapes)
+    if any(f != [0] for f in free) or len({s[0] for s in shapes}) != 1 or shapes[0][0] >= rows:
+        return shapes
+    return [[rows, *s[1:]] for s in shapes]
+
+
 def split_hotspots(hotspots: list[Hotspot], captures: list[LayerCapture], device: Device,
-                   decode_scale: float = 1.0) -> list[Hotspot]:
+                   decode_scale: float = 1.0, step_rows: int | None = None) -> list[Hotspot]:
     """Each traced layer class the plugin captured becomes one hotspot per variant (family, arguments, dtype) and
     row bucket (row_buckets): its calls and their share of the class's time (by roofline floor: decode buckets are
     memory-bound, prefill chunks compute-bound, and a split by bytes alone credited prefill with more FLOP/s than the
     device has), its roofline floor summed over the row counts the engine ran; its dims are the
-    bucket's at its most rows. `decode_scale`: the load's decode steps per profiled one (the trace covers fewer):
+    bucket's at its most rows (a row-wise prefill bucket's at `step_rows`, the engine's step budget, where given).
+    `decode_scale`: the load's decode steps per profiled one (the trace covers fewer):
     decode buckets' calls, time and floor count that many times, at the class's traced time per floor."""
     by_class: dict[str, list[tuple[LayerCapture, bool]]] = {}
     for c in captures:
         if not c.kernel:  # a pack kernel's calls are traced under its label, with their own time
-            by_class.setdefault(c.module_class or c.engine_class, []).extend(row_buckets(c))
+            by_class.setdefault(c.module_class or c.engine_class, []).extend(row_buckets(c, step_rows))
     out: list[Hotspot] = []
     for h in _per_class(hotspots, set(by_class)):
         variants = by_class.get(h.module_class)

@@ -206,6 +206,28 @@ def test_captured_variants_split_a_traced_class_into_decode_and_prefill_hotspots
     assert all(h.share == pytest.approx(0.55 * h.total_us / sum(x.total_us for x in every)) for h in every)
 
 
+def test_a_row_wise_prefill_bucket_is_verified_at_the_engines_step_budget_and_costed_at_the_rows_it_ran():
+    # the profiled load's chunks reached 225 rows; the engine's scheduler may put 2048 tokens in a step, and a kernel
+    # verified at 225 rows would leave every larger chunk on the engine's own ops
+    norm = _capture("add_rmsnorm", {"8": 90, "225": 4})
+    (decode, _), (prefill, _) = row_buckets(norm, step_rows=2048)
+    assert decode.input_shapes == [[8, 512], [8, 512]]
+    assert prefill.input_shapes == [[2048, 512], [2048, 512]] and prefill.rows == {"225": 4}
+    assert row_buckets(norm, step_rows=128)[1][0].input_shapes == [[225, 512], [225, 512]]  # never fewer rows
+    traced = Hotspot(id="h0", module_class="RMSNorm", module_paths=["m/RMSNorm_0"], family="add_rmsnorm",
+                     input_dims=[[8, 512]], dtype="bfloat16", calls=94, total_us=900.0, share=0.4)
+    budget, seen = (split_hotspots([traced], [norm], CPU, step_rows=rows) for rows in (2048, None))
+    assert [h.input_dims for h in budget] != [h.input_dims for h in seen]
+    assert [h.floor_us for h in budget] == [h.floor_us for h in seen]  # the time is the calls' as they ran
+    # an attention's query rows are tied to its requests' metadata: its bucket stays at the rows it ran
+    attention = LayerCapture(engine_class="CPUAttentionBackendImpl", family="paged_attention",
+                             init_args=[14, 2, 64, 0.125], dtype="bfloat16", calls=5, rows={"8": 4, "897": 1},
+                             input_shapes=[[897, 14, 64], [60, 2, 128, 128], [8, 5], [8], [9]],
+                             shapes={"8": [[8, 14, 64], [60, 2, 128, 128], [8, 5], [8], [9]],
+                                     "897": [[897, 14, 64], [60, 2, 128, 128], [8, 5], [8], [9]]}, agrees=True)
+    assert row_buckets(attention, step_rows=2048)[1][0].input_shapes[0] == [897, 14, 64]
+
+
 def test_a_pack_kernels_captured_calls_take_none_of_their_class_traced_time():
     # with a pack, a class's decode calls run the kernel (traced under its own label) and a few run the engine's
     # path: the class's traced time is those few calls' alone (shared over every call, vLLM's Qwen2.5-0.5B profile

@@ -66,6 +66,11 @@ def test_the_served_loop_runs_its_kernels_inside_vllms_worker_and_measures_both_
     # head (a GEMM inside LogitsProcessor's forward, found by the trace under that module)
     families = {(h.module_class, h.family) for h in report.hotspots_before}
     assert {("RMSNorm", "add_rmsnorm"), ("Attention", "paged_attention"), ("LogitsProcessor", "linear")} <= families
+    # the worker read its scheduler's step budget, and a norm's prefill bucket is verified at it (any chunk's rows)
+    budgets = {p.step_rows for p in report.serving.processes if ran_layers(p)}
+    assert len(budgets) == 1 and None not in budgets, budgets
+    norm_rows = {h.input_dims[0][0] for h in report.hotspots_before if h.family == "add_rmsnorm"}
+    assert budgets <= norm_rows, (budgets, norm_rows)
     accepted = [k for k in report.kernels if k.status == "accepted"]
     pack = Pack.model_validate_json((run_dir / "pack" / "manifest.json").read_text())
     assert {e.candidate_id for e in pack.entries} == {k.candidate_id.replace("/", "__") for k in accepted}
