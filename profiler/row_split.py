@@ -39,14 +39,14 @@ def row_buckets(capture: LayerCapture, step_rows: int | None = None) -> list[tup
             keys = {str(r) for r in bucket}
             shapes = capture.shapes[str(max(bucket))]
             if not decode and step_rows is not None:
-                shapes = at_rows(capture.family, shapes, step_rows)
+                shapes = _at_rows(capture.family, shapes, step_rows)
             out.append((capture.model_copy(update={
                 "rows": {str(r): n for r, n in bucket.items()}, "calls": sum(bucket.values()),
                 "input_shapes": shapes, "shapes": {r: s for r, s in capture.shapes.items() if r in keys}}), decode))
     return out
 
 
-def at_rows(family: str, shapes: list[list[int]], rows: int) -> list[list[int]]:
+def _at_rows(family: str, shapes: list[list[int]], rows: int) -> list[list[int]]:
     """A row-wise call's shapes (every input's only free dim its first, the same for all: tokens) at `rows` where it
     has fewer; any other call's (an attention's metadata ties its tokens to its requests) as they are."""
     free = FAMILIES[family].free_dims(shapes)
