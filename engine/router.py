@@ -645,9 +645,12 @@ def _rank() -> int | None:
 
 
 def router_from_env(engine: str, targets: dict[str, list[LayerSpec]],
-                    native: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext) -> Router | None:
+                    native: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+                    by_structure: tuple[LayerSpec, ...] = ()) -> Router | None:
     """The process's router from its environment (pack to route, counters' and captures' directory), or None when
-    kernelbot asked for neither. Pack entries no table layer takes are listed as unrouted, with the reason."""
+    kernelbot asked for neither. `by_structure`: layers found by what they hold, whatever their class is called (a
+    model's MLP: each model file defines its own); their families' entries route under the entry's class. Pack
+    entries no layer takes are listed as unrouted, with the reason."""
     pack_env, counts_env = os.environ.get(PACK_ENV), os.environ.get(COUNTS_ENV)
     capturing = bool(os.environ.get(CAPTURE_ENV))
     if not pack_env and not capturing:
@@ -661,7 +664,7 @@ def router_from_env(engine: str, targets: dict[str, list[LayerSpec]],
         pack = Pack.model_validate_json((Path(pack_env) / "manifest.json").read_text())
         router.run_id = pack.run_id
         for entry in pack.entries:
-            if entry.family not in {spec.family for spec in targets.get(entry.module_class, [])}:
+            if entry.family not in {spec.family for spec in [*targets.get(entry.module_class, []), *by_structure]}:
                 router.unrouted.append({"candidate_id": entry.candidate_id, "family": entry.family,
                                         "reason": f"no {engine} layer takes a {entry.family} kernel for "
                                                   f"{entry.module_class}"})

@@ -13,7 +13,9 @@ are routed at their GEMM (the unquantized method's `apply`), so vLLM's own forwa
 and reductions; their weights (and the experts') are kept before vLLM repacks them for its CPU kernels. Every other
 CustomOp with a native forward (GemmaRMSNorm, GeluAndMul, ...) is hooked the same way for generic kernels
 (engine/generic_layers.py): captured as a task whose reference is its native forward, routed by its attributes and
-the call's exact signature.
+the call's exact signature. A model's gated MLP (its merged gate-and-up projection, SiLU-and-mul, down projection:
+a class of each model's own file, no CustomOp) is found by what it holds once the weights are loaded, and routed
+whole to a fused gated-MLP kernel: one call in place of three, no [tokens, 2 x intermediate] tensor between them.
 
 Environment: see engine/router.py (KERNELBOT_PACK_DIR, KERNELBOT_COUNTS_DIR, KERNELBOT_CAPTURE_DIR).
 """
@@ -167,6 +169,57 @@ MOE = LayerSpec("moe_experts", MOE_PARAMS, inputs=lambda c: [c["x"], c["topk_wei
                 traced_as=lambda layer, call: "MoERunner")  # the module whose forward runs the router and experts
 
 
+MLP_PARTS = {"gate_up_proj": "MergedColumnParallelLinear", "act_fn": "SiluAndMul", "down_proj": "RowParallelLinear"}
+# vLLM's loader step after every weight is in (named as vLLM's loader module calls it): models' MLPs are hooked there
+LOADED = ("vllm.model_executor.model_loader.base_loader", "process_weights_after_loading")
+
+
+def _gated_mlp(module: torch.nn.Module) -> bool:
+    """A model's MLP built of vLLM's merged gate-and-up projection, SiLU-and-mul and down projection, by class
+    name (the plugin's replacements keep vLLM's names; a quantized or other subclass is another class)."""
+    return all(type(getattr(module, part, None)).__name__ == cls for part, cls in MLP_PARTS.items())
+
+
+def _mlp_weights(mlp: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(gate and up [2 x inter, hidden], down [hidden, inter]) as loaded, kept before vLLM repacks them."""
+    gate_up, down = (getattr(getattr(mlp, part), "_kernelbot_weight", None) for part in ("gate_up_proj", "down_proj"))
+    return (gate_up, down) if gate_up is not None and down is not None else None
+
+
+def _mlp_args(mlp: torch.nn.Module) -> list[Any]:
+    kept = _mlp_weights(mlp)
+    assert kept is not None, "a gated MLP without its weights"
+    return [int(kept[1].shape[0]), int(kept[1].shape[1]), str(kept[1].dtype).removeprefix("torch.")]
+
+
+def _mlp_state(mlp: torch.nn.Module) -> dict[str, torch.Tensor]:
+    kept = _mlp_weights(mlp)
+    assert kept is not None, "a gated MLP without its weights"
+    gate_up, down = kept
+    inter = down.shape[1]
+    return {"gate_proj.weight": gate_up[:inter], "up_proj.weight": gate_up[inter:], "down_proj.weight": down}
+
+
+def _mlp_variant(mlp: torch.nn.Module, call: dict[str, Any], dtype: str) -> str:
+    kept = _mlp_weights(mlp)
+    if kept is None:
+        return "weights not kept (quantized, or loaded before the plugin)"
+    gate_up, down = mlp.gate_up_proj, mlp.down_proj
+    if gate_up.bias is not None or down.bias is not None:
+        return "projection biases"
+    if gate_up.tp_size != 1 or down.tp_size != 1:
+        return "tensor parallel (the down projection's all-reduce runs in its forward)"
+    if list(gate_up.output_sizes) != [kept[1].shape[1]] * 2:
+        return "gate and up projections not both of the down projection's input width"
+    if not isinstance(call["x"], torch.Tensor) or call["x"].dim() != 2:
+        return "not a [tokens, hidden] input"
+    return ""
+
+
+MLP = LayerSpec("gated_mlp", ("x",), inputs=lambda c: [c["x"]], run=lambda k, c: k(c["x"]), variant=_mlp_variant,
+                init_args=_mlp_args, state=_mlp_state)
+
+
 ATTENTION_IMPL = "CPUAttentionBackendImpl"  # the attention backend's implementation, routed by its class name
 ROPE_NUMERICS = ("forward", "forward_native", "forward_static", "forward_cpu", "forward_cuda")
 
@@ -231,11 +284,14 @@ def register() -> None:
         spec = generic_spec(cls)
         if spec is not None:
             classes[name], targets[name] = cls, [spec]
-    router = router_from_env("vllm", targets, _native_ops)
+    router = router_from_env("vllm", targets, _native_ops, by_structure=(MLP,))
     if router is None:
         return
     ROUTER = router
-    wanted = set(targets) if router.capturing else {cls for cls, _family in router.routes}
+    wanted = set(targets) if router.capturing else {cls for cls, _family in router.routes if cls in targets}
+    if router.capturing or any(family == MLP.family for _cls, family in router.routes):
+        wanted |= {MLP_PARTS["gate_up_proj"], MLP_PARTS["down_proj"]}  # their methods keep the weights it loads
+        _route_mlps_once_loaded(router)
     for name in sorted(wanted - {ATTENTION_IMPL, MOE_LAYER}):
         _install(classes[name], targets[name], router)
         router.hooked.append(f"{classes[name].__module__}.{name}")
@@ -264,6 +320,38 @@ def note_step_rows(router: Router) -> None:
             router.step_rows = int(config.scheduler_config.max_num_batched_tokens)
 
 
+def _route_mlps_once_loaded(router: Router) -> None:
+    """vLLM's loader step after loading, wrapped: then every gated MLP of the model (`_gated_mlp`) whose class the
+    pack routes (any, when capturing) becomes a same-named subclass whose forward goes through the router."""
+    loader = importlib.import_module(LOADED[0])
+    process = getattr(loader, LOADED[1])
+
+    def process_weights_after_loading(model: torch.nn.Module, *args: Any, **kwargs: Any) -> None:
+        process(model, *args, **kwargs)
+        routed: dict[type, type] = {}
+        for module in model.modules():
+            base = type(module)
+            if not _gated_mlp(module) or not (router.capturing or (base.__name__, MLP.family) in router.routes):
+                continue
+            if base not in routed:
+                routed[base] = _routed_subclass(base, [MLP], router)
+                router.hooked.append(f"{base.__module__}.{base.__name__}")
+            module.__class__ = routed[base]
+        router.write(force=True)
+
+    setattr(loader, LOADED[1], process_weights_after_loading)
+
+
+def _routed_subclass(base: type, specs: list[LayerSpec], router: Router, **extra: Any) -> type:
+    """A subclass of `base` of the same name whose forward goes through the router."""
+
+    def forward(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        return router.handle(specs, self, lambda *a, **k: base.forward(self, *a, **k), args, kwargs)
+
+    return type(base.__name__, (base,), {"forward": forward, "__module__": base.__module__,
+                                         "__qualname__": base.__qualname__, **extra})
+
+
 def _install(base: type, specs: list[LayerSpec], router: Router) -> None:
     """vLLM's class replaced, out of tree, by a subclass of the same name that routes its calls."""
     if base.__name__ in GEMM_METHODS:
@@ -274,11 +362,7 @@ def _install(base: type, specs: list[LayerSpec], router: Router) -> None:
             base.__init__(self, *args, **kwargs)
             note_step_rows(router)
 
-        def forward(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
-            return router.handle(specs, self, lambda *a, **k: base.forward(self, *a, **k), args, kwargs)
-
-        sub = type(base.__name__, (base,), {"__init__": __init__, "forward": forward, "__module__": base.__module__,
-                                            "__qualname__": base.__qualname__})
+        sub = _routed_subclass(base, specs, router, __init__=__init__)
         registry_name = getattr(base, "name", None)
         base.register_oot(sub, name=base.__name__)
         if registry_name is not None:

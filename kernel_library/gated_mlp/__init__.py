@@ -65,6 +65,7 @@ FAMILY = Family(
     dtypes={"cpp": ("float32", "bfloat16"), "triton": ("float32", "bfloat16", "float16")},
     init_args=_init_args,
     cost=_cost,
+    weight_dims=lambda args: [[int(args[1]), int(args[0])]],  # the gate projection's [inter, hidden]
     matches=lambda m, dims: (_projections(m) and _activation(m) is not None and len(dims) > 1
                              and list(m.gate_proj.weight.shape) == dims[1]),
     covers=_covers,
