@@ -45,7 +45,7 @@ from kernelbot.hardware.device import DeviceChoice
 from kernelbot.hardware.peaks import PeakOverride, on_worker_cores, with_attained
 from kernelbot.kernel_library import classes_covered
 from kernelbot.profiler.hotspots import op_breakdown, rank_hotspots
-from kernelbot.profiler.row_split import split_hotspots
+from kernelbot.profiler.row_split import as_traced, split_hotspots
 from kernelbot.profiler.trace import load_trace
 from kernelbot.profiler.workload_floor import with_shares, workload_floor
 from kernelbot.records import (
@@ -161,7 +161,7 @@ class ServedRunEngine:
         traces, reports = self.served.profile(name, trace, pack, pack_dir)
         # the floors at the peaks of the cores the engine's kernels run on, not the whole host's
         self.device = on_worker_cores(self.device, self.served.worker_cores, self.spec.dtype, self.override)
-        captures = merge_captures(reports)
+        captures = as_traced(merge_captures(reports))
         loaded = load_trace(traces[0])  # TP ranks run the same layers at the same shapes
         op_breakdown(loaded).to_csv(trace.with_name(trace.name.replace(".json.gz", "_ops.csv")), index=False)
         covered = {c.module_class or c.engine_class: c.family for c in captures if not c.kernel}

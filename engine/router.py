@@ -228,6 +228,8 @@ class Router:
     probe_every: int = PROBE_EVERY  # ... then one call in this many is timed
     dirty: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # per thread: the classes of the captured layers whose own path is running (innermost last)
+    running: threading.local = field(default_factory=threading.local)
 
     def report(self) -> PluginReport:
         return PluginReport(pid=os.getpid(), rank=_rank(), engine=self.engine, run_id=self.run_id,
@@ -509,16 +511,30 @@ class Router:
             return result
         variant, reason = self._count(spec, layer, call, reason=spec.variant(layer, call, _dtype_of(spec, call)))
         if variant is None or variant.checked or reason:
-            return original(*args, **kwargs)
+            return self._own_path(layer, original, args, kwargs)
         variant.checked = True
         copies = {k: v.clone() for k, v in call.items() if isinstance(v, torch.Tensor)
                   and (spec.written is None or k in spec.written)}
         inputs = spec.inputs({**call, **copies})  # as they were before the engine's path wrote any in place
-        result = original(*args, **kwargs)
+        result = self._own_path(layer, original, args, kwargs)
         got = spec.outputs(result, call) if spec.outputs is not None else _tensors(result)
         variant.record.agrees, variant.record.why = _agrees(spec, layer, self._args(spec, layer), inputs, got)
         self.write(force=True)
         return result
+
+    def _enclosing(self) -> list[str]:
+        if not hasattr(self.running, "classes"):
+            self.running.classes = []
+        return self.running.classes
+
+    def _own_path(self, layer: torch.nn.Module, original: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        """A captured call's own path: the hooked layers it calls are captured as `within` this layer's class."""
+        enclosing = self._enclosing()
+        enclosing.append(type(layer).__name__)
+        try:
+            return original(*args, **kwargs)
+        finally:
+            enclosing.pop()
 
     def _count(self, spec: LayerSpec, layer: torch.nn.Module, call: dict[str, Any],
                reason: str, kernel: str = "") -> tuple[_Variant | None, str]:
@@ -528,7 +544,8 @@ class Router:
         x = inputs[spec.main]
         args = self._args(spec, layer)
         fixed = fixed_dims(spec.family, [list(t.shape) for t in inputs])
-        key = json.dumps([type(layer).__name__, spec.family, args, dtype_name(x.dtype), fixed, reason, kernel],
+        within = next(reversed(self._enclosing()), "")
+        key = json.dumps([type(layer).__name__, spec.family, args, dtype_name(x.dtype), fixed, reason, kernel, within],
                          default=str)
         variant = self.variants.get(key)
         if variant is None:
@@ -536,7 +553,8 @@ class Router:
             variant = self.variants[key] = _Variant(LayerCapture(
                 engine_class=type(layer).__name__, module_class=traced, family=spec.family, init_args=args,
                 dtype=dtype_name(x.dtype),
-                input_shapes=[list(t.shape) for t in inputs], calls=0, rows={}, why=reason, kernel=kernel))
+                input_shapes=[list(t.shape) for t in inputs], calls=0, rows={}, why=reason, kernel=kernel,
+                within=within))
             self.write(force=True)
         record = variant.record
         record.calls += 1

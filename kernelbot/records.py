@@ -669,6 +669,8 @@ class LayerCapture(BaseModel):
     why: str = ""  # why the variant cannot take a kernel, or why the reference did not agree
     kernel: str = ""  # the pack kernel (candidate id) that ran these calls; "": the engine's own path ran them. A
     # trace shows a kernel's calls under its own label, so only own-path variants share their class's traced time
+    within: str = ""  # the hooked layer class whose own path made these calls (a gated MLP's projections): a trace
+    # shows them inside that layer, not among their own class's calls
 
 
 class GenericCapture(BaseModel):

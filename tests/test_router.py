@@ -255,3 +255,82 @@ def test_vllms_moe_experts_are_captured_when_the_reference_agrees_and_refused_wi
     assert plain.family == "moe_experts" and plain.module_class == "MoERunner" and plain.agrees
     assert plain.init_args == [HIDDEN, 40, 4, 2, "float32"] and plain.rows == {"8": 1, "3": 1}
     assert by["shared experts run inside the call"].agrees is None  # refused, so never judged
+
+
+INTER = 48
+
+
+class _Projection(nn.Module):
+    """A vLLM linear layer once loaded: its weight kept for kernelbot (vLLM's CPU method repacks its own), its
+    forward (output, bias) as vLLM's linear layers return."""
+
+    def __init__(self, out: int, inp: int, output_sizes: list[int] | None = None) -> None:
+        super().__init__()
+        self._kernelbot_weight = torch.randn(out, inp) / inp ** 0.5
+        self.bias, self.tp_size, self.output_sizes = None, 1, output_sizes
+
+    def forward(self, x: torch.Tensor):
+        return x @ self._kernelbot_weight.T, None
+
+
+MergedColumnParallelLinear = type("MergedColumnParallelLinear", (_Projection,), {})
+RowParallelLinear = type("RowParallelLinear", (_Projection,), {})
+
+
+class SiluAndMul(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        d = x.shape[-1] // 2
+        return torch.nn.functional.silu(x[..., :d]) * x[..., d:]
+
+
+class Qwen2MLP(nn.Module):
+    """vLLM's Qwen2 MLP: merged gate-and-up, SiLU-and-mul, down (a model file's own class)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate_up_proj = MergedColumnParallelLinear(2 * INTER, HIDDEN, [INTER, INTER])
+        self.act_fn = SiluAndMul()
+        self.down_proj = RowParallelLinear(HIDDEN, INTER)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate_up, _ = self.gate_up_proj(x)
+        return self.down_proj(self.act_fn(gate_up))[0]
+
+
+def _mlp_router(monkeypatch, tmp_path, by_structure: tuple) -> routing.Router:
+    for name in (routing.PACK_ENV, routing.CAPTURE_ENV, routing.COUNTS_ENV):
+        monkeypatch.delenv(name, raising=False)
+    entry = _entry("mlp", "gated_mlp", [[8, HIDDEN]]).model_copy(update={
+        "module_class": "Qwen2MLP", "init_args": [HIDDEN, INTER, "float32"], "config": {"grain": 4}})
+    (tmp_path / "pack" / "kernels").mkdir(parents=True)
+    (tmp_path / "pack" / entry.source_file).write_text(FAMILIES["gated_mlp"].candidate_source("cpp", entry.config))
+    (tmp_path / "pack" / "manifest.json").write_text(Pack(version="t", run_id="r", device="cpu", entries=[entry])
+                                                     .model_dump_json())
+    monkeypatch.setenv(routing.PACK_ENV, str(tmp_path / "pack"))
+    monkeypatch.setenv(routing.COUNTS_ENV, str(tmp_path / "counts"))
+    router = router_from_env("vllm", {"RMSNorm": vllm_plugin.LAYERS["RMSNorm"]}, by_structure=by_structure)
+    assert router is not None
+    return router
+
+
+def test_a_models_gated_mlp_is_found_by_its_parts_and_its_whole_call_goes_to_a_fused_kernel(monkeypatch, tmp_path):
+    mlp, sharded = Qwen2MLP(), Qwen2MLP()
+    sharded.down_proj.tp_size = 2  # its all-reduce runs in the down projection's forward: the fused kernel skips it
+    gelu = Qwen2MLP()
+    gelu.act_fn = type("GeluAndMul", (SiluAndMul,), {})()
+    assert vllm_plugin._gated_mlp(mlp) and not vllm_plugin._gated_mlp(gelu)
+    router = _mlp_router(monkeypatch, tmp_path, by_structure=(vllm_plugin.MLP,))
+    with torch.no_grad():
+        for rows in (8, 5, 9):
+            x = torch.randn(rows, HIDDEN)
+            torch.testing.assert_close(router.handle([vllm_plugin.MLP], mlp, mlp.forward, (x,), {}), mlp(x))
+        router.handle([vllm_plugin.MLP], sharded, sharded.forward, (torch.randn(4, HIDDEN),), {})
+    router.write(force=True)
+    (report,) = read_reports(tmp_path / "counts")
+    assert report.custom["mlp"].calls == 2 and not report.unrouted
+    assert report.fallback["Qwen2MLP"] == {
+        "more rows than the pack's kernels were verified on": 1,
+        "tensor parallel (the down projection's all-reduce runs in its forward)": 1}
+    # without the structural spec no layer class takes the entry: it is listed, not routed
+    unrouted = _mlp_router(monkeypatch, tmp_path / "plain", by_structure=()).report().unrouted
+    assert [u["candidate_id"] for u in unrouted] == ["mlp"]

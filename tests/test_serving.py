@@ -34,7 +34,7 @@ from kernelbot.engine.serving.served_engine import (
 )
 from kernelbot.engine.serving.server import Launch, ServerProcess
 from kernelbot.hardware import telemetry
-from kernelbot.profiler.row_split import row_buckets, split_hotspots
+from kernelbot.profiler.row_split import as_traced, row_buckets, split_hotspots
 from kernelbot.records import Device, Hotspot, KernelCalls, LayerCapture, PluginReport, ServingMetrics
 
 STANDIN = [sys.executable, str(Path(__file__).with_name("standin_sglang_server.py"))]
@@ -241,6 +241,29 @@ def test_a_pack_kernels_captured_calls_take_none_of_their_class_traced_time():
     assert h.calls == 4 and h.total_us == pytest.approx(100.0)
     planned = ServedTasks("vllm", [served, own], [], None)
     assert planned._capture(h) is own and planned.refuse(h) is None
+
+
+def test_calls_made_inside_a_fused_layers_own_path_are_left_to_that_layer_where_its_reference_agreed():
+    # vLLM's Qwen2MLP ran its own ops under capture: its down projection's calls were captured within it, and a trace
+    # shows them inside the MLP. Kept, they took a share of RowParallelLinear's traced time (the output projection's
+    # alone), made tasks that never get a call, and "attained" 2.2 TFLOP/s on one core
+    mlp = LayerCapture(engine_class="Qwen2MLP", family="gated_mlp", init_args=[896, 4864, "bfloat16"],
+                       dtype="bfloat16", input_shapes=[[8, 896]], calls=96, rows={"8": 96},
+                       shapes={"8": [[8, 896]]}, agrees=True)
+    o_proj = LayerCapture(engine_class="RowParallelLinear", family="linear", init_args=[896, 896, False, "bfloat16"],
+                          dtype="bfloat16", input_shapes=[[8, 896]], calls=96, rows={"8": 96},
+                          shapes={"8": [[8, 896]]}, agrees=True)
+    down = o_proj.model_copy(update={"init_args": [4864, 896, False, "bfloat16"], "input_shapes": [[8, 4864]],
+                                     "shapes": {"8": [[8, 4864]]}, "within": "Qwen2MLP"})
+    assert as_traced([mlp, o_proj, down]) == [mlp, o_proj]
+    # an MLP its reference did not reproduce stays its parts: they are the units, and they can take kernels
+    unlike = mlp.model_copy(update={"agrees": False})
+    assert as_traced([unlike, o_proj, down]) == [o_proj, down]
+    traced = Hotspot(id="h0", module_class="RowParallelLinear", module_paths=["m/RowParallelLinear_0"],
+                     family="linear", input_dims=[[8, 896], [896, 896]], dtype="bfloat16", calls=96, total_us=900.0,
+                     share=0.4)
+    (alone,) = split_hotspots([traced], as_traced([mlp, o_proj, down]), CPU)
+    assert alone.input_dims[0] == [8, 896] and alone.total_us == pytest.approx(900.0)
 
 
 def test_a_class_time_is_shared_by_roofline_floor_so_no_prefill_bucket_beats_the_devices_peak():

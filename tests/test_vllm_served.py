@@ -66,6 +66,10 @@ def test_the_served_loop_runs_its_kernels_inside_vllms_worker_and_measures_both_
     # head (a GEMM inside LogitsProcessor's forward, found by the trace under that module)
     families = {(h.module_class, h.family) for h in report.hotspots_before}
     assert {("RMSNorm", "add_rmsnorm"), ("Attention", "paged_attention"), ("LogitsProcessor", "linear")} <= families
+    # the model's MLP (a class of vLLM's llama.py, no CustomOp), found by its parts once loaded: one gated-MLP
+    # hotspot, its reference checked on a live call, in place of its gate-and-up, SiLU-and-mul and down calls
+    assert ("LlamaMLP", "gated_mlp") in families
+    assert not {cls for cls, _ in families} & {"MergedColumnParallelLinear", "SiluAndMul"}, families
     # the worker read its scheduler's step budget, and a norm's prefill bucket is verified at it (any chunk's rows)
     budgets = {p.step_rows for p in report.serving.processes if ran_layers(p)}
     assert len(budgets) == 1 and None not in budgets, budgets
@@ -157,6 +161,25 @@ def test_a_mixtral_served_by_vllm_runs_a_verified_kernel_for_its_experts_through
     assert workers and all(sum(c.calls for c in p.custom.values()) > 0 for p in workers), workers
     # the float64 twin runs Mixtral's experts one by one (grouped_mm has no float64 kernel)
     assert report.fidelity.kl is not None and report.fidelity.passed, report.fidelity.summary()
+
+
+QWEN2 = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 256, "intermediate_size": 640,
+         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000,
+         "max_position_embeddings": 512, "rope_theta": 1e6, "tie_word_embeddings": True, "rms_norm_eps": 1e-6}
+
+
+@pytest.mark.slow
+def test_a_qwen2_served_by_vllm_runs_one_fused_kernel_for_its_gated_mlp_in_place_of_its_three_calls(tmp_path):
+    report = _served_config_run(tmp_path, QWEN2, "gated_mlp")
+    # Qwen2MLP is a class of vLLM's qwen2.py, no CustomOp: found by its parts once the weights are in, hooked in the
+    # worker, traced as one unit
+    assert ("Qwen2MLP", "gated_mlp") in {(h.module_class, h.family) for h in report.hotspots_before}
+    ran = [k for k in report.kernels if k.outcome in (KernelOutcome.ACCEPTED, KernelOutcome.SLOWER_IN_MODEL)]
+    assert ran and all(k.op == "gated_mlp" and k.module == "Qwen2MLP" and k.calls > 0 for k in ran), \
+        [(k.candidate_id, k.reason) for k in report.kernels]
+    workers = [p for p in report.serving.processes if ran_layers(p)]
+    assert workers and all(any(h.endswith(".Qwen2MLP") for h in p.hooked) for p in workers), workers
+    assert report.fidelity.passed, report.fidelity.summary()
 
 
 GEMMA = {"architectures": ["GemmaForCausalLM"], "model_type": "gemma", "hidden_size": 256, "intermediate_size": 688,

@@ -87,7 +87,7 @@ def merge_captures(reports: list[PluginReport]) -> list[LayerCapture]:
     for report in reports:
         for c in report.captures:
             key = json.dumps([c.engine_class, c.family, c.init_args, c.dtype,
-                              fixed_dims(c.family, c.input_shapes), c.why, c.kernel], default=str)
+                              fixed_dims(c.family, c.input_shapes), c.why, c.kernel, c.within], default=str)
             have = merged.get(key)
             if have is None:
                 merged[key] = c.model_copy(deep=True)
