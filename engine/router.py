@@ -345,7 +345,8 @@ class Router:
         kernel_first = len(kernel_times) < len(engine_times)
 
         def engine_path() -> Any:
-            return original(*[own_call[p] for p in spec.params[:len(args)]], **{k: own_call[k] for k in kwargs})
+            return self._own_path(layer, original, tuple(own_call[p] for p in spec.params[:len(args)]),
+                                  {k: own_call[k] for k in kwargs})
 
         if not kernel_first:
             own, engine_s = _timed("engine", engine_path)
@@ -528,7 +529,8 @@ class Router:
         return self.running.classes
 
     def _own_path(self, layer: torch.nn.Module, original: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
-        """A captured call's own path: the hooked layers it calls are captured as `within` this layer's class."""
+        """A layer's own path, run by the router (captured, or beside its kernel): the hooked layers it calls are
+        captured as `within` this layer's class."""
         enclosing = self._enclosing()
         enclosing.append(type(layer).__name__)
         try:

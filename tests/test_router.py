@@ -334,3 +334,24 @@ def test_a_models_gated_mlp_is_found_by_its_parts_and_its_whole_call_goes_to_a_f
     # without the structural spec no layer class takes the entry: it is listed, not routed
     unrouted = _mlp_router(monkeypatch, tmp_path / "plain", by_structure=()).report().unrouted
     assert [u["candidate_id"] for u in unrouted] == ["mlp"]
+
+
+def test_a_call_made_inside_a_captured_layers_own_path_is_captured_within_that_layer(monkeypatch, tmp_path):
+    router = _router(monkeypatch, tmp_path, pack=False, capture=True)
+    norm = RMSNorm(HIDDEN, EPS)
+
+    class NormedMLP(Qwen2MLP):  # an enclosing layer whose own path calls a hooked one
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return super().forward(_call(router, norm, x))
+
+    mlp = NormedMLP()
+    with torch.no_grad():
+        for _ in range(2):
+            router.handle([vllm_plugin.MLP], mlp, mlp.forward, (torch.randn(4, HIDDEN),), {})
+        _call(router, norm, torch.randn(4, HIDDEN))
+    router.write(force=True)
+    (report,) = read_reports(tmp_path / "counts")
+    norms = {c.within: c.calls for c in report.captures if c.family == "rmsnorm"}
+    assert norms == {"NormedMLP": 2, "": 1}
+    (enclosing,) = [c for c in report.captures if c.family == "gated_mlp"]
+    assert enclosing.engine_class == "NormedMLP" and enclosing.within == "" and enclosing.calls == 2
