@@ -14,11 +14,11 @@ from kernelbot.records import Device, Hotspot, LayerCapture
 
 def as_traced(captures: list[LayerCapture]) -> list[LayerCapture]:
     """The captures as the trace's units show them. Calls a hooked layer made while another's own path ran (a gated
-    MLP's projections, where the MLP ran vLLM's ops) are traced inside that layer: where its reference agreed, it is
-    the unit (one fused task) and those calls go; where it did not, its captures go, so its parts stay units. (Kept, a
-    down projection's calls took a share of the output projection's traced time, which is all its class's trace
-    holds.)"""
-    agreeing = {c.engine_class for c in captures if c.agrees and not c.kernel}
+    MLP's projections, where the MLP ran vLLM's ops) are traced inside that layer: where its reference agreed (or a
+    pack kernel, made from an agreeing capture, ran its calls), it is the unit (one fused task) and those calls go;
+    where it did not, its captures go, so its parts stay units. (Kept, a down projection's calls took a share of the
+    output projection's traced time, which is all its class's trace holds.)"""
+    agreeing = {c.engine_class for c in captures if c.agrees or c.kernel}
     enclosing = {c.within for c in captures if c.within} - agreeing
     return [c for c in captures if c.within not in agreeing and c.engine_class not in enclosing]
 

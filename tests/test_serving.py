@@ -259,6 +259,9 @@ def test_calls_made_inside_a_fused_layers_own_path_are_left_to_that_layer_where_
     # an MLP its reference did not reproduce stays its parts: they are the units, and they can take kernels
     unlike = mlp.model_copy(update={"agrees": False})
     assert as_traced([unlike, o_proj, down]) == [o_proj, down]
+    # profiled with a pack: the MLP's calls ran its kernel, and its projections only beside it (the router's probe)
+    routed = mlp.model_copy(update={"agrees": None, "kernel": "h02-gated_mlp-8x896/cpp-1"})
+    assert as_traced([routed, o_proj, down]) == [routed, o_proj]
     traced = Hotspot(id="h0", module_class="RowParallelLinear", module_paths=["m/RowParallelLinear_0"],
                      family="linear", input_dims=[[8, 896], [896, 896]], dtype="bfloat16", calls=96, total_us=900.0,
                      share=0.4)
