@@ -325,13 +325,14 @@ def _route_mlps_once_loaded(router: Router) -> None:
     pack routes (any, when capturing) becomes a same-named subclass whose forward goes through the router."""
     loader = importlib.import_module(LOADED[0])
     process = getattr(loader, LOADED[1])
+    routed: dict[type, type] = {}  # vLLM's class → its routed subclass (weights reloaded: routed once, not twice)
 
     def process_weights_after_loading(model: torch.nn.Module, *args: Any, **kwargs: Any) -> None:
         process(model, *args, **kwargs)
-        routed: dict[type, type] = {}
         for module in model.modules():
             base = type(module)
-            if not _gated_mlp(module) or not (router.capturing or (base.__name__, MLP.family) in router.routes):
+            if base in routed.values() or not _gated_mlp(module) or \
+                    not (router.capturing or (base.__name__, MLP.family) in router.routes):
                 continue
             if base not in routed:
                 routed[base] = _routed_subclass(base, [MLP], router)
