@@ -222,11 +222,26 @@ class Runner:
         return [f"{changed} of {len(self.pins)} pointers of the harness's state in the runner were overwritten in "
                 "memory (a raw write, as through ctypes)"] if changed else []
 
+    def hung_up(self) -> bool:
+        """Whether the runner's end of the channel is closed (what it sent unasked is dropped, a bounded amount: the
+        job is over)."""
+        try:
+            for _ in range(64):
+                if not select.select([self.from_runner], [], [], 0)[0]:
+                    return False
+                if not os.read(self.from_runner, 1 << 16):
+                    return True
+        except OSError:
+            return True
+        return False
+
     def close(self) -> str | None:
         """End the runner; how it ended when that was not our doing."""
         ended = None
         try:
-            for _ in range(50):  # a runner that just died may not have been reaped yet
+            # a runner that just died may not be reaped yet: its end of the channel is closed first; one still serving
+            # (its job done, waiting for the next request) is ended at once
+            for _ in range(50 if self.hung_up() else 1):
                 pid, status = os.waitpid(self.pid, os.WNOHANG)
                 if pid:
                     break
