@@ -169,7 +169,7 @@ def test_the_two_pass_layer_norm_passes_every_case(tmp_path):
     assert any("rows permuted" in c for c in verdict.cases)
 
 
-@pytest.mark.parametrize("baked,verdict_", [(False, "pass"), (True, "fail")])
+@pytest.mark.parametrize("baked,verdict_", [pytest.param(False, "pass", marks=pytest.mark.slow), (True, "fail")])
 def test_parameters_named_otherwise_still_get_new_weights(tmp_path, baked, verdict_):
     ref = write_module(tmp_path / "reference.py", reference_source(RMS_TASK))
     name = "rmsnorm_renamed_baked" if baked else "rmsnorm_renamed"
