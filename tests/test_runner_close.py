@@ -1,10 +1,12 @@
 """How the harness ends a runner: one still serving when the job is over is ended at once (it used to be polled for
 half a second first, on every verification and twice on every benchmark); one whose end of the channel closed is
-waited for, so a runner that died on its own is reported with how it ended."""
+waited for, so a runner that died on its own is reported with how it ended. No assertion here reads a clock."""
 
 import os
+import select
 import time
 
+from kernelbot.agent.verify import harness
 from kernelbot.agent.verify.harness import Runner
 
 
@@ -28,14 +30,17 @@ def _child(exit_after_s: float, hang_up: bool) -> Runner:
     return Runner(pid, down_w, up_r)
 
 
-def test_a_runner_still_serving_when_the_job_ends_is_ended_not_waited_for():
-    runner = _child(exit_after_s=0.4, hang_up=False)  # polled for 0.5 s, it would be seen exiting with code 5
+def test_a_runner_still_serving_when_the_job_ends_is_ended_not_waited_for(monkeypatch):
+    runner = _child(exit_after_s=60, hang_up=False)
+    pauses: list[float] = []
+    monkeypatch.setattr(harness.time, "sleep", pauses.append)  # the harness's polling, counted instead of slept
     assert runner.close() is None
-    assert not os.path.exists(f"/proc/{runner.pid}")  # reaped
+    assert pauses == []  # no polling: it was ended at once
+    assert not os.path.exists(f"/proc/{runner.pid}")  # and reaped
 
 
 def test_a_runner_that_hung_up_is_waited_for_and_how_it_ended_is_reported():
     runner = _child(exit_after_s=0.1, hang_up=True)
-    time.sleep(0.02)  # its end of the channel closed, the process not yet gone
+    assert select.select([runner.from_runner], [], [], 30)[0]  # its end of the channel closed (before it exits)
     assert runner.hung_up()
     assert runner.close() == "the candidate's process exited (code 5) in the middle of a call"

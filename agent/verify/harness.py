@@ -239,13 +239,14 @@ class Runner:
         """End the runner; how it ended when that was not our doing."""
         ended = None
         try:
-            # a runner that just died may not be reaped yet: its end of the channel is closed first; one still serving
-            # (its job done, waiting for the next request) is ended at once
-            for _ in range(50 if self.hung_up() else 1):
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            # a runner that just died may not be reaped yet (its end of the channel closes first): waited for; one
+            # still serving (its job done, waiting for the next request) is ended at once
+            for _ in range(50 if pid == 0 and self.hung_up() else 0):
+                time.sleep(0.01)
                 pid, status = os.waitpid(self.pid, os.WNOHANG)
                 if pid:
                     break
-                time.sleep(0.01)
             if pid == 0:
                 os.kill(self.pid, signal.SIGKILL)
                 os.waitpid(self.pid, 0)
